@@ -1,0 +1,113 @@
+"""The CPU backend: runs any IR graph with the ops' numpy reference implementations."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..ir.graph import Graph, Value
+from ..ir.types import DType, TensorType, dims_compatible
+
+
+class FeedError(ValueError):
+    """A feed is missing, unexpected, or has the wrong dtype or shape."""
+
+
+def check_feeds(g: Graph, feeds: Mapping[str, np.ndarray]) -> dict[Value, np.ndarray]:
+    """Match feeds to graph inputs by name; symbolic dims must bind consistently."""
+    by_name = {v.name: v for v in g.inputs}
+    unknown = sorted(set(feeds) - set(by_name))
+    if unknown:
+        raise FeedError(f"unknown input(s) {unknown}; the model's inputs are {sorted(by_name)}")
+    missing = sorted(set(by_name) - set(feeds))
+    if missing:
+        raise FeedError(f"missing input(s) {missing}")
+    bound: dict[str, int] = {}
+    out: dict[Value, np.ndarray] = {}
+    for name, arr in feeds.items():
+        v = by_name[name]
+        arr = np.asarray(arr)
+        try:
+            got = DType.from_np(arr.dtype)
+        except TypeError as e:
+            raise FeedError(f"input {name!r}: {e}") from None
+        if got != v.type.dtype:
+            raise FeedError(f"input {name!r} must be {v.type.dtype.value}, got {got.value}")
+        if v.type.shape is not None:
+            if arr.ndim != len(v.type.shape):
+                raise FeedError(
+                    f"input {name!r} must have rank {len(v.type.shape)} ({v.type}), got shape {arr.shape}"
+                )
+            for d, n in zip(v.type.shape, arr.shape):
+                if isinstance(d, int):
+                    ok = d == n
+                elif d == "?":
+                    ok = True
+                else:
+                    ok = bound.setdefault(d, n) == n
+                if not ok:
+                    raise FeedError(
+                        f"input {name!r} must have shape {v.type}, got {arr.shape}"
+                        + (f" (dim {d} is {bound[d]} from another input)" if isinstance(d, str) else "")
+                    )
+        out[v] = arr
+    return out
+
+
+class CpuExecutor:
+    """Executes a graph node by node, freeing each intermediate after its last use."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        last_use: dict[Value, int] = {}
+        for i, n in enumerate(graph.nodes):
+            for v in n.inputs:
+                if v is not None:
+                    last_use[v] = i
+        keep = set(graph.outputs) | set(graph.weight_values.values())
+        self._free_after: list[list[Value]] = [[] for _ in graph.nodes]
+        for v, i in last_use.items():
+            if v not in keep:
+                self._free_after[i].append(v)
+
+    def run(self, feeds: Mapping[str, np.ndarray], check: bool = True) -> dict[str, np.ndarray]:
+        g = self.graph
+        env: dict[Value, np.ndarray] = check_feeds(g, feeds) if check else {
+            v: np.asarray(feeds[v.name]) for v in g.inputs
+        }
+        for name, v in g.weight_values.items():
+            env[v] = g.weights[name].load()
+        for i, n in enumerate(g.nodes):
+            args = [None if v is None else env[v] for v in n.inputs]
+            try:
+                outs = n.op.run(*args)
+            except Exception as e:
+                where = f" (node {n.source!r})" if n.source else ""
+                raise RuntimeError(f"{n.op.name}{where} failed: {type(e).__name__}: {e}") from e
+            if len(outs) < len(n.outputs):
+                raise RuntimeError(f"{n.op.name}: produced {len(outs)} outputs, expected {len(n.outputs)}")
+            for v, a in zip(n.outputs, outs):
+                if check and not _matches(v.type, a):
+                    raise RuntimeError(
+                        f"{n.op.name} (node {n.source!r}): output %{v.name} is "
+                        f"{a.dtype}{list(a.shape)}, type inference said {v.type}"
+                    )
+                env[v] = a
+            for v in self._free_after[i]:
+                env.pop(v, None)
+        return {name: env[v] for v, name in zip(g.outputs, g.output_names)}
+
+
+def _matches(t: TensorType, a: np.ndarray) -> bool:
+    if a.dtype != t.dtype.np:
+        return False
+    if t.shape is None:
+        return True
+    return a.ndim == len(t.shape) and all(
+        not isinstance(d, int) or dims_compatible(d, n) for d, n in zip(t.shape, a.shape)
+    )
+
+
+def run_graph(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return CpuExecutor(graph).run(feeds)
