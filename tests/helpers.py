@@ -1,0 +1,82 @@
+"""Shared test helpers: one tolerance table keyed by dtype, and ingot-vs-onnxruntime runners."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+
+#: (rtol, atol) by numpy dtype name; every numeric comparison in the tests takes its tolerance here.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-10, 1e-12),
+    "float32": (1e-5, 1e-6),
+    "float16": (1e-3, 1e-3),
+    "bfloat16": (1e-2, 1e-2),
+    "float8_e4m3fn": (0.0, 0.0),
+    "float8_e5m2": (0.0, 0.0),
+    "float4_e2m1fn": (0.0, 0.0),
+}
+
+
+def tol(dtype: np.dtype | str) -> tuple[float, float]:
+    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    return TOLERANCES.get(name, (0.0, 0.0))
+
+
+def assert_close(got: np.ndarray, expected: np.ndarray, rtol: float | None = None,
+                 atol: float | None = None, what: str = "") -> None:
+    """Every element checked; dtype and shape must match exactly; NaN equals NaN."""
+    got, expected = np.asarray(got), np.asarray(expected)
+    assert got.dtype == expected.dtype, f"{what}: dtype {got.dtype} != {expected.dtype}"
+    assert got.shape == expected.shape, f"{what}: shape {got.shape} != {expected.shape}"
+    r, a = tol(expected.dtype)
+    r = r if rtol is None else rtol
+    a = a if atol is None else atol
+    if expected.dtype.kind in "biu" or expected.dtype == np.bool_:
+        np.testing.assert_array_equal(got, expected, err_msg=what)
+    else:
+        np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64),
+                                   rtol=r, atol=a, equal_nan=True, err_msg=what)
+
+
+def run_ingot(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from ingot.frontend.onnx import import_onnx
+    from ingot.ir.verify import verify
+    from ingot.runtime.cpu import run_graph
+
+    g = import_onnx(model)
+    verify(g)
+    return run_graph(g, feeds)
+
+
+def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, dict(feeds))))
+
+
+def make_model(node: onnx.NodeProto, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+               opset: int = 21, initializers: list[onnx.TensorProto] | None = None) -> onnx.ModelProto:
+    graph = onnx.helper.make_graph([node], "t", inputs, outputs, initializer=initializers or [])
+    m = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    m.ir_version = 10
+    return m
+
+
+def rng(seed: int | None = None) -> np.random.Generator:
+    """Fresh random draws: seeded from the OS unless a test pins a seed to reproduce a failure."""
+    return np.random.default_rng(seed)
+
+
+def assert_text_roundtrip(graph) -> None:
+    """The graph's text form parses back to a graph that prints identically and verifies."""
+    from ingot.ir.text import parse_graph
+    from ingot.ir.verify import verify
+
+    text = str(graph)
+    again = parse_graph(text)
+    verify(again)
+    assert str(again) == text, f"text form does not round-trip:\n{text}\n---\n{again}"
