@@ -70,6 +70,8 @@ def _to_array(x):
     import onnx
     from onnx import numpy_helper
 
+    if isinstance(x, np.generic):  # 0-d expected values come as numpy scalars
+        return np.asarray(x)
     return numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x
 
 
