@@ -1,0 +1,128 @@
+"""The public API: ``compile`` a model into an artifact, ``load`` it, ``run`` it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .ir.graph import Graph
+
+TARGETS = ("cpu", "h100", "h200", "b200")
+MODES = ("auto", "graph", "llm")
+QUANTS = (None, "fp8", "nvfp4", "mxfp4")
+
+Progress = Callable[[str, int, int], None]
+
+
+class CompileError(ValueError):
+    """The model cannot be compiled as asked; the message says why."""
+
+
+def _source_info(src: Path) -> dict[str, Any]:
+    h = hashlib.sha256()
+    files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+    for p in files:
+        with open(p, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    return {"path": str(src), "name": src.name, "sha256": h.hexdigest()}
+
+
+def import_model(src: str | os.PathLike) -> Graph:
+    """Import a source model into an ingot graph, picking the frontend by the path."""
+    path = Path(src)
+    if not path.exists():
+        raise CompileError(f"{path}: no such file or directory")
+    if path.suffix == ".onnx":
+        from .frontend.onnx import import_onnx
+
+        return import_onnx(path, name=path.stem.replace("-", "_") or "main")
+    if path.suffix == ".gguf" or path.is_dir():
+        raise CompileError(
+            f"{path}: Hugging Face and GGUF checkpoints are not supported by this version yet; "
+            "export the model to ONNX"
+        )
+    raise CompileError(f"{path}: unknown model format (expected .onnx, a .gguf file or a checkpoint directory)")
+
+
+def compile(
+    src: str | os.PathLike,
+    target: str = "cpu",
+    out: str | os.PathLike | None = None,
+    quant: str | None = None,
+    mode: str = "auto",
+    progress: Progress | None = None,
+) -> Path:
+    """Compile ``src`` into an artifact directory and return its path.
+
+    ``target``: ``cpu``, ``h100``, ``h200`` or ``b200``. ``mode``: ``graph`` keeps the model's
+    signature; ``llm`` lowers a decoder to the serving form; ``auto`` picks. ``quant``: ``None``,
+    ``fp8``, ``nvfp4``, ``mxfp4``. A failed compile leaves no artifact behind.
+    """
+    from .ir.verify import verify
+    from .runtime.artifact import write_artifact
+
+    if target not in TARGETS:
+        raise CompileError(f"unknown target {target!r}; known targets: {', '.join(TARGETS)}")
+    if mode not in MODES:
+        raise CompileError(f"unknown mode {mode!r}; known modes: {', '.join(MODES)}")
+    if quant not in QUANTS:
+        raise CompileError(f"unknown quantization {quant!r}; known: fp8, nvfp4, mxfp4")
+    if target != "cpu":
+        raise CompileError(f"target {target!r}: CUDA code generation is not available in this version; use cpu")
+    if quant is not None:
+        raise CompileError(f"quantization {quant!r} is not available in this version")
+    if mode == "llm":
+        raise CompileError("mode 'llm' (the serving form) is not available in this version; use 'graph'")
+    src_path = Path(src)
+    out_path = Path(out) if out is not None else Path.cwd() / (src_path.stem + ".ingot")
+    if progress:
+        progress("import", 0, 1)
+    graph = import_model(src_path)
+    verify(graph)
+    if progress:
+        progress("import", 1, 1)
+    return write_artifact(
+        graph, out_path, target=target, mode="graph", source=_source_info(src_path), progress=progress
+    )
+
+
+class Model:
+    """A loaded graph-mode artifact: ``run`` maps input names to arrays, returns output arrays."""
+
+    def __init__(self, graph: Graph, manifest: dict[str, Any], path: Path | None = None) -> None:
+        from .runtime.cpu import CpuExecutor
+
+        self.graph = graph
+        self.manifest = manifest
+        self.path = path
+        self._executor = CpuExecutor(graph)
+
+    @property
+    def inputs(self) -> list[tuple[str, str]]:
+        return [(v.name, str(v.type)) for v in self.graph.inputs]
+
+    @property
+    def outputs(self) -> list[tuple[str, str]]:
+        return [(n, str(v.type)) for v, n in zip(self.graph.outputs, self.graph.output_names)]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._executor.run(feeds)
+
+    def __repr__(self) -> str:
+        return f"Model({self.path}, inputs={self.inputs}, outputs={self.outputs})"
+
+
+def load(path: str | os.PathLike, device: str = "cpu") -> Model:
+    """Load an artifact; checks its format version and every file's checksum."""
+    from .runtime.artifact import load_graph
+
+    if device != "cpu":
+        raise ValueError(f"device {device!r} is not available in this version; use 'cpu'")
+    graph, manifest = load_graph(path)
+    return Model(graph, manifest, Path(path))

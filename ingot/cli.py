@@ -1,0 +1,179 @@
+"""The ``ingot`` command line: inspect, compile, run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+
+def _load_any(path: Path):
+    """A graph from a model file or an artifact directory, plus a label."""
+    from .runtime.artifact import MANIFEST, load_graph
+
+    if path.is_dir() and (path / MANIFEST).exists():
+        graph, manifest = load_graph(path)
+        return graph, f"artifact (target {manifest['target']}, mode {manifest['mode']})"
+    from .api import import_model
+
+    with console.status(f"importing {path} ..."):
+        return import_model(path), "model"
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    graph, kind = _load_any(Path(args.model))
+    out.print(f"[bold]{args.model}[/bold]: {kind}, graph @{graph.name}")
+    for title, values, names in (
+        ("inputs", graph.inputs, [v.name for v in graph.inputs]),
+        ("outputs", graph.outputs, graph.output_names),
+    ):
+        t = Table(title=title, title_justify="left")
+        t.add_column("name")
+        t.add_column("type")
+        for v, n in zip(values, names):
+            t.add_row(n, str(v.type))
+        out.print(t)
+    t = Table(title=f"ops ({len(graph.nodes)} nodes)", title_justify="left")
+    t.add_column("op")
+    t.add_column("count", justify="right")
+    for op, n in graph.op_histogram().items():
+        t.add_row(op, str(n))
+    out.print(t)
+    nbytes = sum((w.type.numel() or 0) * w.type.dtype.np.itemsize for w in graph.weights.values())
+    out.print(f"parameters: {graph.num_parameters():,} in {len(graph.weights)} weights ({nbytes / 1e6:.2f} MB)")
+    if args.ir:
+        out.print(str(graph), markup=False)
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from .api import compile
+
+    t0 = time.perf_counter()
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
+        console=console, transient=True,
+    ) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(step: str, done: int, total: int) -> None:
+            if step not in tasks:
+                tasks[step] = bar.add_task(step, total=total or None)
+            bar.update(tasks[step], completed=done, total=total or None)
+
+        path = compile(args.model, target=args.target, out=args.output, quant=args.quant, mode=args.mode,
+                       progress=progress)
+    console.print(f"compiled {args.model} -> {path} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def _load_array(file: str, spec: str) -> np.ndarray:
+    try:
+        arr = np.load(file, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        first = str(e).splitlines()[0]
+        raise ValueError(f"--input {spec}: cannot read {file} as a .npy array: {first}") from None
+    if not isinstance(arr, np.ndarray):
+        raise ValueError(f"--input {spec}: {file} is an .npz archive; pass it without NAME=")
+    return arr
+
+
+def _parse_inputs(specs: Sequence[str]) -> dict[str, np.ndarray]:
+    feeds: dict[str, np.ndarray] = {}
+    for spec in specs:
+        if "=" in spec:
+            name, file = spec.split("=", 1)
+            feeds[name] = _load_array(file, spec)
+        elif spec.endswith(".npz"):
+            try:
+                with np.load(spec, allow_pickle=False) as z:
+                    feeds.update({k: z[k] for k in z.files})
+            except (OSError, ValueError) as e:
+                raise ValueError(f"--input {spec}: cannot read it as .npz: {e}") from None
+        else:
+            raise SystemExit(f"--input {spec!r}: expected NAME=FILE.npy or FILE.npz")
+    return feeds
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import load
+
+    model = load(args.artifact)
+    feeds = _parse_inputs(args.input or [])
+    t0 = time.perf_counter()
+    outputs = model.run(feeds)
+    dt = time.perf_counter() - t0
+    for name, arr in outputs.items():
+        flat = np.asarray(arr).reshape(-1)[:6]
+        out.print(f"{name}: {arr.dtype}{list(arr.shape)} {np.array2string(flat, precision=5)}"
+                  f"{' ...' if arr.size > 6 else ''}", markup=False)
+        if args.output_dir:
+            d = Path(args.output_dir)
+            d.mkdir(parents=True, exist_ok=True)
+            safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+            np.save(d / f"{safe}.npy", arr)
+    console.print(f"ran in {dt * 1e3:.1f} ms")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    from .api import MODES, TARGETS
+
+    p = argparse.ArgumentParser(prog="ingot", description="Ahead-of-time compiler and runtime for LLMs.")
+    p.add_argument("--version", action="version", version=f"ingot {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("inspect", help="show a model's or artifact's inputs, outputs, ops and parameters")
+    s.add_argument("model", help="an .onnx file or a .ingot artifact directory")
+    s.add_argument("--ir", action="store_true", help="also print the graph in the text IR")
+    s.set_defaults(fn=cmd_inspect)
+
+    s = sub.add_parser("compile", help="compile a model into an artifact")
+    s.add_argument("model", help="an .onnx file")
+    s.add_argument("--target", default="cpu", choices=TARGETS, help="where the artifact will run (default cpu)")
+    s.add_argument("-o", "--output", help="artifact directory (default: MODEL_NAME.ingot here)")
+    s.add_argument("--mode", default="auto", choices=MODES, help="graph keeps the signature; llm serves")
+    s.add_argument("--quant", default=None, choices=["fp8", "nvfp4", "mxfp4"], help="weight quantization")
+    s.set_defaults(fn=cmd_compile)
+
+    s = sub.add_parser("run", help="run an artifact on inputs from .npy/.npz files")
+    s.add_argument("artifact")
+    s.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy|FILE.npz",
+                   help="an input (repeatable)")
+    s.add_argument("--output-dir", help="save each output as NAME.npy here")
+    s.set_defaults(fn=cmd_run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .api import CompileError
+    from .frontend.onnx import ImportError_
+    from .ir.op import OpError
+    from .runtime.artifact import ArtifactError
+    from .runtime.cpu import FeedError
+
+    try:
+        return args.fn(args)
+    except (CompileError, ImportError_, ArtifactError, FeedError, OpError, FileNotFoundError, ValueError) as e:
+        console.print("[red]error:[/red] " + escape(str(e)))
+        return 2
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
