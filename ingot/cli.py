@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -14,8 +15,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
 
 
 def _load_any(path: Path):
@@ -83,18 +84,29 @@ def _load_array(file: str, spec: str) -> np.ndarray:
         arr = np.load(file, allow_pickle=False)
     except (OSError, ValueError) as e:
         first = str(e).splitlines()[0]
+        if "pickle" in first:
+            first = "not a .npy array file (object arrays are never unpickled)"
         raise ValueError(f"--input {spec}: cannot read {file} as a .npy array: {first}") from None
     if not isinstance(arr, np.ndarray):
         raise ValueError(f"--input {spec}: {file} is an .npz archive; pass it without NAME=")
     return arr
 
 
-def _parse_inputs(specs: Sequence[str]) -> dict[str, np.ndarray]:
+def _parse_inputs(specs: Sequence[str], dtypes: dict[str, np.dtype]) -> dict[str, np.ndarray]:
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
         if "=" in spec:
-            name, file = spec.split("=", 1)
-            feeds[name] = _load_array(file, spec)
+            name, value = spec.split("=", 1)
+            if value.lstrip().startswith("[") or value.strip().lstrip("-").replace(".", "", 1).isdigit():
+                try:
+                    literal = json.loads(value)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"--input {spec}: not a valid JSON array: {e}") from None
+                if name not in dtypes:
+                    raise ValueError(f"--input {spec}: the model has no input {name!r}; it has {sorted(dtypes)}")
+                feeds[name] = np.asarray(literal).astype(dtypes[name])
+            else:
+                feeds[name] = _load_array(value, spec)
         elif spec.endswith(".npz"):
             try:
                 with np.load(spec, allow_pickle=False) as z:
@@ -110,7 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from . import load
 
     model = load(args.artifact)
-    feeds = _parse_inputs(args.input or [])
+    feeds = _parse_inputs(args.input or [], {v.name: v.type.dtype.np for v in model.graph.inputs})
     t0 = time.perf_counter()
     outputs = model.run(feeds)
     dt = time.perf_counter() - t0
@@ -150,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="run an artifact on inputs from .npy/.npz files")
     s.add_argument("artifact")
-    s.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy|FILE.npz",
-                   help="an input (repeatable)")
+    s.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy|NAME=[JSON]|FILE.npz",
+                   help="an input (repeatable): a .npy file, a JSON array literal, or an .npz of several")
     s.add_argument("--output-dir", help="save each output as NAME.npy here")
     s.set_defaults(fn=cmd_run)
     return p
