@@ -174,7 +174,7 @@ class Graph:
         live: set[Value] = set(self.outputs)
         kept: list[Node] = []
         for n in reversed(self.nodes):
-            if any(o in live for o in n.outputs):
+            if n.op.has_side_effects or any(o in live for o in n.outputs):
                 kept.append(n)
                 live.update(v for v in n.inputs if v is not None)
         removed = len(self.nodes) - len(kept)

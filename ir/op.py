@@ -45,6 +45,8 @@ class Op:
     name: ClassVar[str] = ""
     #: Minimum and maximum number of inputs (None: no maximum).
     num_inputs: ClassVar[tuple[int, int | None]] = (0, None)
+    #: Ops that write into an input (paged_attention writes the KV cache) are never removed or merged.
+    has_side_effects: ClassVar[bool] = False
     #: Inputs that become attributes when constant (input index -> attribute name).
     const_inputs: ClassVar[dict[int, str]] = {}
 
