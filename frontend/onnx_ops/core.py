@@ -34,11 +34,21 @@ def _identity(ctx: NodeContext):
 @converter("Cast")
 def _cast(ctx: NodeContext):
     to = dtype_from_onnx(ctx.attr("to"), "Cast's target")
-    return ctx.add1(Cast(to=to, saturate=bool(ctx.attr("saturate", 1))), [ctx.input(0)])
+    return ctx.add1(
+        Cast(to=to, saturate=bool(ctx.attr("saturate", 1)), round_mode=str(ctx.attr("round_mode", "up"))),
+        [ctx.input(0)],
+    )
 
 
 @converter("CastLike")
 def _cast_like(ctx: NodeContext):
     like = ctx.input(1)
     assert like is not None
-    return ctx.add1(Cast(to=like.type.dtype, saturate=bool(ctx.attr("saturate", 1))), [ctx.input(0)])
+    return ctx.add1(
+        Cast(
+            to=like.type.dtype,
+            saturate=bool(ctx.attr("saturate", 1)),
+            round_mode=str(ctx.attr("round_mode", "up")),
+        ),
+        [ctx.input(0)],
+    )

@@ -46,36 +46,55 @@ def _float_max(dtype: DType) -> float:
     return float(ml_dtypes.finfo(dtype.np).max)
 
 
-def cast_array(x: np.ndarray, to: DType, saturate: bool = True) -> np.ndarray:
+def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
+    """Float -> float8e8m0 (a bare power-of-two exponent) with ONNX's rounding rules.
+
+    The result is the float32 exponent field, ignoring sign and mantissa: ``up`` rounds up when any
+    mantissa bit is set, ``nearest`` when the top mantissa bit is (for subnormals only past half),
+    ``down`` truncates. NaN and +-inf give NaN (0xFF); with ``saturate`` a round-up never reaches it.
+    """
+    bits = np.array(x, dtype=np.float32, order="C").view(np.uint32)  # a copy; 0-d stays 0-d
+    exp = ((bits >> 23) & 0xFF).astype(np.int32)
+    frac = bits & 0x7FFFFF
+    special = exp == 0xFF
+    if round_mode == "up":
+        inc = frac != 0
+    elif round_mode == "nearest":
+        inc = ((frac & 0x400000) != 0) & ((exp > 0) | ((frac & 0x3FFFFF) != 0))
+    elif round_mode == "down":
+        inc = np.zeros(exp.shape, np.bool_)
+    else:
+        raise ValueError(f"unknown round_mode {round_mode!r} for a cast to f8e8m0")
+    if saturate:
+        inc &= exp != 0xFE
+    out = np.where(special, 0xFF, exp + inc.astype(np.int32)).astype(np.uint8)
+    return out.view(DType.f8e8m0.np)
+
+
+def cast_array(x: np.ndarray, to: DType, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
     """Cast with ONNX semantics.
 
-    Narrow floats round to nearest even; with ``saturate`` out-of-range values clip to the largest
-    finite value (ml_dtypes alone would give NaN), without it they become inf where the format has
-    one and NaN otherwise. Float -> int truncates toward zero.
+    Narrow floats round to nearest even; with ``saturate`` out-of-range values and infinities clip
+    to the largest finite value (ml_dtypes alone would give NaN), without it values that still
+    overflow after rounding become inf where the format has one and NaN otherwise. f8e8m0 follows
+    ``round_mode`` (see ``_to_e8m0``). Float -> int truncates toward zero.
     """
     target = to.np
     if x.dtype == target:
         return x.copy()
     src = DType.from_np(x.dtype)
-    if to.is_float and to.itemsize_bits <= 8 and to is not DType.f8e8m0:
-        xf = x.astype(np.float64) if src.is_float or src.is_int else x.astype(np.float64)
-        if src in (DType.f64,):
-            # round once, from the source precision, as ONNX's reference does from float32
-            xf = x.astype(np.float32).astype(np.float64)
-        m = _float_max(to)
-        finite = np.isfinite(xf)
+    if to is DType.f8e8m0:
+        return _to_e8m0(x, saturate, round_mode)
+    if to.is_float and to.itemsize_bits <= 8:
+        # via float32 (exact for every narrower source; f64 rounds there first, as ONNX's reference)
+        xf = x.astype(np.float32)
         if saturate:
-            xf = np.where(finite, np.clip(xf, -m, m), xf)
-            if to in (DType.f8e4m3fn, DType.f8e4m3fnuz, DType.f8e5m2fnuz, DType.f4e2m1fn):
-                xf = np.where(np.isinf(xf), np.sign(xf) * m, xf)
-            elif to is DType.f8e5m2:
-                pass  # e5m2 keeps infinities even when saturating
-        out = xf.astype(np.float32).astype(target)
-        if not saturate and to in (DType.f8e4m3fn, DType.f8e4m3fnuz, DType.f8e5m2fnuz):
-            # no infinity in these formats: overflow is NaN
-            big = np.abs(xf) > m
-            out = np.where(big, np.array(np.nan, dtype=target), out)
-        return out.astype(target)
+            # every format saturates infinities too (e5m2 included, per the ONNX Cast spec)
+            m = np.float32(_float_max(to))
+            xf = np.where(np.isnan(xf), xf, np.clip(xf, -m, m))
+        # ml_dtypes rounds to nearest even; what still overflows after rounding becomes inf, or NaN
+        # in the formats without one (so max < |x| < max + half an ulp rounds down to max)
+        return xf.astype(target)
     if to.is_int and (src.is_float):
         with np.errstate(invalid="ignore", over="ignore"):
             return np.trunc(x.astype(np.float64)).astype(target)
@@ -96,13 +115,17 @@ class Cast(Op):
     num_inputs: ClassVar[tuple[int, int | None]] = (1, 1)
     to: DType = DType.f32
     saturate: bool = True
+    #: rounding of casts to f8e8m0: "up", "nearest" or "down" (ignored for other targets)
+    round_mode: str = "up"
 
     def infer(self, inputs: Sequence[TensorType | None]) -> list[TensorType]:
         t = require(inputs[0])
+        if self.round_mode not in ("up", "nearest", "down"):
+            raise OpError(f"unknown round_mode {self.round_mode!r}")
         return [TensorType(self.to, t.shape)]
 
     def ref(self, x: np.ndarray) -> np.ndarray:
-        return cast_array(x, self.to, self.saturate)
+        return cast_array(x, self.to, self.saturate, self.round_mode)
 
 
 __all__ = ["Constant", "Identity", "Cast", "cast_array", "OpError"]
