@@ -7,8 +7,9 @@ have their own op with typed attributes.
 
 Numerics of the references (the CPU backend is the oracle for GPU kernels): f64 computes in f64,
 f32 in f32, and narrower floats (f16, bf16, fp8) in f32, rounded back once per op with
-``cast_array`` (round to nearest even, saturating). ``erf``/``gelu`` compute in f64 and round back.
-Integer arithmetic wraps like C; integer division truncates toward zero.
+``cast_array`` (round to nearest even, saturating). ``erf``, ``gelu`` and float ``pow`` compute in
+f64 and round back. Integer arithmetic wraps like C; integer division truncates toward zero, and
+integer division or remainder by zero gives 0 (where C leaves it undefined).
 """
 
 from __future__ import annotations
