@@ -12,12 +12,13 @@ Besides mapping each ONNX variant onto one core op, these converters keep shapes
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
 
 from ...ir.graph import Value
-from ...ir.op import Op
+from ...ir.op import Op, fold_const_input
 from ...ir.ops.shape import (
     CenterCropPad,
     Concat,
@@ -79,10 +80,26 @@ def _sym_binary(fn: str, a: Dim, b: Dim) -> Dim:
     return UNKNOWN
 
 
+#: Values never change once built, so their symbolic contents are cached.
+_SYM_CACHE: weakref.WeakKeyDictionary[Value, list[Dim] | None] = weakref.WeakKeyDictionary()
+
+
 def symbolic_value(ctx: NodeContext, v: Value | None, depth: int = 0) -> list[Dim] | None:
     """The flattened content of a small integer tensor: ints, symbols, or ``"?"`` where unknown."""
-    if v is None or not (v.type.dtype.is_int) or v.type.shape is None:
+    if v is None or not (v.type.dtype.is_int or v.type.dtype is DType.bool) or v.type.shape is None:
         return None
+    if depth > 48:  # too deep to follow (not cached: a shallower query may get further)
+        n = v.type.numel()
+        return None if n is None or n > SYM_LIMIT else [UNKNOWN] * n
+    if v in _SYM_CACHE:
+        cached = _SYM_CACHE[v]
+        return None if cached is None else list(cached)
+    out = _symbolic_value(ctx, v, depth)
+    _SYM_CACHE[v] = out
+    return None if out is None else list(out)
+
+
+def _symbolic_value(ctx: NodeContext, v: Value, depth: int) -> list[Dim] | None:
     numel = v.type.numel()
     if numel is None or numel > SYM_LIMIT:
         return None
@@ -91,7 +108,7 @@ def symbolic_value(ctx: NodeContext, v: Value | None, depth: int = 0) -> list[Di
         return [int(x) for x in np.asarray(arr).reshape(-1)]
     unknown: list[Dim] = [UNKNOWN] * numel
     node = v.producer
-    if node is None or depth > 48:
+    if node is None:
         return unknown
     op = node.op
     ins = node.inputs
@@ -133,14 +150,47 @@ def symbolic_value(ctx: NodeContext, v: Value | None, depth: int = 0) -> list[Di
             except Exception:
                 out = None
     elif op.name == "binary" and getattr(op, "fn", "") in ("add", "sub", "mul", "div"):
-        a, b = sub(0), sub(1)
-        if a is not None and b is not None and (len(a) == len(b) or 1 in (len(a), len(b))):
-            n = max(len(a), len(b))
-            a, b = (a * n if len(a) == 1 else a), (b * n if len(b) == 1 else b)
+        a, b = _bcast(sub(0), sub(1))
+        if a is not None and b is not None:
             out = [_sym_binary(op.fn, p, q) for p, q in zip(a, b)]  # type: ignore[attr-defined]
+    elif op.name == "compare" and getattr(op, "fn", "") in ("eq", "lt", "gt", "le", "ge"):
+        a, b = _bcast(sub(0), sub(1))
+        if a is not None and b is not None:
+            out = [_sym_compare(op.fn, p, q) for p, q in zip(a, b)]  # type: ignore[attr-defined]
+    elif op.name == "where":
+        c = sub(0)
+        a, b = _bcast(sub(1), sub(2))
+        if c is not None and a is not None and b is not None:
+            c, a = _bcast(c, a)
+            _, b = _bcast(c, b)
+        if c is not None and a is not None and b is not None:
+            out = [p if k == 1 else q if k == 0 else (p if p == q else UNKNOWN) for k, p, q in zip(c, a, b)]
     if out is None or len(out) != numel:
         return unknown
     return out
+
+
+def _bcast(a: list[Dim] | None, b: list[Dim] | None) -> tuple[list[Dim] | None, list[Dim] | None]:
+    """Flat contents of equal length, a one-element side repeated; (None, None) otherwise."""
+    if a is None or b is None:
+        return None, None
+    if len(a) == 1:
+        a = a * len(b)
+    elif len(b) == 1:
+        b = b * len(a)
+    return (a, b) if len(a) == len(b) else (None, None)
+
+
+def _sym_compare(fn: str, a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return int({"eq": a == b, "lt": a < b, "gt": a > b, "le": a <= b, "ge": a >= b}[fn])
+    if a == UNKNOWN or b == UNKNOWN or fn != "eq":
+        return UNKNOWN
+    if a == b:
+        return 1
+    if isinstance(a, int) and a < 0 or isinstance(b, int) and b < 0:
+        return 0  # a symbolic dim is never negative
+    return UNKNOWN
 
 
 def _all_int(vals: Sequence[Dim] | None) -> bool:
@@ -177,13 +227,18 @@ def emit(ctx: NodeContext, op: Op, inputs: Sequence[Value | None]) -> list[Value
             ins[i] = constify(ctx, ins[i])
     arrays = [None if x is None else ctx.const_value(x) for x in ins]
     if all(a is not None for a, x in zip(arrays, ins) if x is not None):
+        folded, fins = op, list(ins)  # constant parameters into attributes, so the types are exact
+        for i in op.const_inputs:
+            if i < len(fins) and fins[i] is not None:
+                folded = fold_const_input(folded, i, arrays[i])  # type: ignore[arg-type]
+                fins[i] = arrays[i] = None
         try:
-            types = op.infer([None if x is None else x.type for x in ins])
+            types = folded.infer([None if x is None else x.type for x in fins])
         except Exception:
             types = []
         sizes = [t.numel() for t in types]
         if types and all(n is not None for n in sizes) and sum(sizes) <= FOLD_LIMIT:  # type: ignore
-            outs = op.run(*arrays)
+            outs = folded.run(*arrays)
             return [ctx.const(np.asarray(o)) for o in outs]
     outs = ctx.add(op, ins)
     if len(outs) == 1 and outs[0].type.dtype.is_int and outs[0].type.is_static:

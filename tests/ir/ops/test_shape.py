@@ -516,3 +516,56 @@ def test_symbolic_hint_text_roundtrip():
     assert again.nodes[0].op == Reshape(shape=("B", "S", 4, -1))
     with pytest.raises(ValueError, match="symbolic"):
         g.add1(Reshape(shape=("B", 4)), [x])  # a symbolic target needs the runtime shape input
+
+
+def test_llm_attention_shape_arithmetic_and_causal_mask():
+    """Head split with Div on a shape value, position ids, and a causal mask built from S."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Slice", ["sh", "z1", "two"], ["bs"]),  # [B, S]
+        helper.make_node("Gather", ["sh", "i2"], ["hidden"]),
+        helper.make_node("Div", ["hidden", "heads"], ["hd"]),  # 64 / 4 via another family's op
+        helper.make_node("Unsqueeze", ["hd", "z1"], ["hd1"]),
+        helper.make_node("Concat", ["bs", "heads1", "hd1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+        helper.make_node("Gather", ["sh", "i1"], ["s"]),
+        helper.make_node("Unsqueeze", ["s", "z1"], ["s1"]),
+        helper.make_node("Concat", ["s1", "s1"], ["ss"], axis=0),
+        helper.make_node("ConstantOfShape", ["ss"], ["ones"], value=numpy_helper.from_array(np.ones(1, np.float32))),
+        helper.make_node("Trilu", ["ones"], ["mask"], upper=0),
+        helper.make_node("Concat", ["bs", "s1"], ["bss"], axis=0),
+        helper.make_node("Slice", ["bss", "z1", "one"], ["b1"]),
+        helper.make_node("Concat", ["b1", "one", "ss"], ["mshape"], axis=0),
+        helper.make_node("Expand", ["mask", "mshape"], ["mask4"]),
+    ]
+    inits = [i64("z1", [0]), i64("one", [1]), i64("two", [2]), i64("i1", 1), i64("i2", 2), i64("heads", 4),
+             i64("heads1", [4])]
+    m = graph_model(nodes, [vi("x", F, ["B", "S", 64])], [vi("y"), vi("mask4")], inits)
+    g = import_onnx(m)
+    assert g.outputs[0].type == TensorType(DType.f32, ("B", "S", 4, 16))
+    assert g.outputs[1].type == TensorType(DType.f32, ("B", 1, "S", "S"))
+    r = rng()
+    for b, s in [(1, 1), (2, 6)]:
+        check(m, {"x": f32(r, b, s, 64)}, exact_shapes=False)
+
+
+def test_torch_expand_pattern_with_where():
+    """torch.onnx's expand(B, -1, -1): Where(Equal(shape, -1), 1, shape) feeding Expand."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Gather", ["sh", "i0"], ["b"]),
+        helper.make_node("Unsqueeze", ["b", "z1"], ["b1"]),
+        helper.make_node("Concat", ["b1", "m1", "m1"], ["target"], axis=0),
+        helper.make_node("Shape", ["target"], ["tl"]),
+        helper.make_node("ConstantOfShape", ["tl"], ["ones"], value=numpy_helper.from_array(np.ones(1, np.int64))),
+        helper.make_node("Mul", ["ones", "neg"], ["negs"]),
+        helper.make_node("Equal", ["target", "negs"], ["eq"]),
+        helper.make_node("Where", ["eq", "ones", "target"], ["fixed"]),
+        helper.make_node("Expand", ["table", "fixed"], ["y"]),
+    ]
+    inits = [i64("i0", 0), i64("z1", [0]), i64("m1", [-1]), i64("neg", -1)]
+    m = graph_model(nodes, [vi("x", F, ["B", "S"]), vi("table", F, [1, 5, 8])], [vi("y")], inits)
+    g = import_onnx(m)
+    assert g.outputs[0].type == TensorType(DType.f32, ("B", 5, 8))
+    r = rng()
+    check(m, {"x": f32(r, 3, 2), "table": f32(r, 1, 5, 8)}, exact_shapes=False)
