@@ -149,14 +149,14 @@ def _symbolic_value(ctx: NodeContext, v: Value, depth: int) -> list[Dim] | None:
                 out = [data[int(i)] for i in np.asarray(picks).reshape(-1)]
             except Exception:
                 out = None
-    elif op.name == "binary" and getattr(op, "fn", "") in ("add", "sub", "mul", "div"):
+    elif _fn(op) in ("add", "sub", "mul", "div") and len(ins) == 2:
         a, b = _bcast(sub(0), sub(1))
         if a is not None and b is not None:
-            out = [_sym_binary(op.fn, p, q) for p, q in zip(a, b)]  # type: ignore[attr-defined]
-    elif op.name == "compare" and getattr(op, "fn", "") in ("eq", "lt", "gt", "le", "ge"):
+            out = [_sym_binary(_fn(op), p, q) for p, q in zip(a, b)]
+    elif _fn(op) in _COMPARE_FNS and len(ins) == 2:
         a, b = _bcast(sub(0), sub(1))
         if a is not None and b is not None:
-            out = [_sym_compare(op.fn, p, q) for p, q in zip(a, b)]  # type: ignore[attr-defined]
+            out = [_sym_compare(_COMPARE_FNS[_fn(op)], p, q) for p, q in zip(a, b)]
     elif op.name == "where":
         c = sub(0)
         a, b = _bcast(sub(1), sub(2))
@@ -168,6 +168,17 @@ def _symbolic_value(ctx: NodeContext, v: Value, depth: int) -> list[Dim] | None:
     if out is None or len(out) != numel:
         return unknown
     return out
+
+
+#: Comparison ops by name (or ``fn``) -> the short name used here.
+_COMPARE_FNS = {"equal": "eq", "less": "lt", "greater": "gt", "less_equal": "le", "greater_equal": "ge",
+                "eq": "eq", "lt": "lt", "gt": "gt", "le": "le", "ge": "ge"}
+
+
+def _fn(op: Op) -> str:
+    """The elementwise function of an op (ops are named by it, or carry it as ``fn``)."""
+    fn = getattr(op, "fn", None)
+    return fn if isinstance(fn, str) and fn else op.name
 
 
 def _bcast(a: list[Dim] | None, b: list[Dim] | None) -> tuple[list[Dim] | None, list[Dim] | None]:
@@ -314,7 +325,37 @@ def _slice(ctx: NodeContext):
             starts=_ints(ctx.attr("starts")), ends=_ints(ctx.attr("ends")), axes=_ints(ctx.attr("axes"))
         )
         return emit1(ctx, op, [ctx.input(0)])
-    return emit1(ctx, Slice(), [ctx.input(i) for i in range(5)])
+    ins = [ctx.input(i) for i in range(5)]
+    ins[2] = _whole_axis_ends(ctx, ins)
+    return emit1(ctx, Slice(), ins)
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _whole_axis_ends(ctx: NodeContext, ins: list[Value | None]) -> Value | None:
+    """Runtime ``ends`` that equal the sliced dims (``x[:, :x.shape[1]]``) become "to the end"."""
+    x, ends = ins[0], ins[2]
+    if x is None or x.type.shape is None or ends is None or ctx.const_value(ends) is not None:
+        return ends
+    e = symbolic_value(ctx, ends)
+    n = len(e) if e is not None else 0
+    axes = list(range(n)) if ins[3] is None else symbolic_value(ctx, ins[3])
+    steps = [1] * n if ins[4] is None else symbolic_value(ctx, ins[4])
+    if e is None or axes is None or steps is None or not _all_int(axes) or not _all_int(steps):
+        return ends
+    rank = len(x.type.shape)
+    new: list[int] = []
+    for end, a, st in zip(e, axes, steps):
+        if not isinstance(a, int) or not -rank <= a < rank:
+            return ends
+        if isinstance(end, int):
+            new.append(end)
+        elif end == x.type.shape[a] and end != UNKNOWN and isinstance(st, int) and st > 0:
+            new.append(_INT64_MAX)
+        else:
+            return ends
+    return ctx.const(np.array(new, dtype=ends.type.dtype.np))
 
 
 @converter("Squeeze")

@@ -197,14 +197,17 @@ def reshape_dims(in_shape: Shape | None, target: Sequence[Dim], allowzero: bool)
         else:
             out.append(s)
     total = UNKNOWN if in_shape is None else numel_dim(in_shape)
-    if neg >= 0:
-        known = numel_dim([d for i, d in enumerate(out) if i != neg])
+    unknown = [i for i, d in enumerate(out) if d == UNKNOWN]
+    if len(unknown) == 1 and total != UNKNOWN:
+        # the one unknown entry (-1, or a runtime value that is positive or 0) fills the element count
+        i = unknown[0]
+        known = numel_dim([d for j, d in enumerate(out) if j != i])
         q = dim_div(total, known) if known != 0 else None
-        out[neg] = UNKNOWN if q is None else q
-    elif in_shape is not None and isinstance(total, int):
+        out[i] = UNKNOWN if q is None else q
+    elif not unknown and isinstance(total, int):
         n = numel_dim(out)
         if isinstance(n, int) and n != total:
-            raise OpError(f"cannot reshape {tuple(in_shape)} ({total} elements) to {tuple(out)}")
+            raise OpError(f"cannot reshape {tuple(in_shape)} ({total} elements) to {tuple(out)}")  # type: ignore
     return tuple(out)
 
 

@@ -569,3 +569,24 @@ def test_torch_expand_pattern_with_where():
     assert g.outputs[0].type == TensorType(DType.f32, ("B", 5, 8))
     r = rng()
     check(m, {"x": f32(r, 3, 2), "table": f32(r, 1, 5, 8)}, exact_shapes=False)
+
+
+def test_slice_to_own_symbolic_dim_and_reshape_with_unknown_entry():
+    """x[:, :x.shape[1]] keeps S; a reshape target with one runtime-only entry still infers it."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Slice", ["sh", "one", "two"], ["s1"]),
+        helper.make_node("Slice", ["x", "zero", "s1", "one"], ["y"]),
+        helper.make_node("Gather", ["sh", "i0"], ["b"]),
+        helper.make_node("Unsqueeze", ["b", "zero"], ["b1"]),
+        helper.make_node("Concat", ["b1", "n", "c"], ["target"], axis=0),  # n: a runtime input
+        helper.make_node("Reshape", ["x", "target"], ["z"]),
+    ]
+    inits = [i64("zero", [0]), i64("one", [1]), i64("two", [2]), i64("i0", 0), i64("c", [4])]
+    m = graph_model(nodes, [vi("x", F, ["B", "S", 8]), vi("n", I64, [1])], [vi("y"), vi("z")], inits)
+    g = import_onnx(m)
+    assert g.outputs[0].type.shape == ("B", "S", 8)
+    assert g.outputs[1].type.shape == ("B", "(S*2)", 4)
+    r = rng()
+    for n in (-1, 6):  # the runtime entry may be -1 or the value itself
+        check(m, {"x": f32(r, 2, 3, 8), "n": np.array([n], np.int64)}, exact_shapes=False)
