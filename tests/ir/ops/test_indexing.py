@@ -47,7 +47,9 @@ def f32(r: np.random.Generator, *shape: int) -> np.ndarray:
 # -- gather ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("axis,ishape,idtype", [(0, [3], I64), (1, [2, 2], I64), (-1, [4], I32), (2, [], I64)])
+@pytest.mark.parametrize(
+    "axis,ishape,idtype", [(0, [3], I64), (1, [2, 2], I64), (-1, [4], I32), (2, [], I64)]
+)
 def test_gather(axis, ishape, idtype):
     node = helper.make_node("Gather", ["x", "i"], ["y"], axis=axis)
     m = make_model(node, [vi("x", F, [4, 5, 6]), vi("i", idtype, ishape)], [vi("y")])
@@ -143,7 +145,8 @@ def test_scatter_nd(reduction, k):
 def test_tensor_scatter(mode, with_indices):
     names = ["past", "upd"] + (["w"] if with_indices else [])
     node = helper.make_node("TensorScatter", names, ["y"], axis=2, mode=mode)
-    ins = [vi("past", F, [2, 3, 8, 4]), vi("upd", F, [2, 3, 3, 4])] + ([vi("w", I64, [2])] if with_indices else [])
+    ins = [vi("past", F, [2, 3, 8, 4]), vi("upd", F, [2, 3, 3, 4])]
+    ins += [vi("w", I64, [2])] if with_indices else []
     m = make_model(node, ins, [vi("y")], opset=24)
     r = rng()
     feeds = {"past": f32(r, 2, 3, 8, 4), "upd": f32(r, 2, 3, 3, 4)}

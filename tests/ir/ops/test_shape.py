@@ -325,7 +325,8 @@ def test_unsqueeze(opset, axes):
 
 
 def test_squeeze_unsqueeze_symbolic():
-    nodes = [helper.make_node("Unsqueeze", ["x", "ax"], ["u"]), helper.make_node("Squeeze", ["u", "ax"], ["y"])]
+    nodes = [helper.make_node("Unsqueeze", ["x", "ax"], ["u"]),
+             helper.make_node("Squeeze", ["u", "ax"], ["y"])]
     m = graph_model(nodes, [vi("x", F, ["B", "S"])], [vi("u"), vi("y")], [i64("ax", [1])])
     g = import_onnx(m)
     assert [v.type.shape for v in g.outputs] == [("B", 1, "S"), ("B", "S")]
@@ -340,7 +341,8 @@ def test_flatten(axis):
 
 
 def test_flatten_then_reshape_symbolic():
-    nodes = [helper.make_node("Flatten", ["x"], ["f"], axis=2), helper.make_node("Reshape", ["f", "s"], ["y"])]
+    nodes = [helper.make_node("Flatten", ["x"], ["f"], axis=2),
+             helper.make_node("Reshape", ["f", "s"], ["y"])]
     m = graph_model(nodes, [vi("x", F, ["B", "S", 4, 16])], [vi("f"), vi("y")], [i64("s", [-1, 4, 16])])
     g = import_onnx(m)
     assert [v.type.shape for v in g.outputs] == [("(B*S)", 64), ("(B*S)", 4, 16)]
@@ -531,7 +533,8 @@ def test_llm_attention_shape_arithmetic_and_causal_mask():
         helper.make_node("Gather", ["sh", "i1"], ["s"]),
         helper.make_node("Unsqueeze", ["s", "z1"], ["s1"]),
         helper.make_node("Concat", ["s1", "s1"], ["ss"], axis=0),
-        helper.make_node("ConstantOfShape", ["ss"], ["ones"], value=numpy_helper.from_array(np.ones(1, np.float32))),
+        helper.make_node("ConstantOfShape", ["ss"], ["ones"],
+                         value=numpy_helper.from_array(np.ones(1, np.float32))),
         helper.make_node("Trilu", ["ones"], ["mask"], upper=0),
         helper.make_node("Concat", ["bs", "s1"], ["bss"], axis=0),
         helper.make_node("Slice", ["bss", "z1", "one"], ["b1"]),
@@ -557,7 +560,8 @@ def test_torch_expand_pattern_with_where():
         helper.make_node("Unsqueeze", ["b", "z1"], ["b1"]),
         helper.make_node("Concat", ["b1", "m1", "m1"], ["target"], axis=0),
         helper.make_node("Shape", ["target"], ["tl"]),
-        helper.make_node("ConstantOfShape", ["tl"], ["ones"], value=numpy_helper.from_array(np.ones(1, np.int64))),
+        helper.make_node("ConstantOfShape", ["tl"], ["ones"],
+                         value=numpy_helper.from_array(np.ones(1, np.int64))),
         helper.make_node("Mul", ["ones", "neg"], ["negs"]),
         helper.make_node("Equal", ["target", "negs"], ["eq"]),
         helper.make_node("Where", ["eq", "ones", "target"], ["fixed"]),
