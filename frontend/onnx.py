@@ -379,6 +379,15 @@ class _Importer:
             fn.CopyFrom(fn_bytes)
         else:
             fn.ParseFromString(fn_bytes)
+        # the body refers to the op's attributes; unset ones take the schema's defaults
+        have = {a.name for a in fn.attribute_proto}
+        for name, spec in schema.attributes.items():
+            d = spec.default_value
+            if name not in have and d is not None and d.type != onnx.AttributeProto.UNDEFINED:
+                a = onnx.AttributeProto()
+                a.CopyFrom(d)
+                a.name = name
+                fn.attribute_proto.append(a)
         return fn
 
     def convert_nodes(

@@ -81,11 +81,20 @@ def print_attr(v: Any) -> str:
     return _scalar(v)
 
 
+def _is_default(f: dataclasses.Field, v: Any) -> bool:
+    if f.default is dataclasses.MISSING or isinstance(v, np.ndarray):
+        return False
+    d = f.default
+    return type(d) is type(v) and d == v and not (isinstance(v, float) and math.isnan(v))
+
+
 def print_node_attrs(op: Op) -> str:
-    attrs = op.attrs()
+    """Attributes in field order; those equal to their default are left out (parsing restores them)."""
+    attrs = [(f.name, getattr(op, f.name)) for f in dataclasses.fields(op)
+             if not _is_default(f, getattr(op, f.name))]
     if not attrs:
         return ""
-    return " {" + ", ".join(f"{k}={print_attr(v)}" for k, v in attrs.items()) + "}"
+    return " {" + ", ".join(f"{k}={print_attr(v)}" for k, v in attrs) + "}"
 
 
 def print_graph(g: Graph) -> str:

@@ -53,10 +53,10 @@ def _group_query_attention(ctx: NodeContext) -> list[Value | None]:
     )
     lengths = None
     if seqlens_k is not None:
-        from ...ir.ops.elementwise import Binary
+        from ...ir.ops.elementwise import binary
 
         # seqlens_k holds each sequence's total length minus one
-        lengths = ctx.add1(Binary(fn="add"), [seqlens_k, ctx.const(1, seqlens_k.type.dtype)])
+        lengths = ctx.add1(binary("add"), [seqlens_k, ctx.const(1, seqlens_k.type.dtype)])
     y = ctx.add1(op, [q, pk, pv, None, lengths])
     return [y, pk, pv]
 
@@ -136,14 +136,14 @@ def _simplified_layer_norm(ctx: NodeContext) -> Value:
 
 @converter("SkipSimplifiedLayerNormalization", domain=MS)
 def _skip_simplified_layer_norm(ctx: NodeContext) -> list[Value | None]:
-    from ...ir.ops.elementwise import Binary
+    from ...ir.ops.elementwise import binary
 
     x, skip, gamma, bias = ctx.input(0), ctx.input(1), ctx.input(2), ctx.input(3)
     assert x is not None and skip is not None and gamma is not None
     if _want(ctx, 1) or _want(ctx, 2):
         raise Unsupported("the mean / inv_std_var outputs")
-    s = ctx.add1(Binary(fn="add"), [x, skip])
+    s = ctx.add1(binary("add"), [x, skip])
     if bias is not None:
-        s = ctx.add1(Binary(fn="add"), [s, bias])
+        s = ctx.add1(binary("add"), [s, bias])
     y = _rms_norm(ctx, s, gamma, -1)
     return [y, None, None, s]

@@ -8,11 +8,9 @@ import numpy as np
 from ...ir.graph import Value
 from ...ir.ops.core import Identity
 from ...ir.ops.elementwise import (
-    Binary,
     BitCast,
     Celu,
     Clip,
-    Compare,
     Cumulative,
     Elu,
     Gelu,
@@ -23,8 +21,10 @@ from ...ir.ops.elementwise import (
     Shrink,
     Swish,
     ThresholdedRelu,
-    Unary,
     Where,
+    binary,
+    compare,
+    unary,
 )
 from ..onnx import NodeContext, Unsupported, converter, dtype_from_onnx
 
@@ -45,7 +45,8 @@ _BINARY = {
 }
 
 _COMPARE = {
-    "Equal": "eq", "Less": "lt", "Greater": "gt", "LessOrEqual": "le", "GreaterOrEqual": "ge",
+    "Equal": "equal", "Less": "less", "Greater": "greater", "LessOrEqual": "less_equal",
+    "GreaterOrEqual": "greater_equal",
 }
 
 
@@ -68,17 +69,17 @@ def _check_legacy_broadcast(ctx: NodeContext) -> None:
 
 
 def _unary(ctx: NodeContext) -> Value:
-    return ctx.add1(Unary(fn=_UNARY[ctx.node.op_type]), [_x(ctx)])
+    return ctx.add1(unary(_UNARY[ctx.node.op_type]), [_x(ctx)])
 
 
 def _binary(ctx: NodeContext) -> Value:
     _check_legacy_broadcast(ctx)
-    return ctx.add1(Binary(fn=_BINARY[ctx.node.op_type]), [_x(ctx, 0), _x(ctx, 1)])
+    return ctx.add1(binary(_BINARY[ctx.node.op_type]), [_x(ctx, 0), _x(ctx, 1)])
 
 
 def _compare(ctx: NodeContext) -> Value:
     _check_legacy_broadcast(ctx)
-    return ctx.add1(Compare(fn=_COMPARE[ctx.node.op_type]), [_x(ctx, 0), _x(ctx, 1)])
+    return ctx.add1(compare(_COMPARE[ctx.node.op_type]), [_x(ctx, 0), _x(ctx, 1)])
 
 
 converter(*_UNARY)(_unary)
@@ -100,7 +101,7 @@ def _is_inf(ctx: NodeContext) -> Value:
 @converter("Mod")
 def _mod(ctx: NodeContext) -> Value:
     fn = "fmod" if ctx.attr("fmod", 0) else "mod"
-    return ctx.add1(Binary(fn=fn), [_x(ctx, 0), _x(ctx, 1)])
+    return ctx.add1(binary(fn), [_x(ctx, 0), _x(ctx, 1)])
 
 
 @converter("BitShift")
@@ -108,13 +109,13 @@ def _bit_shift(ctx: NodeContext) -> Value:
     direction = ctx.attr("direction")
     if direction not in ("LEFT", "RIGHT"):
         raise Unsupported(f"direction {direction!r} (LEFT or RIGHT)")
-    return ctx.add1(Binary(fn="shl" if direction == "LEFT" else "shr"), [_x(ctx, 0), _x(ctx, 1)])
+    return ctx.add1(binary("shl" if direction == "LEFT" else "shr"), [_x(ctx, 0), _x(ctx, 1)])
 
 
 def _fold(ctx: NodeContext, fn: str, args: list[Value]) -> Value:
     acc = args[0]
     for v in args[1:]:
-        acc = ctx.add1(Binary(fn=fn), [acc, v])
+        acc = ctx.add1(binary(fn), [acc, v])
     return acc
 
 
@@ -129,7 +130,7 @@ def _variadic(ctx: NodeContext) -> Value:
     fn = {"Max": "max", "Min": "min", "Sum": "add", "Mean": "add"}[op]
     acc = _fold(ctx, fn, args)
     if op == "Mean":
-        acc = ctx.add1(Binary(fn="div"), [acc, ctx.const(len(args), acc.type.dtype)])
+        acc = ctx.add1(binary("div"), [acc, ctx.const(len(args), acc.type.dtype)])
     return acc
 
 

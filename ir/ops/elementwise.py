@@ -156,14 +156,15 @@ _UNARY: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray], bool, bool]] = 
 }
 
 
-@register
 @dataclass(frozen=True, eq=False)
 class Unary(Op):
-    """``y = fn(x)`` for a function from a fixed table (``abs``, ``exp``, ``sigmoid``, ...)."""
+    """``y = fn(x)`` for a function from a fixed table (``abs``, ``exp``, ``sigmoid``, ...).
 
-    name: ClassVar[str] = "unary"
+    One registered op per function (``exp(%x)``, ``sigmoid(%x)``); build them with ``unary(fn)``.
+    """
+
     num_inputs: ClassVar[tuple[int, int | None]] = (1, 1)
-    fn: str = "abs"
+    fn: ClassVar[str] = ""
 
     def infer(self, inputs: Sequence[TensorType | None]) -> list[TensorType]:
         if self.fn not in _UNARY:
@@ -454,15 +455,16 @@ _BINARY: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarray]]] =
 }
 
 
-@register
 @dataclass(frozen=True, eq=False)
 class Binary(Op):
     """``y = fn(a, b)`` with numpy broadcasting; one dtype in and out (``pow``: out is ``a``'s
-    dtype, the exponent may be any numeric type)."""
+    dtype, the exponent may be any numeric type).
 
-    name: ClassVar[str] = "binary"
+    One registered op per function (``add(%a, %b)``, ``mul``, ...); build them with ``binary(fn)``.
+    """
+
     num_inputs: ClassVar[tuple[int, int | None]] = (2, 2)
-    fn: str = "add"
+    fn: ClassVar[str] = ""
 
     def infer(self, inputs: Sequence[TensorType | None]) -> list[TensorType]:
         if self.fn not in _BINARY:
@@ -486,28 +488,27 @@ class Binary(Op):
 
 
 _COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "eq": np.equal,
-    "lt": np.less,
-    "gt": np.greater,
-    "le": np.less_equal,
-    "ge": np.greater_equal,
+    "equal": np.equal,
+    "less": np.less,
+    "greater": np.greater,
+    "less_equal": np.less_equal,
+    "greater_equal": np.greater_equal,
 }
 
 
-@register
 @dataclass(frozen=True, eq=False)
 class Compare(Op):
-    """``y = a <fn> b`` (eq, lt, gt, le, ge) with broadcasting; the output is bool."""
+    """``y = a <fn> b`` (equal, less, greater, less_equal, greater_equal) with broadcasting; the
+    output is bool. One registered op per comparison; build them with ``compare(fn)``."""
 
-    name: ClassVar[str] = "compare"
     num_inputs: ClassVar[tuple[int, int | None]] = (2, 2)
-    fn: str = "eq"
+    fn: ClassVar[str] = ""
 
     def infer(self, inputs: Sequence[TensorType | None]) -> list[TensorType]:
         if self.fn not in _COMPARE:
             raise OpError(f"unknown comparison {self.fn!r} (one of {', '.join(_COMPARE)})")
         a, b = require(inputs[0]), require(inputs[1])
-        _check(a, "fiub" if self.fn == "eq" else "fiu", self.fn)
+        _check(a, "fiub" if self.fn == "equal" else "fiu", self.fn)
         _same_dtypes([a, b], self.fn)
         return [TensorType(DType.bool, _broadcast([a, b], self.fn))]
 
@@ -651,7 +652,46 @@ class Cumulative(Op):
         return _back(acc, x.dtype) if is_float else acc.astype(x.dtype, copy=False)
 
 
+def _family(base: type, table: dict) -> dict[str, type]:
+    """One registered op class per function of ``table``: ``exp``, ``add``, ``less``, ..."""
+    classes = {}
+    for fn in table:
+        cls_name = "".join(part.title() for part in fn.split("_"))
+        cls = dataclass(frozen=True, eq=False)(
+            type(cls_name, (base,), {"name": fn, "fn": fn, "__module__": __name__, "__qualname__": cls_name})
+        )
+        classes[fn] = register(cls)
+    return classes
+
+
+UNARY_OPS = _family(Unary, _UNARY)
+BINARY_OPS = _family(Binary, _BINARY)
+COMPARE_OPS = _family(Compare, _COMPARE)
+
+
+def unary(fn: str) -> Unary:
+    """The unary op ``fn`` (``"exp"``, ``"sigmoid"``, ...)."""
+    if fn not in UNARY_OPS:
+        raise OpError(f"unknown unary function {fn!r}")
+    return UNARY_OPS[fn]()
+
+
+def binary(fn: str) -> Binary:
+    """The binary op ``fn`` (``"add"``, ``"mul"``, ``"pow"``, ...)."""
+    if fn not in BINARY_OPS:
+        raise OpError(f"unknown binary function {fn!r}")
+    return BINARY_OPS[fn]()
+
+
+def compare(fn: str) -> Compare:
+    """The comparison ``fn`` (``"equal"``, ``"less"``, ...)."""
+    if fn not in COMPARE_OPS:
+        raise OpError(f"unknown comparison {fn!r}")
+    return COMPARE_OPS[fn]()
+
+
 __all__ = [
+    "unary", "binary", "compare", "UNARY_OPS", "BINARY_OPS", "COMPARE_OPS",
     "Unary", "IsInf", "LeakyRelu", "Elu", "Selu", "Celu", "HardSigmoid", "ThresholdedRelu", "Swish",
     "Gelu", "Shrink", "Binary", "Compare", "Where", "Clip", "BitCast", "Cumulative",
 ]

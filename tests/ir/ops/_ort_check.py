@@ -50,7 +50,8 @@ def _up(a: np.ndarray) -> np.ndarray:
 
 def check(node: onnx.NodeProto, feeds: Mapping[str, np.ndarray], out_dtypes: Sequence[np.dtype | type],
           opset: int, consts: Mapping[str, np.ndarray] | None = None,
-          in_shapes: Mapping[str, list] | None = None) -> tuple[dict[str, np.ndarray], onnx.ModelProto]:
+          in_shapes: Mapping[str, list] | None = None, rtol: float | None = None,
+          atol: float | None = None) -> tuple[dict[str, np.ndarray], onnx.ModelProto]:
     """Run ``node`` through ingot and onnxruntime, compare every output, round-trip the text form."""
     from ingot.frontend.onnx import import_onnx
 
@@ -72,6 +73,6 @@ def check(node: onnx.NodeProto, feeds: Mapping[str, np.ndarray], out_dtypes: Seq
         exp = run_ort(model, feeds)
     for o in node.output:
         if o:
-            assert_close(got[o], exp[o], what=f"{node.op_type} output {o!r}")
+            assert_close(got[o], exp[o], rtol=rtol, atol=atol, what=f"{node.op_type} output {o!r}")
     assert_text_roundtrip(import_onnx(model))
     return got, model

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from ingot.frontend.onnx import import_onnx
 from ingot.ir.op import OpError
-from ingot.ir.ops.elementwise import Binary, BitCast, Clip, Compare, Cumulative, Unary, Where
+from ingot.ir.ops.elementwise import BitCast, Clip, Cumulative, Where, binary, compare, unary
 from ingot.ir.types import DType, TensorType
 from onnx import TensorProto as TP
 from onnx import helper as oh
@@ -414,25 +414,24 @@ def test_bitcast() -> None:
 
 def test_type_inference() -> None:
     f32, i32 = DType.f32, DType.i32
-    t = Binary(fn="add").infer([TensorType(f32, ("B", 1, 4)), TensorType(f32, (3, 1))])
+    t = binary("add").infer([TensorType(f32, ("B", 1, 4)), TensorType(f32, (3, 1))])
     assert t == [TensorType(f32, ("B", 3, 4))]
-    t = Compare(fn="lt").infer([TensorType(i32, (2, 1)), TensorType(i32, (5,))])
+    t = compare("less").infer([TensorType(i32, (2, 1)), TensorType(i32, (5,))])
     assert t == [TensorType(DType.bool, (2, 5))]
-    t = Binary(fn="pow").infer([TensorType(DType.f16, (3,)), TensorType(DType.i64, ())])
+    t = binary("pow").infer([TensorType(DType.f16, (3,)), TensorType(DType.i64, ())])
     assert t == [TensorType(DType.f16, (3,))]
-    assert Unary(fn="isnan").infer([TensorType(DType.bf16, (2,))]) == [TensorType(DType.bool, (2,))]
+    assert unary("isnan").infer([TensorType(DType.bf16, (2,))]) == [TensorType(DType.bool, (2,))]
     t = Where().infer([TensorType(DType.bool, ("T", 1)), TensorType(i32, (4,)), TensorType(i32, ())])
     assert t == [TensorType(i32, ("T", 4))]
     assert Cumulative(fn="sum").infer([TensorType(f32, (2, 3)), TensorType(DType.i64, ())])[0].shape == (2, 3)
     assert Clip().infer([TensorType(DType.f16, (7,))]) == [TensorType(DType.f16, (7,))]
     bad = [
-        (Unary(fn="exp"), [TensorType(i32, (2,))]),
-        (Unary(fn="not"), [TensorType(f32, (2,))]),
-        (Unary(fn="nope"), [TensorType(f32, (2,))]),
-        (Binary(fn="add"), [TensorType(f32, (2,)), TensorType(i32, (2,))]),
-        (Binary(fn="mul"), [TensorType(f32, (3,)), TensorType(f32, (4,))]),
-        (Binary(fn="and"), [TensorType(i32, (3,)), TensorType(i32, (3,))]),
-        (Compare(fn="lt"), [TensorType(DType.bool, (3,)), TensorType(DType.bool, (3,))]),
+        (unary("exp"), [TensorType(i32, (2,))]),
+        (unary("not"), [TensorType(f32, (2,))]),
+        (binary("add"), [TensorType(f32, (2,)), TensorType(i32, (2,))]),
+        (binary("mul"), [TensorType(f32, (3,)), TensorType(f32, (4,))]),
+        (binary("and"), [TensorType(i32, (3,)), TensorType(i32, (3,))]),
+        (compare("less"), [TensorType(DType.bool, (3,)), TensorType(DType.bool, (3,))]),
         (Where(), [TensorType(i32, (3,)), TensorType(f32, (3,)), TensorType(f32, (3,))]),
         (BitCast(to=DType.i64), [TensorType(f32, (3,))]),
         (Cumulative(fn="sum"), [TensorType(f32, (3,))]),
@@ -441,6 +440,9 @@ def test_type_inference() -> None:
     for op, ins in bad:
         with pytest.raises(OpError):
             op.infer(ins)
+    for make, fn in ((unary, "nope"), (binary, "nope"), (compare, "lt")):
+        with pytest.raises(OpError, match="unknown"):
+            make(fn)
 
 
 def test_text_roundtrip() -> None:
@@ -467,8 +469,8 @@ def test_text_roundtrip() -> None:
     m.ir_version = 10
     g = import_onnx(m)
     text = str(g)
-    for s in ("unary(", 'fn="exp"', "leaky_relu(", "clip(", "gelu(", "compare(", "where(",
-              "cumulative(", "is_inf(", "bit_cast(", 'fn="fmod"'):
+    for s in ("= exp(", "leaky_relu(", "clip(", "gelu(", "= less(", "where(",
+              "cumulative(", "is_inf(", "bit_cast(", "= fmod("):
         assert s in text, s
     assert_text_roundtrip(g)
     feeds = {"x": _uniform((3, 8), -2, 2)}

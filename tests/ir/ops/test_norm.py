@@ -199,7 +199,10 @@ def test_lp_norm_zero_vector_gives_zero() -> None:
 def test_mean_variance_norm(axes: tuple[int, ...] | None, dtype: type) -> None:
     x = _randn((2, 3, 4, 5), dtype, 2.0) + dtype(1)
     kw = {} if axes is None else {"axes": list(axes)}
-    check(oh.make_node("MeanVarianceNormalization", ["x"], ["y"], **kw), {"x": x}, [dtype], opset=13)
+    # onnxruntime takes the variance as E[x^2] - E[x]^2 in float32, which loses ~1e-5 relative on
+    # inputs offset from zero; the wider tolerance covers its rounding, not ours
+    check(oh.make_node("MeanVarianceNormalization", ["x"], ["y"], **kw), {"x": x}, [dtype], opset=13,
+          rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
