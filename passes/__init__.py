@@ -16,7 +16,7 @@ from .manager import (
     register_pass,
     run_passes,
 )
-from .rewrite import P, Const, Rule, Var, rewrite
+from .rewrite import Const, P, Rule, Var, rewrite
 
 __all__ = [
     "PASSES", "PIPELINES", "Pass", "PassContext", "PassError", "Instrument", "TimingInstrument",

@@ -4,11 +4,13 @@ import json
 
 import numpy as np
 import pytest
+from ingot.frontend.onnx import ImportError_, import_onnx
+from ingot.ir.graph import Weight
+from ingot.runtime.artifact import MANIFEST, WEIGHTS, ArtifactError, write_artifact
+from ingot.runtime.cpu import FeedError
 
 import ingot
 from ingot.api import CompileError
-from ingot.runtime.artifact import MANIFEST, WEIGHTS, ArtifactError
-from ingot.runtime.cpu import FeedError
 from tests.helpers import assert_close, rng
 from tests.model_factory import cast_model, save
 
@@ -85,13 +87,31 @@ def test_failed_compile_leaves_nothing_and_keeps_old_artifact(tmp_path, model_pa
     before = (out / MANIFEST).read_text()
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(model_path[0].read_bytes()[:40])
-    with pytest.raises(Exception, match="bad.onnx"):
+    with pytest.raises(ImportError_, match="bad.onnx"):
         ingot.compile(bad, out=out)
     assert (out / MANIFEST).read_text() == before
-    with pytest.raises(Exception):
+    with pytest.raises(ImportError_):
         ingot.compile(bad, out=tmp_path / "fresh.ingot")
     assert not (tmp_path / "fresh.ingot").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx", "m.ingot", "m.onnx"]
+
+
+def test_failure_while_writing_weights_leaves_nothing(tmp_path, model_path):
+    """A weight that cannot be read half-way through writing: no partial artifact, old one kept."""
+    out = tmp_path / "m.ingot"
+    ingot.compile(model_path[0], out=out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    g = import_onnx(model_path[0])
+    name = next(iter(g.weights))
+
+    def broken():
+        raise OSError("disk went away")
+
+    g.weights[name] = Weight(g.weights[name].type, broken, source="broken")
+    with pytest.raises(OSError, match="disk went away"):
+        write_artifact(g, out, target="cpu", mode="graph", source={})
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.ingot", "m.onnx"]
 
 
 def test_refuses_to_replace_a_foreign_directory(tmp_path, model_path):
