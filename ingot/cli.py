@@ -1,4 +1,4 @@
-"""The ``ingot`` command line: inspect, compile, run."""
+"""The ``ingot`` command line: inspect, compile, run, generate."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ def _load_any(path: Path):
     if path.is_dir() and (path / MANIFEST).exists():
         graph, manifest = load_graph(path)
         return graph, f"artifact (target {manifest['target']}, mode {manifest['mode']})"
-    from .api import import_model
+    from .api import import_model, resolve_model
 
     with console.status(f"importing {path} ..."):
-        return import_model(path), "model"
+        return import_model(resolve_model(path)), "model"
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -139,6 +139,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .runtime.artifact import load_graph
+    from .runtime.paged import PagedModel, iter_greedy
+    from .runtime.tokenizer import StreamDecoder, Tokenizer
+
+    graph, manifest = load_graph(args.artifact)
+    if manifest.get("mode") != "llm":
+        raise ValueError(f"{args.artifact}: a {manifest.get('mode')}-mode artifact; generate needs an LLM "
+                         "compiled from a checkpoint (a .gguf file or a Hugging Face directory)")
+    tok = Tokenizer(args.artifact)
+    if args.chat:
+        ids = tok.encode_chat([{"role": "user", "content": args.prompt}])
+    else:
+        ids = tok.encode(args.prompt)
+    block = int(manifest["kv_cache"]["block_size"])
+    model = PagedModel(graph, num_blocks=-(-(len(ids) + args.max_tokens) // block))
+    stream = StreamDecoder(tok)
+    t0 = time.perf_counter()
+    first = None
+    for token in iter_greedy(graph, ids, args.max_tokens, model=model):
+        first = first or time.perf_counter()
+        sys.stdout.write(stream.push(token))
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    n, dt = len(stream.ids), time.perf_counter() - t0
+    decode = (time.perf_counter() - first) / max(n - 1, 1) if first else 0.0
+    console.print(f"{len(ids)} prompt tokens, {n} new tokens in {dt:.1f} s "
+                  f"(first token {((first or t0) - t0):.2f} s, {1 / decode if decode else 0:.1f} tokens/s after)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .api import MODES, TARGETS
@@ -153,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_inspect)
 
     s = sub.add_parser("compile", help="compile a model into an artifact")
-    s.add_argument("model", help="an .onnx file")
+    s.add_argument("model", help="an .onnx file, a .gguf file, a Hugging Face checkpoint directory, "
+                   "or a bundled model's name (smollm2)")
     s.add_argument("--target", default="cpu", choices=TARGETS, help="where the artifact will run (default cpu)")
     s.add_argument("-o", "--output", help="artifact directory (default: MODEL_NAME.ingot here)")
     s.add_argument("--mode", default="auto", choices=MODES, help="graph keeps the signature; llm serves")
@@ -166,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an input (repeatable): a .npy file, a JSON array literal, or an .npz of several")
     s.add_argument("--output-dir", help="save each output as NAME.npy here")
     s.set_defaults(fn=cmd_run)
+
+    s = sub.add_parser("generate", help="greedy-decode a prompt with an LLM artifact, streaming the text")
+    s.add_argument("artifact", help="a .ingot artifact compiled from a checkpoint (mode llm)")
+    s.add_argument("--prompt", "-p", required=True, help="the prompt text")
+    s.add_argument("--max-tokens", type=int, default=64, help="most new tokens (default 64)")
+    s.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    s.set_defaults(fn=cmd_generate)
     return p
 
 
