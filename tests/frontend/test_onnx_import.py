@@ -3,12 +3,12 @@
 import numpy as np
 import onnx
 import pytest
-from ingot.frontend.onnx import ImportError_, UnsupportedOpsError, import_onnx
-from ingot.ir.verify import verify
-from ingot.runtime.cpu import run_graph
 from onnx import TensorProto as T
 from onnx import helper
 
+from ingot.frontend.onnx import ImportError_, UnsupportedOpsError, import_onnx
+from ingot.ir.verify import verify
+from ingot.runtime.cpu import run_graph
 from tests.helpers import assert_close, rng
 from tests.model_factory import cast_model, save
 

@@ -8,6 +8,7 @@ every case's status and reason is written by
 import collections
 
 import pytest
+
 from ingot.frontend.onnx_conformance import load_cases, run_all, summarize
 
 MIN_PASS_RATE = 0.80

@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
+
 from ingot.ir.graph import Graph, Weight
 from ingot.ir.ops.core import Cast, Constant, Identity
 from ingot.ir.text import ParseError, parse_graph, print_graph
 from ingot.ir.types import DType, TensorType
 from ingot.ir.verify import verify
-
 from tests.helpers import assert_text_roundtrip, rng
 
 

@@ -1,6 +1,7 @@
 import ml_dtypes
 import numpy as np
 import pytest
+
 from ingot.ir.types import DType, broadcast_shapes, dim_add, dim_mul
 
 

@@ -1,6 +1,7 @@
 """The verifier catches broken graphs and names the problem."""
 
 import pytest
+
 from ingot.ir.graph import Graph, Node, Value
 from ingot.ir.ops.core import Cast, Identity
 from ingot.ir.types import DType, TensorType

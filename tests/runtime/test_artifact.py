@@ -4,13 +4,13 @@ import json
 
 import numpy as np
 import pytest
+
+import ingot
+from ingot.api import CompileError
 from ingot.frontend.onnx import ImportError_, import_onnx
 from ingot.ir.graph import Weight
 from ingot.runtime.artifact import MANIFEST, WEIGHTS, ArtifactError, write_artifact
 from ingot.runtime.cpu import FeedError
-
-import ingot
-from ingot.api import CompileError
 from tests.helpers import assert_close, rng
 from tests.model_factory import cast_model, save
 

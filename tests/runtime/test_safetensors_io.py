@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from safetensors import safe_open
+
 from ingot.ir.ops.core import cast_array
 from ingot.ir.types import DType
 from ingot.runtime import safetensors_io
-from safetensors import safe_open
-
 from tests.helpers import rng
 
 
