@@ -169,8 +169,10 @@ def _fused(parts: list[Tensor]) -> Callable[[], np.ndarray]:
 
 
 class _Builder:
-    def __init__(self, cfg: LlamaConfig, tensors: TensorSource, name: str) -> None:
+    def __init__(self, cfg: LlamaConfig, tensors: TensorSource, name: str,
+                 tables: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         self.cfg, self.tensors = cfg, tensors
+        self.tables = tables
         self.g = Graph(name)
 
     def tensor(self, name: str) -> Tensor:
@@ -219,7 +221,7 @@ class _Builder:
                   for i in range(cfg.num_layers)]
 
         embed = self.weight("model.embed_tokens.weight", (cfg.vocab_size, H))
-        cos_np, sin_np = rope_tables(cfg)
+        cos_np, sin_np = self.tables if self.tables is not None else rope_tables(cfg)
         cos = g.add_weight("rope.cos", Weight.from_array(cos_np, "rope tables"))
         sin = g.add_weight("rope.sin", Weight.from_array(sin_np, "rope tables"))
         x = g.add1(Embedding(), [embed, input_ids], "embed")
@@ -270,8 +272,19 @@ class _Builder:
         return g
 
 
-def build_llama(cfg: LlamaConfig, tensors: TensorSource, name: str = "main") -> Graph:
-    """The serving-form graph of a Llama-family model (docs/SERVING_FORM.md)."""
+def build_llama(cfg: LlamaConfig, tensors: TensorSource, name: str = "main",
+                rope_tables: tuple[np.ndarray, np.ndarray] | None = None) -> Graph:
+    """The serving-form graph of a Llama-family model (docs/SERVING_FORM.md).
+
+    ``rope_tables``: explicit f32 cos/sin [max_position_embeddings, rotary_dim / 2] (e.g. evaluated
+    from an exported graph) instead of computing them from ``cfg``'s rope parameters.
+    """
+    if rope_tables is not None:
+        want = (cfg.max_position_embeddings, cfg.rotary_dim // 2)
+        rope_tables = tuple(np.ascontiguousarray(t, np.float32) for t in rope_tables)  # type: ignore[assignment]
+        if any(t.shape != want for t in rope_tables):  # type: ignore[union-attr]
+            raise CheckpointError(f"rope_tables must be two arrays of shape {list(want)}, got "
+                                  f"{[list(t.shape) for t in rope_tables]}")  # type: ignore[union-attr]
     if cfg.num_heads % cfg.num_kv_heads:
         raise CheckpointError(f"num_heads {cfg.num_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}")
-    return _Builder(cfg, tensors, name).build()
+    return _Builder(cfg, tensors, name, rope_tables).build()
