@@ -42,6 +42,8 @@ def fold_rule(graph: Graph, limit: int) -> Rule:
     roots = tuple(n for n, cls in OPS.items() if n != "constant" and not cls.has_side_effects)
 
     def small_outputs(m: Match) -> bool:
+        if m.root.op.has_side_effects:
+            return False
         for v in m.root.outputs:
             n = v.type.numel()
             if n is not None and n > limit:

@@ -192,10 +192,16 @@ class ShapeFold(Pass):
     name = "shape-fold"
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
-        sv = ShapeValues(graph)
-        hits = rewrite(graph, _rules(sv, graph))
-        refined = refine_types(graph)
-        self.stats = dict(hits)
-        if refined:
-            self.stats["types-refined"] = refined
-        return bool(hits) or refined > 0
+        self.stats = {}
+        changed = False
+        for _ in range(16):  # sharper types can expose more folds: repeat until neither changes
+            sv = ShapeValues(graph)
+            hits = rewrite(graph, _rules(sv, graph))
+            refined = refine_types(graph)
+            for k, v in [*hits.items(), ("types-refined", refined)]:
+                if v:
+                    self.stats[k] = self.stats.get(k, 0) + v
+            if not hits and not refined:
+                break
+            changed = True
+        return changed
