@@ -354,6 +354,8 @@ class _Importer:
         domain = "" if n.domain in STANDARD_DOMAINS else n.domain
         if (domain, n.op_type) in CONVERTERS or (n.domain, n.op_type) in self.functions:
             return ""
+        if domain == "" and n.op_type == "If":
+            return ""  # a constant condition inlines its branch; a data-dependent one fails at conversion
         if self._schema_function(n, opsets) is not None:
             return ""
         if domain and domain not in opsets:
@@ -407,6 +409,9 @@ class _Importer:
                 ins.append(env[x])
             else:
                 raise ImportError_(f"node {label!r} ({n.op_type}): input {x!r} is not defined")
+        if domain == "" and n.op_type == "If":
+            self._convert_if(n, ins, env, opsets, label)
+            return
         fn = CONVERTERS.get((domain, n.op_type))
         if fn is None:
             body = self.functions.get((n.domain, n.op_type)) or self._schema_function(n, opsets)
@@ -434,6 +439,27 @@ class _Importer:
         for name in n.output[len(outs) :]:
             if name:
                 raise ImportError_(f"node {label!r} ({n.op_type}): output {name!r} is not supported")
+
+    def _convert_if(
+        self, n: onnx.NodeProto, ins: list[Value | None], env: dict[str, Value], opsets: dict[str, int], label: str
+    ) -> None:
+        """``If`` with a compile-time constant condition: the taken branch is inlined."""
+        cond = self.const_value(ins[0] if ins else None)
+        if cond is None:
+            raise UnsupportedOpsError([(label, n.domain, "If", opsets.get("", 0),
+                                        "the condition is not a compile-time constant (data-dependent control flow)")])
+        attrs = {a.name: a for a in n.attribute}
+        branch = attrs["then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch"].g
+        scope = dict(env)  # the branch sees the enclosing scope's values by name
+        for t in branch.initializer:
+            scope[t.name] = self.graph.add_weight(t.name, self._weight(t))
+        self.check_supported(branch.node, opsets)
+        self.convert_nodes(branch.node, scope, opsets)
+        for out, vi in zip(n.output, branch.output):
+            if out:
+                if vi.name not in scope:
+                    raise ImportError_(f"node {label!r} (If): branch output {vi.name!r} is not produced")
+                env[out] = scope[vi.name]
 
     def _inline(
         self,

@@ -107,7 +107,7 @@ def run_case(case) -> CaseResult:
     try:
         g = import_onnx(case.model)
     except UnsupportedOpsError as e:
-        reasons = sorted({p[4] for p in e.problems})
+        reasons = sorted({f"{p[2]}: {p[4]}" for p in e.problems})
         return CaseResult(case.name, op, "unsupported", "; ".join(reasons))
     except ImportError_ as e:
         return CaseResult(case.name, op, "unsupported", str(e).splitlines()[0])

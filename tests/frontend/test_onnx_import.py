@@ -124,3 +124,38 @@ def test_onnx_model_round_trip_through_save(tmp_path):
     p = save(m, tmp_path / "m.onnx")
     g = import_onnx(p)
     assert g.name == "main" and g.meta["source_format"] == "onnx"
+
+
+def _if_model(cond_value: bool, as_input: bool = False):
+    x = helper.make_tensor_value_info("x", T.FLOAT, [3])
+    then_g = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["t_out"], to=T.DOUBLE)], "then", [],
+        [helper.make_tensor_value_info("t_out", T.DOUBLE, [3])])
+    else_g = helper.make_graph(
+        [helper.make_node("Identity", ["k"], ["e_out"])], "else", [],
+        [helper.make_tensor_value_info("e_out", T.DOUBLE, [3])],
+        initializer=[onnx.numpy_helper.from_array(np.array([7.0, 8.0, 9.0]), "k")])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g, name="branchy")]
+    inputs = [x]
+    if as_input:
+        inputs.append(helper.make_tensor_value_info("c", T.BOOL, []))
+    else:
+        nodes.insert(0, helper.make_node("Constant", [], ["c"], value=onnx.numpy_helper.from_array(
+            np.array(cond_value))))
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", T.DOUBLE, [3])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_with_constant_condition_inlines_the_taken_branch(cond):
+    graph = import_onnx(_if_model(cond))
+    verify(graph)
+    xv = rng().standard_normal(3).astype(np.float32)
+    got = run_graph(graph, {"x": xv})["y"]
+    assert_close(got, xv.astype(np.float64) if cond else np.array([7.0, 8.0, 9.0]))
+    assert "if" not in graph.op_histogram()
+
+
+def test_if_with_data_dependent_condition_is_reported():
+    with pytest.raises(UnsupportedOpsError, match="If .* at node 'branchy': the condition is not a compile-time"):
+        import_onnx(_if_model(True, as_input=True))
