@@ -116,3 +116,88 @@ def suffix_axis(axes: Sequence[int] | None, rank: int) -> int | None:
     if norm != list(range(norm[0], rank)):
         return None
     return norm[0] - rank
+
+
+# -- view chains ---------------------------------------------------------------------------------
+
+#: Ops that only move, copy or broadcast elements (simulated on index arrays by ``realizes``).
+VIEW_OPS = ("reshape", "flatten", "transpose", "unsqueeze", "squeeze", "expand", "identity")
+_PRIMES = (5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
+
+
+def _scale_operand(n, graph: Graph) -> tuple[Value, float] | None:  # noqa: ANN001 - a Node
+    """``(x, factor)`` if node ``n`` is ``x * c``, ``c * x`` or ``x / c`` with a scalar constant ``c``."""
+    if n.op.name not in ("mul", "div") or len(n.inputs) != 2:
+        return None
+    a, c = n.inputs
+    for x, k, swap in ((a, c, False), (c, a, True)):
+        if x is None or k is None or (swap and n.op.name == "div"):
+            continue
+        s = scalar_value(k, graph)
+        if s is not None and s != 0 and x.type.shape == n.outputs[0].type.shape:
+            return x, (1.0 / s if n.op.name == "div" else s)
+    return None
+
+
+def view_chain(v: Value, graph: Graph) -> list[tuple[Value, float]]:
+    """``[(v, 1), (parent, f1), ...]``: the values ``v`` is a view of, back through view ops and
+    scalar scalings, each with the product of the scale factors between it and ``v``."""
+    out = [(v, 1.0)]
+    scale = 1.0
+    while True:
+        n = v.producer
+        if n is None or not n.inputs or n.inputs[0] is None:
+            return out
+        sc = _scale_operand(n, graph)
+        if sc is not None:
+            v, f = sc
+            scale *= f
+        elif n.op.name in VIEW_OPS and all(i is None for i in n.inputs[1:]):
+            v = n.inputs[0]
+        elif n.op.name in ("reshape", "expand") and getattr(n.op, "shape", None) is not None:
+            v = n.inputs[0]  # the shape input is redundant with the attribute hint
+        else:
+            return out
+        out.append((v, scale))
+
+
+def realizes(v: Value, src: Value, graph: Graph, expected: Callable[[np.ndarray], np.ndarray]) -> bool:
+    """Does the view chain from ``src`` to ``v`` compute ``expected(src)`` (up to scalar factors)?
+
+    Simulated on an index array with distinct concrete sizes for the symbolic dims, with the ops' own
+    references; ops whose attributes name dims other than ``src``'s plain symbols make it fail."""
+    chain = [val for val, _ in view_chain(v, graph)]
+    if src not in chain or src.type.shape is None:
+        return False
+    path = chain[: chain.index(src)][::-1]  # values after src, in order
+    binding: dict[str, int] = {}
+    primes = iter(_PRIMES)
+    shape = []
+    for d in src.type.shape:
+        if isinstance(d, int):
+            shape.append(d)
+        else:
+            if d not in binding:
+                binding[d] = next(primes, 41)
+            shape.append(binding[d])
+    idx = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    arr = idx
+    try:
+        for val in path:
+            n = val.producer
+            assert n is not None
+            if _scale_operand(n, graph) is not None:
+                continue
+            op = n.op
+            attr = getattr(op, "shape", None)
+            if n.op.name in ("reshape", "expand") and attr is not None:
+                if any(isinstance(d, str) and d not in binding for d in attr):
+                    return False
+                import dataclasses
+
+                op = dataclasses.replace(op, shape=tuple(binding[d] if isinstance(d, str) else d for d in attr))
+            arr = op.run(arr)[0]
+        want = expected(idx)
+    except Exception:  # noqa: BLE001 - any failure to simulate means "not this form"
+        return False
+    return arr.shape == want.shape and bool(np.array_equal(arr, want))
