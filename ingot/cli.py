@@ -170,6 +170,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_passes_list(args: argparse.Namespace) -> int:
+    """Every registered pass (plugins included) with its docstring's first line, then the pipelines."""
+    from .passes import manager
+
+    manager._ensure_builtin()
+    width = max((len(n) for n in manager.PASSES), default=0)
+    out.print("passes:")
+    for name in sorted(manager.PASSES):
+        cls = manager.PASSES[name]
+        doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
+        out.print(f"  {name.ljust(width)}  {escape(doc[0].strip()) if doc else ''}")
+    out.print("pipelines:")
+    for name, passes in manager.PIPELINES.items():
+        out.print(f"  {name}: {', '.join(passes) if passes else '(none)'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .api import MODES, TARGETS
@@ -205,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tokens", type=int, default=64, help="most new tokens (default 64)")
     s.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     s.set_defaults(fn=cmd_generate)
+
+    s = sub.add_parser("passes", help="the compiler's passes and pipelines")
+    passes_sub = s.add_subparsers(dest="passes_command", required=True)
+    s = passes_sub.add_parser("list", help="list registered passes (with plugins) and the pipelines")
+    s.set_defaults(fn=cmd_passes_list)
     return p
 
 

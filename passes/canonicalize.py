@@ -27,8 +27,7 @@ ROUND = ["const-input-fold", "constant-fold", "shape-fold", "cast-elim", "identi
 
 @register_pass
 class Canonicalize(Pass):
-    """Run const-input-fold, constant-fold, shape-fold, cast-elim, identity-elim, cse, dce to a
-    fixed point.
+    """The canonicalization passes (folds, shape-fold, cast/identity-elim, cse, dce) to a fixed point.
 
     Runs first in every pipeline and after fusion. Needs nothing. Preserves values.
     """

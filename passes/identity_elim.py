@@ -137,9 +137,9 @@ def rules(graph: Graph) -> list[Rule]:
 
 @register_pass
 class IdentityElim(Pass):
-    """Drop identities (identity, same-shape reshapes, identity transposes, x*1, ...) and merge
-    transpose∘transpose and reshape∘reshape.
+    """Drop identities (same-shape reshapes, identity transposes, x*1, ...); merge view chains.
 
+    Also merges transpose∘transpose and reshape∘reshape.
     Runs anywhere. Needs nothing. Preserves values and types.
     """
 
