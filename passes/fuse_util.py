@@ -95,17 +95,17 @@ def transposed(b: Builder, w: Value, cache: dict[Value, Value]) -> Value:
     return out
 
 
-def concatenated(b: Builder, ws: Sequence[Value], hint: str) -> Value:
+def concatenated(g: Graph, ws: Sequence[Value], hint: str) -> Value:
     """The row-wise concatenation of 2-D (or 1-D) constants ``ws`` as one new lazy weight."""
-    g = b.graph
     loaders = [weight_array_loader(w, g) for w in ws]
     shapes = [w.type.shape for w in ws]
     assert all(s is not None for s in shapes)
     rows = sum(int(s[0]) for s in shapes)  # type: ignore[index, misc]
     shape = (rows, *shapes[0][1:])  # type: ignore[index]
     srcs = ", ".join(g.weights[w.name].source if w.producer is None else "constant" for w in ws)
-    return derived_weight(b, hint, TensorType(ws[0].type.dtype, shape),
-                          lambda: np.concatenate([ld() for ld in loaders], axis=0), f"concat({srcs})")
+    w = Weight(TensorType(ws[0].type.dtype, shape), lambda: np.concatenate([ld() for ld in loaders], axis=0),
+               f"concat({srcs})")
+    return g.add_weight(hint, w)
 
 
 def suffix_axis(axes: Sequence[int] | None, rank: int) -> int | None:
