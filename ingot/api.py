@@ -126,9 +126,6 @@ def compile(
     checkpoint = src_path.suffix == ".gguf" or src_path.is_dir()
     if checkpoint and mode == "graph":
         raise CompileError(f"{src_path}: checkpoints compile to the serving form only; use mode 'llm' or 'auto'")
-    if not checkpoint and mode == "llm":
-        raise CompileError("mode 'llm' for ONNX models (the serving-form lowering) is not available in this "
-                           "version; use 'graph'")
     out_path = Path(out) if out is not None else Path.cwd() / (src_path.stem + ".ingot")
     if progress:
         progress("import", 0, 1)
@@ -136,6 +133,14 @@ def compile(
     verify(graph)
     if progress:
         progress("import", 1, 1)
+    if not checkpoint and mode != "graph":
+        lowered = _lower_onnx(graph, src_path, mode, progress)
+        if lowered is None:  # auto, not a decoder we lower: graph mode on a fresh import
+            graph = import_model(src_path)
+            verify(graph)
+        else:
+            graph = lowered
+            checkpoint = True  # written like a checkpoint's serving form below
     if not checkpoint:
         return write_artifact(
             graph, out_path, target=target, mode="graph", source=_source_info(src_path), progress=progress
@@ -145,9 +150,49 @@ def compile(
     with tempfile.TemporaryDirectory(prefix="ingot-tokenizer-") as tmp:
         return write_artifact(
             graph, out_path, target=target, mode="llm", source=_source_info(src_path), progress=progress,
-            extra_files=_tokenizer_files(src_path, Path(tmp)),
+            extra_files=_tokenizer_files(src_path if src_path.suffix != ".onnx" else src_path.parent, Path(tmp)),
             extra_manifest={"kv_cache": graph.meta["kv_cache"], "llm": graph.meta["llm"]},
         )
+
+
+def _lower_onnx(graph: Graph, src: Path, mode: str, progress: Progress | None = None) -> Graph | None:
+    """An imported ONNX decoder -> O2 -> llm-lower -> the serving form (``graph`` is changed in place).
+
+    ``mode="llm"``: any failure is a ``CompileError`` saying why. ``mode="auto"``: ``None`` when the
+    graph is not a decoder export or the lowering does not recognize it (the caller compiles the
+    plain graph). A Hugging Face ``config.json`` next to the file supplies the context length and
+    the BOS/EOS ids.
+    """
+    import json
+
+    from .ir.verify import verify
+    from .passes import PassContext, PassError, run_passes
+    from .passes.llm_lower import decoder_signature_problem
+
+    problem = decoder_signature_problem(graph)
+    if problem is not None:
+        if mode == "llm":
+            raise CompileError(f"{src}: mode 'llm' needs a decoder LLM export, but {problem}")
+        return None
+    options: dict[str, Any] = {}
+    cfg_path = src.parent / "config.json"
+    if cfg_path.is_file():
+        try:
+            options["config"] = json.loads(cfg_path.read_text())
+        except (OSError, ValueError):
+            pass
+    if progress:
+        progress("llm lowering", 0, 1)
+    try:
+        run_passes(graph, "llm", PassContext(options={"llm-lower": options}))
+        verify(graph)
+    except (PassError, ValueError, RuntimeError) as e:
+        if mode == "llm":
+            raise CompileError(f"{src}: cannot lower to the serving form: {e}") from e
+        return None
+    if progress:
+        progress("llm lowering", 1, 1)
+    return graph
 
 
 class Model:

@@ -113,6 +113,7 @@ PIPELINES: dict[str, list[str]] = {
     "O0": [],
     "O1": ["canonicalize"],
     "O2": ["canonicalize", "fuse", "canonicalize"],
+    "llm": ["canonicalize", "fuse", "canonicalize", "llm-lower"],
 }
 
 

@@ -277,3 +277,77 @@ def test_fixture_lowering_matches_onnxruntime(name):
     assert err <= RTOL, f"{name}, seed {seed}: {err:.3g}"
     err_chunked = rel_err(paged_logits(g, tokens, [4, 4, 3]), want)
     assert err_chunked <= RTOL, f"{name} chunked prefill, seed {seed}: {err_chunked:.3g}"
+
+
+# -- ingot.compile ----------------------------------------------------------------------------------
+
+
+def _relu_onnx(path: Path) -> Path:
+    import onnx
+
+    from tests.helpers import make_model
+
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])
+    onnx.save(make_model(onnx.helper.make_node("Relu", ["x"], ["y"]), [x], [y]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("name", ["tiny_llama_kv.onnx", "tiny_llama_ts.onnx"])
+def test_compile_auto_writes_llm_artifact(name, tmp_path):
+    import ingot
+    from ingot.runtime.artifact import load_graph
+    from ingot.runtime.paged import greedy_generate
+
+    reference = lowered_fixture(name)  # skips while O2 cannot fuse the fixture
+    out = ingot.compile(FIXTURES / name, out=tmp_path / "m.ingot", mode="auto")
+    graph, manifest = load_graph(out)
+    assert manifest["mode"] == "llm"
+    assert manifest["kv_cache"]["num_layers"] == 2 and manifest["kv_cache"]["inputs"] == ["kv_cache.0", "kv_cache.1"]
+    assert manifest["llm"]["vocab_size"] == 256
+    assert graph.op_histogram() == LOWERED_HIST
+    prompt = [5, 17, 99, 3, 250, 42, 7]
+    assert greedy_generate(graph, prompt, 6, stop_ids=()) == greedy_generate(reference, prompt, 6, stop_ids=())
+
+
+def test_compile_graph_mode_keeps_the_signature(tmp_path):
+    import ingot
+    from ingot.runtime.artifact import read_manifest
+
+    out = ingot.compile(FIXTURES / "tiny_llama_kv.onnx", out=tmp_path / "g.ingot", mode="graph")
+    manifest = read_manifest(out)
+    assert manifest["mode"] == "graph"
+    assert [i["name"] for i in manifest["inputs"]][:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert "kv_cache" not in manifest
+
+
+def test_compile_non_decoder(tmp_path):
+    import ingot
+    from ingot.api import CompileError
+    from ingot.runtime.artifact import read_manifest
+
+    src = _relu_onnx(tmp_path / "relu.onnx")
+    with pytest.raises(CompileError, match="needs a decoder LLM export.*input_ids"):
+        ingot.compile(src, out=tmp_path / "llm.ingot", mode="llm")
+    assert not (tmp_path / "llm.ingot").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["relu.onnx"]
+    out = ingot.compile(src, out=tmp_path / "auto.ingot", mode="auto")
+    assert read_manifest(out)["mode"] == "graph"
+
+
+def test_compile_decoder_that_does_not_lower(tmp_path, monkeypatch):
+    """A decoder-shaped export the lowering rejects: mode llm fails with the reason, auto compiles the graph."""
+    import ingot
+    from ingot.api import CompileError
+    from ingot.passes.llm_lower import LlmLower
+    from ingot.runtime.artifact import read_manifest
+
+    def refuse(self, graph, ctx):
+        raise LlmLowerError("llm-lower: 1 node(s) play no recognized decoder role (ops {'tanh': 1})")
+
+    monkeypatch.setattr(LlmLower, "run", refuse)
+    src = FIXTURES / "tiny_llama.onnx"
+    with pytest.raises(CompileError, match="cannot lower to the serving form.*tanh"):
+        ingot.compile(src, out=tmp_path / "llm.ingot", mode="llm")
+    assert not (tmp_path / "llm.ingot").exists()
+    assert read_manifest(ingot.compile(src, out=tmp_path / "auto.ingot", mode="auto"))["mode"] == "graph"
