@@ -25,6 +25,7 @@ import numpy as np
 
 from ..ir.graph import Graph, Value
 from ..ir.ops.attention import Attention
+from ..ir.types import DType
 from .fuse_util import realizes, scalar_value, view_chain
 from .manager import Pass, PassContext, register_pass
 from .rewrite import Builder, Match, P, Rule, Var, rewrite
@@ -116,6 +117,8 @@ def _rules(graph: Graph) -> list[Rule]:
         if k.type.dtype != q.type.dtype or v.type.dtype != q.type.dtype or k.type.shape[1] != v.type.shape[1]:  # type: ignore
             return None
         scale = q_scale * k_scale * s_scale
+        if q.type.dtype != DType.f64:  # the factors were f32 (or narrower) constants: no false digits
+            scale = float(str(np.float32(scale)))
         hk = k.type.shape[1]  # type: ignore[index]
         op = Attention(scale=scale, num_heads=hq, num_kv_heads=hk)  # type: ignore[arg-type]
         if mask is not None and (mask.type.rank is None or mask.type.rank > 4):

@@ -28,7 +28,7 @@ from ..ir.ops.shape import Slice, Squeeze, Unsqueeze
 from .manager import Pass, PassContext, register_pass
 from .rewrite import Builder, Match, P, Rule, Var, const_value, rewrite
 
-_BIG = 1 << 62
+_BIG = (1 << 63) - 1  # "to the end", as exporters write it
 
 
 def _last_dim(v: Value) -> int | None:
