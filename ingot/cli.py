@@ -32,8 +32,38 @@ def _load_any(path: Path):
         return import_model(resolve_model(path)), "model"
 
 
+def _run_pipeline(graph, spec: str) -> None:
+    """Run ``spec`` (a pipeline name or comma-separated pass names) over ``graph``; print what each pass
+    did and the op counts before and after."""
+    from .passes import PIPELINES, PassContext, TimingInstrument, run_passes
+
+    pipeline = spec if spec in PIPELINES else [n.strip() for n in spec.split(",") if n.strip()]
+    before = graph.op_histogram()
+    timing = TimingInstrument()
+    with console.status(f"running {spec} ..."):
+        run_passes(graph, pipeline, PassContext(instruments=[timing]))
+    t = Table(title=f"passes ({spec})", title_justify="left")
+    for col in ("pass", "nodes", "changed", "ms"):
+        t.add_column(col, justify="left" if col == "pass" else "right")
+    for r in timing.records:
+        t.add_row(r.name, f"{r.nodes_before} -> {r.nodes_after}", "yes" if r.changed else "no",
+                  f"{r.seconds * 1e3:.1f}")
+    out.print(t)
+    after = graph.op_histogram()
+    t = Table(title=f"ops before -> after ({sum(before.values())} -> {sum(after.values())} nodes)",
+              title_justify="left")
+    for col in ("op", "before", "after"):
+        t.add_column(col, justify="left" if col == "op" else "right")
+    for op in sorted(set(before) | set(after), key=lambda o: (-after.get(o, 0), -before.get(o, 0), o)):
+        t.add_row(op, str(before.get(op, 0)), str(after.get(op, 0)))
+    out.print(t)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     graph, kind = _load_any(Path(args.model))
+    if getattr(args, "passes", None):
+        _run_pipeline(graph, args.passes)
+        kind += f", after {args.passes}"
     out.print(f"[bold]{args.model}[/bold]: {kind}, graph @{graph.name}")
     for title, values, names in (
         ("inputs", graph.inputs, [v.name for v in graph.inputs]),
@@ -43,7 +73,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         t.add_column("name")
         t.add_column("type")
         for v, n in zip(values, names):
-            t.add_row(n, str(v.type))
+            t.add_row(escape(n), escape(str(v.type)))  # rich would read [a,b] as markup
         out.print(t)
     t = Table(title=f"ops ({len(graph.nodes)} nodes)", title_justify="left")
     t.add_column("op")
@@ -198,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("inspect", help="show a model's or artifact's inputs, outputs, ops and parameters")
     s.add_argument("model", help="an .onnx file or a .ingot artifact directory")
     s.add_argument("--ir", action="store_true", help="also print the graph in the text IR")
+    s.add_argument("--passes", metavar="PIPELINE", help="run a pipeline (O1, O2, llm, ...) or comma-separated "
+                   "passes first; shows op counts before and after")
     s.set_defaults(fn=cmd_inspect)
 
     s = sub.add_parser("compile", help="compile a model into an artifact")

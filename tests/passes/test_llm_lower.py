@@ -351,3 +351,13 @@ def test_compile_decoder_that_does_not_lower(tmp_path, monkeypatch):
         ingot.compile(src, out=tmp_path / "llm.ingot", mode="llm")
     assert not (tmp_path / "llm.ingot").exists()
     assert read_manifest(ingot.compile(src, out=tmp_path / "auto.ingot", mode="auto"))["mode"] == "graph"
+
+
+def test_cli_inspect_passes_llm(capsys):
+    from ingot.cli import main
+
+    lowered_fixture("tiny_llama_kv.onnx")  # skips while O2 cannot fuse the fixture
+    assert main(["inspect", str(FIXTURES / "tiny_llama_kv.onnx"), "--passes", "llm"]) == 0
+    text = capsys.readouterr().out
+    assert "llm-lower" in text and "ops before -> after" in text
+    assert "paged_attention" in text and "kv_cache.1" in text and "f32[num_blocks,2,16,2,16]" in text
