@@ -88,8 +88,6 @@ def hf_config(directory: Path) -> LlamaConfig:
         rope_scaling=scaling,
         partial_rotary_factor=float(c.get("partial_rotary_factor", 1.0)),
         tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-        attention_bias=bool(c.get("attention_bias", model_type == "qwen2")),
-        mlp_bias=bool(c.get("mlp_bias", False)),
         sliding_window=int(window or 0),
         bos_token_id=None if c.get("bos_token_id") is None else int(c["bos_token_id"]),
         eos_token_ids=tuple(eos),

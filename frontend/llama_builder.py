@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,7 +43,8 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    """What the builder needs to know about a Llama-family model."""
+    """What the builder needs to know about a Llama-family model. Biases need no flag: a bias
+    tensor present in the checkpoint is used."""
 
     architecture: str
     vocab_size: int
@@ -59,12 +60,9 @@ class LlamaConfig:
     rope_scaling: Mapping[str, Any] | None = None
     partial_rotary_factor: float = 1.0
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    mlp_bias: bool = False
     sliding_window: int = 0
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def rotary_dim(self) -> int:
