@@ -229,3 +229,70 @@ def load(path: str | os.PathLike, device: str = "cpu") -> Model:
         raise ValueError(f"device {device!r} is not available in this version; use 'cpu'")
     graph, manifest = load_graph(path)
     return Model(graph, manifest, Path(path))
+
+
+class Completion:
+    """One prompt's result from ``LLM.generate``: the generated part only (``n`` > 1: ``outputs``)."""
+
+    def __init__(self, prompt_token_ids: list[int], outputs: list[Any], num_cached_tokens: int = 0) -> None:
+        self.prompt_token_ids = prompt_token_ids
+        self.outputs = outputs  # runtime.engine.CompletionOutput, one per sample
+        self.num_cached_tokens = num_cached_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def logprobs(self) -> list[Any] | None:
+        return self.outputs[0].logprobs
+
+    def __repr__(self) -> str:
+        return f"Completion(token_ids={self.token_ids}, text={self.text!r}, finish_reason={self.finish_reason!r})"
+
+
+class LLM:
+    """An LLM-mode artifact behind the serving engine, for offline batched generation.
+
+    ``engine_args``: ``num_blocks``, ``kv_cache_bytes``, ``max_num_seqs``, ``max_num_batched_tokens``,
+    ``max_model_len``, ``enable_prefix_caching`` (see ``ingot.runtime.engine.EngineArgs``).
+    """
+
+    def __init__(self, artifact: str | os.PathLike, device: str = "cpu", **engine_args: Any) -> None:
+        from .runtime.engine import LLMEngine
+
+        self.engine = LLMEngine(artifact, device=device, **engine_args)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | list[str] | None = None,
+        prompt_token_ids: list[list[int]] | None = None,
+        max_tokens: int | None = 16,
+        temperature: float = 0.0,
+        **sampling: Any,
+    ) -> list[Completion]:
+        """Generate for every prompt (text or token ids), batched; one ``Completion`` per prompt, in order.
+
+        ``sampling``: the other ``SamplingParams`` fields (``top_k``, ``top_p``, ``min_p``, ``seed``,
+        ``n``, ``stop``, ``stop_token_ids``, ``ignore_eos``, ``logprobs``, penalties).
+        """
+        from .runtime.sampling import SamplingParams
+
+        if (prompts is None) == (prompt_token_ids is None):
+            raise ValueError("pass exactly one of prompts (text) or prompt_token_ids")
+        items: list[Any] = [prompts] if isinstance(prompts, str) else list(prompts or prompt_token_ids or [])
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, **sampling)
+        results = self.engine.generate(items, params)
+        return [Completion(r.prompt_token_ids, r.outputs, r.num_cached_tokens) for r in results]

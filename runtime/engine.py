@@ -1,0 +1,541 @@
+"""The engine: requests in, streamed outputs out; one ``step()`` at a time.
+
+::
+
+    add_request(prompt, SamplingParams) --> Scheduler (waiting queue)
+    step():  schedule()  -> step inputs + which rows sample
+             executor.run(step inputs + kv_cache.{i})  -> logits[S, vocab]
+             Sampler(logits[rows that sample])          -> one token per row
+             update_from_output(tokens)                 -> finished requests free their blocks
+             detokenize, stop strings (finish_request)  -> list[RequestOutput] (deltas + totals)
+
+A request asking for ``n > 1`` completions is ``n`` scheduler requests (``{id}#{i}``) under one
+group id; they are admitted together, so the prefix cache computes the shared prompt blocks once.
+Every ``RequestOutput`` of a group carries all ``n`` completions: cumulative text and tokens, and
+this step's delta.
+
+``LLMEngine`` is single-threaded: only one thread may call it. ``AsyncEngine`` runs the step loop on
+its own thread and hands outputs to per-request asyncio queues through ``loop.call_soon_threadsafe``;
+adds and aborts reach the engine thread through a command list, so the scheduler is only ever
+touched by that thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .detokenizer import IncrementalDetokenizer
+from .kv_cache import num_blocks_for_memory
+from .request import Request
+from .sampling import Sampler, SamplingParams, TokenLogprobs
+from .scheduler import CacheConfig, Scheduler, SchedulerConfig
+
+log = logging.getLogger("ingot.engine")
+
+DEFAULT_KV_CACHE_BYTES = 1 << 30  # CPU backend: at most this much (and half the available memory)
+
+
+class EngineRequestError(ValueError):
+    """A request the engine cannot take; ``param`` names the offending field (OpenAI's ``param``)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class QueueFullError(RuntimeError):
+    """Too many requests are waiting; retry later."""
+
+
+@dataclass
+class EngineArgs:
+    """How to size and run the engine. ``num_blocks`` None: from ``kv_cache_bytes`` (None: a default)."""
+
+    num_blocks: int | None = None
+    kv_cache_bytes: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's context length, capped by the cache
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+
+
+@dataclass
+class CompletionOutput:
+    """One of a request's ``n`` completions: totals so far and this step's delta."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None  # "stop", "length", "abort"; None while running
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list[TokenLogprobs] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (first completion)
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    error: str | None = None  # set when the engine failed this request (AsyncEngine)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(len(o.token_ids) for o in self.outputs)
+
+
+class _Group:
+    __slots__ = ("request_id", "prompt_token_ids", "seqs", "arrival_time", "first_token_time", "num_unfinished")
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], arrival_time: float) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.seqs: list[_Seq] = []
+        self.arrival_time = arrival_time
+        self.first_token_time: float | None = None
+        self.num_unfinished = 0
+
+
+class _Seq:
+    """One scheduler request's engine-side state; also the sampler's ``SamplingSequence``."""
+
+    __slots__ = ("request", "index", "sampling_params", "generator", "prompt_token_ids", "output_token_ids",
+                 "detok", "pending_text", "logprobs", "finish_reason", "stop_reason", "last_token_time", "delta_start",
+                 "delta_logprobs_start", "group")
+
+    def __init__(self, request: Request, index: int, params: SamplingParams,
+                 detok: IncrementalDetokenizer | None, group: _Group) -> None:
+        self.group = group
+        self.request = request
+        self.index = index
+        self.sampling_params = params
+        self.generator = params.make_generator(index)
+        self.prompt_token_ids = request.prompt_token_ids
+        self.output_token_ids = request.output_token_ids
+        self.detok = detok
+        self.pending_text = ""  # text decoded since the last output
+        self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.last_token_time = 0.0
+        self.delta_start = 0
+        self.delta_logprobs_start = 0
+
+
+def _default_kv_bytes() -> int:
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return DEFAULT_KV_CACHE_BYTES
+    return max(1 << 26, min(DEFAULT_KV_CACHE_BYTES, avail // 2))
+
+
+class LLMEngine:
+    """An LLM artifact (serving form) on the CPU backend, with its KV cache, scheduler and sampler."""
+
+    def __init__(self, artifact: str | os.PathLike, args: EngineArgs | None = None, *, device: str = "cpu",
+                 metrics: Any = None, **kwargs: Any) -> None:
+        from ..ir.types import DType
+        from .artifact import load_graph
+        from .cpu import CpuExecutor
+
+        if device != "cpu":
+            raise ValueError(f"device {device!r} is not available in this version; use 'cpu'")
+        args = args or EngineArgs(**kwargs)
+        self.args = args
+        self.path = Path(artifact)
+        self.graph, self.manifest = load_graph(self.path)
+        spec = self.manifest.get("kv_cache") or self.graph.meta.get("kv_cache")
+        info = self.manifest.get("llm") or self.graph.meta.get("llm") or {}
+        if self.manifest.get("mode") != "llm" or not isinstance(spec, dict):
+            raise ValueError(f"{self.path}: not an LLM artifact (mode {self.manifest.get('mode')!r}); compile a "
+                             "decoder in mode 'llm'")
+        self.model_name = self.path.name.removesuffix(".ingot") or "model"
+        self.block_size = int(spec["block_size"])
+        self.vocab_size = int(info.get("vocab_size") or self.graph.outputs[0].type.shape[-1])
+        self.eos_token_ids: tuple[int, ...] = tuple(info.get("eos_token_ids") or ())
+        bytes_per_token = int(spec["bytes_per_token"])
+        num_blocks = args.num_blocks or num_blocks_for_memory(
+            args.kv_cache_bytes or _default_kv_bytes(), bytes_per_token, self.block_size, fraction=1.0)
+        if num_blocks < 1:
+            raise ValueError("the KV cache budget holds no block; raise num_blocks or kv_cache_bytes")
+        self.num_blocks = num_blocks
+        context = int(info.get("context_length") or num_blocks * self.block_size)
+        self.max_model_len = min(args.max_model_len or context, context, num_blocks * self.block_size)
+        shape = (num_blocks, 2, self.block_size, int(spec["num_kv_heads"]), int(spec["head_dim"]))
+        dtype = DType(spec["dtype"]).np
+        self.kv_caches = {name: np.zeros(shape, dtype) for name in spec["inputs"]}
+        self.scheduler = Scheduler(
+            SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                            max_model_len=self.max_model_len,
+                            long_prefill_token_threshold=args.long_prefill_token_threshold, policy=args.policy),
+            CacheConfig(num_blocks=num_blocks, block_size=self.block_size,
+                        enable_prefix_caching=args.enable_prefix_caching),
+        )
+        self.executor = CpuExecutor(self.graph)
+        self.sampler = Sampler()
+        self.tokenizer = self._load_tokenizer()
+        self.metrics = metrics
+        self._seqs: dict[str, _Seq] = {}  # scheduler request id -> state
+        self._groups: dict[str, _Group] = {}
+        self._ids = itertools.count()
+
+    def _load_tokenizer(self) -> Any:
+        if not (self.path / "tokenizer.json").is_file():
+            return None
+        from .tokenizer import Tokenizer
+
+        return Tokenizer(self.path)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise EngineRequestError("this model has no tokenizer: pass token ids, not text", "prompt")
+        return self.tokenizer.encode(prompt)
+
+    def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
+        """Validate a request against the model and the cache; returns its ``max_tokens``. Reads no
+        mutable state, so any thread may call it."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise EngineRequestError("the prompt is empty", "prompt")
+        if any(not 0 <= int(t) < self.vocab_size for t in prompt_token_ids):
+            raise EngineRequestError(f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
+        if n >= self.max_model_len:
+            raise EngineRequestError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the prompt has {n} tokens "
+                "(at least one must be left to generate)", "prompt")
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
+        if n + max_tokens > self.max_model_len:
+            raise EngineRequestError(
+                f"this model's maximum context length is {self.max_model_len} tokens; you requested "
+                f"{n + max_tokens} tokens ({n} in the prompt, {max_tokens} for the completion)", "max_tokens")
+        if params.n > self.args.max_num_seqs:
+            raise EngineRequestError(f"n must be at most max_num_seqs ({self.args.max_num_seqs})", "n")
+        if -(-(n + max_tokens - 1) // self.block_size) > self.num_blocks:
+            raise EngineRequestError(f"the request needs more KV cache blocks than the cache has ({self.num_blocks})",
+                                     "max_tokens")
+        return max_tokens
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+                    request_id: str | None = None, priority: int = 0, arrival_time: float | None = None) -> str:
+        """Queue a request (text or token ids); returns its id. Raises ``EngineRequestError`` if it cannot run."""
+        params = params or SamplingParams()
+        ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        max_tokens = self.check_request(ids, params)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._groups:
+            raise EngineRequestError(f"request id {rid!r} is in use")
+        group = _Group(rid, ids, time.monotonic() if arrival_time is None else arrival_time)
+        eos = None if params.ignore_eos or not self.eos_token_ids else self.eos_token_ids[0]
+        stops = tuple(params.stop_token_ids) + (() if params.ignore_eos else self.eos_token_ids[1:])
+        added: list[str] = []
+        try:
+            for i in range(params.n):
+                sid = rid if params.n == 1 else f"{rid}#{i}"
+                req = Request(sid, ids, max_tokens=max_tokens, eos_token_id=eos, stop_token_ids=stops,
+                              priority=priority, arrival_time=group.arrival_time, sampling_params=params)
+                self.scheduler.add_request(req)
+                added.append(sid)
+                detok = None
+                if self.tokenizer is not None:
+                    detok = IncrementalDetokenizer.from_params(self.tokenizer, params, ids)
+                seq = _Seq(req, i, params, detok, group)
+                self._seqs[sid] = seq
+                group.seqs.append(seq)
+        except ValueError as e:
+            for sid in added:
+                self.scheduler.abort_request(sid)
+                self._seqs.pop(sid, None)
+            raise EngineRequestError(str(e), "max_tokens") from None
+        group.num_unfinished = params.n
+        self._groups[rid] = group
+        return rid
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request (all its completions) and free its blocks; False if it is unknown or done."""
+        group = self._groups.pop(request_id, None)
+        if group is None:
+            return False
+        for seq in group.seqs:
+            self.scheduler.abort_request(seq.request.request_id)
+            self._seqs.pop(seq.request.request_id, None)
+        if self.metrics is not None:
+            self.metrics.request_finished("abort")
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._groups)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._groups)
+
+    # -- the step ---------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model, sample, update; returns the outputs of requests that progressed."""
+        sched = self.scheduler
+        out = sched.schedule()
+        t_start = time.monotonic()
+        if out.is_empty:
+            self._record(t_start, 0, 0)
+            return []
+        feeds = out.step_inputs.as_feeds()
+        feeds.update(self.kv_caches)
+        logits = self.executor.run(feeds, check=False)["logits"]
+        rows = np.flatnonzero(out.do_sample)
+        tokens = np.zeros(len(out.req_ids), np.int64)
+        logprobs: list[TokenLogprobs | None] = []
+        if len(rows):
+            seqs = [self._seqs[out.req_ids[r]] for r in rows]
+            sampled = self.sampler(logits[rows] if len(rows) < len(out.req_ids) else logits, seqs)
+            tokens[rows] = sampled.token_ids
+            logprobs = sampled.logprobs
+        lp_by_id = {out.req_ids[r]: lp for r, lp in zip(rows.tolist(), logprobs)}
+        updated = sched.update_from_output(out, tokens)
+        now = time.monotonic()
+        touched: dict[str, _Group] = {}
+        itl: list[float] = []
+        ttft: list[float] = []
+        for req in updated:
+            seq = self._seqs.get(req.request_id)
+            if seq is None:
+                continue
+            token = req.output_token_ids[-1]
+            lp = lp_by_id.get(req.request_id)
+            if seq.logprobs is not None and lp is not None:
+                seq.logprobs.append(lp)
+            if len(req.output_token_ids) > 1:
+                itl.append(now - seq.last_token_time)
+            seq.last_token_time = now
+            detok = seq.detok
+            if detok is not None:
+                seq.pending_text += detok.push(token)
+            if req.is_finished:
+                seq.finish_reason, seq.stop_reason = req.finish_reason, req.stop_reason
+                if detok is not None:
+                    seq.pending_text += detok.finish()
+            elif detok is not None and detok.finished:  # a stop string
+                sched.finish_request(req.request_id, "stop", detok.stop_reason)
+                seq.finish_reason, seq.stop_reason = "stop", detok.stop_reason
+            group = seq.group
+            if group.first_token_time is None:
+                group.first_token_time = now
+                ttft.append(now - group.arrival_time)
+            touched[group.request_id] = group
+        results = [self._make_output(g) for g in touched.values()]
+        self._record(t_start, len(updated), out.total_num_scheduled_tokens, itl, ttft,
+                     [r for r in results if r.finished])
+        return results
+
+    def _make_output(self, group: _Group) -> RequestOutput:
+        outputs = []
+        for seq in group.seqs:
+            req = seq.request
+            final = seq.finish_reason is not None
+            if final and seq.request.request_id in self._seqs:
+                del self._seqs[req.request_id]
+                group.num_unfinished -= 1
+            ids = req.output_token_ids
+            lps = seq.logprobs
+            outputs.append(CompletionOutput(
+                index=seq.index, text=seq.detok.output_text if seq.detok is not None else "",
+                token_ids=list(ids),
+                logprobs=list(lps) if lps is not None else None, finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason, delta_text=seq.pending_text, delta_token_ids=ids[seq.delta_start :],
+                delta_logprobs=lps[seq.delta_logprobs_start :] if lps is not None else None,
+            ))
+            seq.delta_start = len(ids)
+            seq.pending_text = ""
+            seq.delta_logprobs_start = len(lps) if lps is not None else 0
+        finished = group.num_unfinished == 0
+        if finished:
+            del self._groups[group.request_id]
+        cached = max(group.seqs[0].request.num_cached_tokens, 0)
+        return RequestOutput(group.request_id, group.prompt_token_ids, outputs, finished, cached,
+                             group.arrival_time, group.first_token_time)
+
+    def _record(self, t_start: float, num_sampled: int, num_tokens: int, itl: Sequence[float] = (),
+                ttft: Sequence[float] = (), finished: Sequence[RequestOutput] = ()) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.record_step(self.scheduler.stats(), num_sampled=num_sampled, num_scheduled_tokens=num_tokens,
+                                 itl=itl, ttft=ttft, finished=finished)
+
+    # -- offline generation -----------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
+                 ) -> list[RequestOutput]:
+        """Run ``prompts`` to completion, batched; one final output per prompt, in order."""
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        done: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests():
+            for o in self.step():
+                if o.finished:
+                    done[o.request_id] = o
+        return [done[i] for i in ids]
+
+
+class AsyncEngine:
+    """``LLMEngine`` on a thread of its own, with asyncio streams per request.
+
+    ``max_queue``: requests beyond ``max_num_seqs`` running that may wait; more raise
+    ``QueueFullError`` (the server's 503). ``stop()`` refuses new requests and lets running ones
+    finish (drain) before the thread ends.
+    """
+
+    def __init__(self, engine: LLMEngine, max_queue: int = 1024) -> None:
+        self.engine = engine
+        self.max_queue = max_queue
+        self._cv = threading.Condition()
+        self._commands: list[tuple[str, Any]] = []
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._ids = itertools.count()
+        self.num_in_flight = 0  # admitted requests not yet finished (event-loop side count)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="ingot-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Refuse new requests, finish the running ones, end the thread."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _submit(self, kind: str, payload: Any) -> None:
+        with self._cv:
+            self._commands.append((kind, payload))
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            with self._cv:
+                while not self._commands and not engine.has_unfinished_requests() and not self._stopping:
+                    self._cv.wait()
+                commands, self._commands = self._commands, []
+                if self._stopping and not commands and not engine.has_unfinished_requests():
+                    return
+            for kind, payload in commands:
+                if kind == "add":
+                    rid, prompt_ids, params, priority, arrival = payload
+                    try:
+                        engine.add_request(prompt_ids, params, request_id=rid, priority=priority,
+                                           arrival_time=arrival)
+                    except Exception as e:  # validated before; report, never kill the loop
+                        self._fail([rid], f"{type(e).__name__}: {e}")
+                else:
+                    engine.abort(payload)
+            if not engine.has_unfinished_requests():
+                continue
+            try:
+                outputs = engine.step()
+            except Exception as e:
+                log.exception("engine step failed; failing the running requests")
+                ids = list(engine._groups)
+                for rid in ids:
+                    engine.abort(rid)
+                self._fail(ids, f"internal engine error: {type(e).__name__}: {e}")
+                continue
+            if outputs:
+                self._deliver(outputs)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        queues = self._queues
+        for o in outputs:
+            entry = queues.get(o.request_id)
+            if entry is not None:
+                by_loop.setdefault(entry[0], []).append((entry[1], o))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the loop is closed: nobody is listening
+                pass
+
+    def _fail(self, ids: Sequence[str], message: str) -> None:
+        now = time.monotonic()
+        self._deliver([RequestOutput(rid, [], [], True, arrival_time=now, error=message) for rid in ids])
+
+    def check_admission(self) -> None:
+        """Raise ``QueueFullError`` when no more requests may wait (call before ``generate``)."""
+        if self._stopping:
+            raise QueueFullError("the server is shutting down")
+        if self.num_in_flight >= self.engine.args.max_num_seqs + self.max_queue:
+            raise QueueFullError(f"too many requests waiting ({self.max_queue} queued)")
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, *,
+                       request_id: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; the last has ``finished``. Leaving the loop early (or being
+        cancelled) aborts the request and frees its blocks."""
+        ids = [int(t) for t in prompt_token_ids]
+        self.engine.check_request(ids, params)
+        self.check_admission()
+        rid = request_id or f"req-{next(self._ids)}"
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._queues[rid] = (asyncio.get_running_loop(), queue)
+        self.num_in_flight += 1
+        finished = False
+        try:
+            self._submit("add", (rid, ids, params, priority, time.monotonic()))
+            while not finished:
+                out = await queue.get()
+                finished = out.finished
+                if out.error is not None:
+                    raise RuntimeError(out.error)
+                yield out
+        finally:
+            self.num_in_flight -= 1
+            self._queues.pop(rid, None)
+            if not finished:
+                self._submit("abort", rid)
+
+    def abort(self, request_id: str) -> None:
+        self._submit("abort", request_id)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for q, o in items:
+        q.put_nowait(o)

