@@ -217,6 +217,36 @@ def cmd_passes_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .runtime.server import serve
+
+    engine_args = {k: getattr(args, k) for k in ("num_blocks", "max_num_seqs", "max_num_batched_tokens",
+                                                 "max_model_len") if getattr(args, k) is not None}
+    console.print(f"serving {args.artifact} on http://{args.host}:{args.port} (OpenAI API under /v1)")
+    serve(args.artifact, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
+          model_name=args.served_model_name, log_level=args.log_level, **engine_args)
+    return 0
+
+
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .runtime.bench_serve import format_summary, run_benchmark, write_plot
+
+    summary = asyncio.run(run_benchmark(
+        args.url, num_prompts=args.num_prompts, concurrency=None if args.request_rate else args.concurrency,
+        request_rate=args.request_rate, input_len=args.input_len, output_len=args.output_len,
+        input_dist=args.input_dist, output_dist=args.output_dist, vocab=args.vocab, model=args.model,
+        api_key=args.api_key, seed=args.seed))
+    out.print(format_summary(summary), markup=False)
+    path = Path(args.output)
+    path.write_text(json.dumps(summary, indent=1))
+    console.print(f"wrote {path}")
+    if write_plot(summary, path.with_suffix(".png")):
+        console.print(f"wrote {path.with_suffix('.png')}")
+    return 0 if summary["failed"] == 0 else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .api import MODES, TARGETS
@@ -259,6 +289,38 @@ def build_parser() -> argparse.ArgumentParser:
     passes_sub = s.add_subparsers(dest="passes_command", required=True)
     s = passes_sub.add_parser("list", help="list registered passes (with plugins) and the pipelines")
     s.set_defaults(fn=cmd_passes_list)
+    s = sub.add_parser("serve", help="serve an LLM artifact over an OpenAI-compatible HTTP API")
+    s.add_argument("artifact", help="a .ingot artifact compiled in mode llm")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    s.add_argument("--served-model-name", default=None, help="the model id clients use (default: artifact name)")
+    s.add_argument("--max-num-seqs", type=int, default=None, help="most sequences running at once (default 256)")
+    s.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step (default 2048)")
+    s.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    s.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: from a memory budget)")
+    s.add_argument("--max-queue", type=int, default=1024, help="requests that may wait; more get 503 (default 1024)")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    s.set_defaults(fn=cmd_serve)
+
+    s = sub.add_parser("bench", help="benchmarks")
+    bench_sub = s.add_subparsers(dest="bench_command", required=True)
+    s = bench_sub.add_parser("serve", help="load-test an OpenAI-compatible server (streaming completions)")
+    s.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    s.add_argument("--model", default=None, help="model id to send (default: none)")
+    s.add_argument("--api-key", default=None)
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--concurrency", type=int, default=8, help="clients in flight at once (default 8)")
+    mode.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals per second instead")
+    s.add_argument("--num-prompts", type=int, default=64)
+    s.add_argument("--input-len", type=int, default=128, help="mean prompt length in tokens")
+    s.add_argument("--output-len", type=int, default=64, help="mean output length in tokens")
+    s.add_argument("--input-dist", default="uniform", choices=["fixed", "uniform", "exponential"])
+    s.add_argument("--output-dist", default="uniform", choices=["fixed", "uniform", "exponential"])
+    s.add_argument("--vocab", type=int, default=256, help="prompt token ids are drawn below this")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("-o", "--output", default="bench_serve.json", help="JSON results (a .png plot beside it)")
+    s.set_defaults(fn=cmd_bench_serve)
     return p
 
 
