@@ -1,0 +1,40 @@
+"""The kernel families, in the order their rules are tried (first applicable wins).
+
+Adding a family: make ``codegen/kernels/<name>/`` with ``rule.py`` (defining ``FAMILY``) and its
+templates, add the name here, and add its compile and GPU tests in ``tests/codegen/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from functools import cache
+
+from ..ir.graph import Node
+from ..ir.op import Op
+from ..ir.types import TensorType
+from .family import Family
+from .kernel import KernelSpec
+from .target import Target, get_target
+
+FAMILY_NAMES = ("embedding", "norm", "rope", "activation", "gemm", "attention", "sampling")
+
+
+@cache
+def families() -> tuple[Family, ...]:
+    return tuple(importlib.import_module(f"{__package__}.kernels.{n}.rule").FAMILY for n in FAMILY_NAMES)
+
+
+def plan_op(op: Op, inputs: Sequence[TensorType | None], target: Target | str) -> list[KernelSpec] | None:
+    """The launches implementing ``op`` on ``target``, from the first family that accepts it; None if none does."""
+    tgt = get_target(target)
+    for family in families():
+        if op.name in family.ops:
+            specs = family.plan(op, inputs, tgt)
+            if specs is not None:
+                return specs
+    return None
+
+
+def plan_node(node: Node, target: Target | str) -> list[KernelSpec] | None:
+    return plan_op(node.op, [v.type if v is not None else None for v in node.inputs], target)
