@@ -1,0 +1,9 @@
+"""CUDA code generation: targets, kernel families, compile driver.
+
+- ``target``: ``get_target("b200" | "h200" | "h100" | "cpu")``.
+- ``kernel``: ``KernelSpec`` (a rule's decisions) and ``render`` (template -> self-contained source).
+- ``family`` / ``registry``: one folder per family in ``kernels/`` with ``rule.py`` and templates;
+  ``registry.plan_op(op, input_types, target)`` returns the launches for an IR op.
+- ``compile``: ``compile_spec`` / ``compile_source`` -> cubin + PTX (NVRTC or nvcc), cached by content.
+- ``sass``: cuobjdump-based SASS checks.
+"""

@@ -6,6 +6,9 @@ tile sizes, outputs poisoned before each launch, every CUDA call checked (``cuda
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -35,8 +38,6 @@ F32_REDUCTION = (1e-4, 2e-5)
 @pytest.fixture(scope="module")
 def gpu(tmp_path_factory):
     pytest.importorskip("cuda.bindings", reason="needs cuda-bindings (pip install 'ingot[cuda]')")
-    import os
-
     os.environ.setdefault("INGOT_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache")))
     from tests.codegen.cuda_launch import Gpu
 
@@ -47,7 +48,40 @@ def gpu(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def target(gpu) -> Target:
-    return {"sm_90a": get_target("h200"), "sm_100a": get_target("b200")}[gpu.arch]
+    by_arch = {"sm_90a": get_target("h200"), "sm_100a": get_target("b200")}
+    if gpu.arch not in by_arch:
+        pytest.skip(f"kernels are built for sm_90a / sm_100a; this GPU is {gpu.arch}")
+    return by_arch[gpu.arch]
+
+
+#: test id -> {output: (max abs error, max error relative to the output's largest magnitude)}
+ERRORS: dict[str, dict[str, tuple[float, float]]] = {}
+_current = [""]
+
+
+@pytest.fixture(autouse=True)
+def _record_test_id(request):
+    _current[0] = request.node.name
+    yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_error_report():
+    """With INGOT_KERNEL_REPORT=path, the largest errors per test go there as JSON."""
+    yield
+    path = os.environ.get("INGOT_KERNEL_REPORT")
+    if path and ERRORS:
+        with open(path, "w") as f:
+            json.dump(ERRORS, f, indent=1, sort_keys=True)
+
+
+def check_close(got: np.ndarray, ref: np.ndarray, what: str = "out", **tol) -> None:
+    """``assert_close`` (every element), recording the largest errors for the report."""
+    if got.shape == ref.shape and (ref.dtype.kind == "f" or ref.dtype.name in ("bfloat16", "float8_e4m3fn")):
+        g, e = got.astype(np.float64), ref.astype(np.float64)
+        err = float(np.nanmax(np.abs(g - e))) if e.size else 0.0
+        ERRORS.setdefault(_current[0], {})[what] = (err, err / max(float(np.nanmax(np.abs(e))), 1e-30))
+    assert_close(got, ref, what=what, **tol)
 
 
 def rand(r: np.random.Generator, shape, dtype: DType, scale: float = 1.0, shift: float = 0.0) -> np.ndarray:
@@ -75,7 +109,7 @@ def test_embedding(gpu, target, dtype, hidden, tokens):
     (spec,) = plan_op(op, [tt(table), tt(ids)], target)
     out = gpu.alloc((tokens, hidden), table.dtype)
     gpu.launch(spec, table=gpu.upload(table), ids=gpu.upload(ids), out=out, num_tokens=tokens, vocab=1000)
-    assert_close(gpu.download(out), op.ref(table, ids), rtol=0, atol=0)
+    check_close(gpu.download(out), op.ref(table, ids), rtol=0, atol=0)
 
 
 # -- norms ----------------------------------------------------------------------------------------
@@ -90,7 +124,7 @@ def test_rms_norm(gpu, target, dtype, hidden, rows):
     out = gpu.alloc(x.shape, x.dtype)
     gpu.launch(spec, x=gpu.upload(x), weight=gpu.upload(w), bias=None, residual=None, residual_out=None,
                out=out, rows=rows)
-    assert_close(gpu.download(out), op.ref(x, w))
+    check_close(gpu.download(out), op.ref(x, w))
 
 
 @pytest.mark.parametrize("dtype,hidden,rows", [(bf16, 2048, 5), (f32, 1000, 40)])
@@ -103,8 +137,8 @@ def test_add_rms_norm(gpu, target, dtype, hidden, rows):
                residual_out=res_out, out=out, rows=rows)
     h = x.astype(np.float32) + res.astype(np.float32)
     h = h.astype(x.dtype) if dtype is f32 else cast_array(h, dtype)
-    assert_close(gpu.download(res_out), h, rtol=0, atol=0, what="residual_out")
-    assert_close(gpu.download(out), RmsNorm(eps=1e-5).ref(h, w), what="out")
+    check_close(gpu.download(res_out), h, rtol=0, atol=0, what="residual_out")
+    check_close(gpu.download(out), RmsNorm(eps=1e-5).ref(h, w), what="out")
 
 
 @pytest.mark.parametrize("dtype,hidden,rows,bias", [(f32, 1000, 17, True), (bf16, 768, 4, False)])
@@ -118,7 +152,7 @@ def test_layer_norm(gpu, target, dtype, hidden, rows, bias):
     out = gpu.alloc(x.shape, x.dtype)
     gpu.launch(spec, x=gpu.upload(x), weight=gpu.upload(w), bias=gpu.upload(b) if bias else None, residual=None,
                residual_out=None, out=out, rows=rows)
-    assert_close(gpu.download(out), op.ref(*ins)[0], **reduction_tol(dtype))
+    check_close(gpu.download(out), op.ref(*ins)[0], **reduction_tol(dtype))
 
 
 # -- rope -----------------------------------------------------------------------------------------
@@ -137,7 +171,7 @@ def test_rope(gpu, target, dtype, heads, head_dim, rot, inter, tokens):
     out = gpu.alloc(x.shape, x.dtype)
     gpu.launch(spec, x=gpu.upload(x), positions=gpu.upload(pos), cos=gpu.upload(cos), sin=gpu.upload(sin),
                out=out, num_tokens=tokens)
-    assert_close(gpu.download(out), op.ref(x, pos, cos, sin))
+    check_close(gpu.download(out), op.ref(x, pos, cos, sin))
 
 
 def test_rope_in_place(gpu, target):
@@ -149,7 +183,7 @@ def test_rope_in_place(gpu, target):
     buf = gpu.upload(x)
     gpu.launch(spec, x=buf, positions=gpu.upload(pos), cos=gpu.upload(cos), sin=gpu.upload(sin), out=buf,
                num_tokens=5)
-    assert_close(gpu.download(buf), Rope(head_dim=64, rotary_dim=64).ref(x, pos, cos, sin))
+    check_close(gpu.download(buf), Rope(head_dim=64, rotary_dim=64).ref(x, pos, cos, sin))
 
 
 # -- activation -----------------------------------------------------------------------------------
@@ -163,7 +197,7 @@ def test_swiglu(gpu, target, dtype, width, tokens, alpha):
     (spec,) = plan_op(op, [tt(a), tt(b)], target)
     out = gpu.alloc(a.shape, a.dtype)
     gpu.launch(spec, a=gpu.upload(a), b=gpu.upload(b), out=out, num_tokens=tokens)
-    assert_close(gpu.download(out), op.ref(a, b))
+    check_close(gpu.download(out), op.ref(a, b))
 
 
 def test_geglu_fused_buffer(gpu, target):
@@ -178,7 +212,7 @@ def test_geglu_fused_buffer(gpu, target):
     gpu.launch(spec, a=src, b=up, out=out, num_tokens=t)
     a, b = gu[:, :width].astype(np.float64), gu[:, width:].astype(np.float64)
     ref = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3))) * b
-    assert_close(gpu.download(out), ref.astype(np.float32), rtol=1e-5, atol=1e-5)
+    check_close(gpu.download(out), ref.astype(np.float32), rtol=1e-5, atol=1e-5)
 
 
 # -- gemm -----------------------------------------------------------------------------------------
@@ -197,7 +231,7 @@ def test_linear(gpu, target, dtype, m, n, k, bias, residual):
     out = gpu.alloc((m, n), x.dtype)
     gpu.launch(spec, x=gpu.upload(x), weight=gpu.upload(w), weight_scale=None, bias=gpu.upload(b) if bias else None,
                residual=gpu.upload(res) if residual else None, out=out, M=m)
-    assert_close(gpu.download(out), Linear().ref(x, w, b, res), **reduction_tol(dtype))
+    check_close(gpu.download(out), Linear().ref(x, w, b, res), **reduction_tol(dtype))
 
 
 @pytest.mark.parametrize("xdt,m,n,k", [(bf16, 3, 1000, 520), (bf16, 70, 256, 2048), (f32, 9, 130, 96)])
@@ -214,7 +248,7 @@ def test_linear_fp8_weight(gpu, target, xdt, m, n, k):
                residual=None, out=out, M=m)
     ref = x.astype(np.float32) @ (w.astype(np.float32) * scale[:, None]).T + b.astype(np.float32)
     ref = ref.astype(x.dtype) if xdt is f32 else cast_array(ref, xdt)
-    assert_close(gpu.download(out), ref, **reduction_tol(xdt))
+    check_close(gpu.download(out), ref, **reduction_tol(xdt))
 
 
 # -- paged attention ------------------------------------------------------------------------------
@@ -275,8 +309,8 @@ def test_paged_attention(gpu, target, case):
     ref_cache = cache.copy()
     ref = op.ref(q, k, v, ref_cache, block_tables, seq_lens, qsl, slots)
     got_cache = gpu.download(cache_buf)
-    assert_close(got_cache.view(np.uint8), ref_cache.view(np.uint8), what="kv_cache bytes")
-    assert_close(gpu.download(out), ref, **reduction_tol(dtype), what="attention out")
+    check_close(got_cache.view(np.uint8), ref_cache.view(np.uint8), what="kv_cache bytes")
+    check_close(gpu.download(out), ref, **reduction_tol(dtype), what="attention out")
 
 
 def test_paged_attention_unowned_tokens_are_zero(gpu, target):
@@ -295,7 +329,7 @@ def test_paged_attention_unowned_tokens_are_zero(gpu, target):
     op = PagedAttention(num_heads=H, num_kv_heads=KV, head_dim=D, scale=0.125)
     k = v = np.zeros((4, KV * D), np.float32)
     ref = op.ref(q, k, v, cache.copy(), block_tables, seq_lens, qsl, np.full(4, -1, np.int64))
-    assert_close(gpu.download(out), ref, **reduction_tol(f32))
+    check_close(gpu.download(out), ref, **reduction_tol(f32))
 
 
 # -- sampling -------------------------------------------------------------------------------------
@@ -310,7 +344,7 @@ def test_greedy(gpu, target, dtype, rows, vocab):
     (spec,) = plan_op(op, [tt(logits)], target)
     tokens = gpu.alloc((rows,), np.int64)
     gpu.launch(spec, logits=gpu.upload(logits), tokens=tokens, num_rows=rows)
-    assert_close(gpu.download(tokens), op.ref(logits))
+    check_close(gpu.download(tokens), op.ref(logits))
 
 
 def test_greedy_spec_params(target):
