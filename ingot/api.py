@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .ir.graph import Graph
+from .passes import PassContext, PassError, run_passes
 
 TARGETS = ("cpu", "h100", "h200", "b200")
 MODES = ("auto", "graph", "llm")
@@ -102,12 +103,21 @@ def compile(
     quant: str | None = None,
     mode: str = "auto",
     progress: Progress | None = None,
+    *,
+    passes: str | Sequence[str] | None = None,
+    disable_passes: Sequence[str] = (),
+    pass_context: PassContext | None = None,
 ) -> Path:
     """Compile ``src`` into an artifact directory and return its path.
 
     ``target``: ``cpu``, ``h100``, ``h200`` or ``b200``. ``mode``: ``graph`` keeps the model's
     signature; ``llm`` lowers a decoder to the serving form; ``auto`` picks. ``quant``: ``None``,
     ``fp8``, ``nvfp4``, ``mxfp4``. A failed compile leaves no artifact behind.
+
+    ``passes`` is the pipeline (a name from ``ingot.passes.PIPELINES`` or a list of pass names) run
+    on the graph; by default ``O1`` for graph mode and checkpoints, and ``llm`` (which fuses and
+    lowers) for ONNX decoders. ``pass_context`` carries per-pass options and instruments
+    (timing, IR dumps); ``disable_passes`` removes passes from the pipeline.
     """
     from .ir.verify import verify
     from .runtime.artifact import write_artifact
@@ -133,14 +143,29 @@ def compile(
     verify(graph)
     if progress:
         progress("import", 1, 1)
-    if not checkpoint and mode != "graph":
-        lowered = _lower_onnx(graph, src_path, mode, progress)
+    ctx = pass_context or PassContext()
+    ctx.verify_each = ctx.verify_each or bool(os.environ.get("INGOT_VERIFY_EACH_PASS"))
+    lowered = None
+    if not checkpoint and mode != "graph" and passes is None:
+        lowered = _lower_onnx(graph, src_path, mode, progress, ctx, disable_passes)
         if lowered is None:  # auto, not a decoder we lower: graph mode on a fresh import
             graph = import_model(src_path)
             verify(graph)
         else:
             graph = lowered
             checkpoint = True  # written like a checkpoint's serving form below
+    if lowered is None:
+        if progress:
+            progress("passes", 0, 1)
+        try:
+            run_passes(graph, passes or "O1", ctx, disabled=disable_passes)
+            verify(graph)
+        except PassError as e:
+            raise CompileError(f"{src_path}: {e}") from e
+        if progress:
+            progress("passes", 1, 1)
+        if checkpoint or graph.meta.get("kv_cache"):
+            checkpoint = True
     if not checkpoint:
         return write_artifact(
             graph, out_path, target=target, mode="graph", source=_source_info(src_path), progress=progress
@@ -155,7 +180,8 @@ def compile(
         )
 
 
-def _lower_onnx(graph: Graph, src: Path, mode: str, progress: Progress | None = None) -> Graph | None:
+def _lower_onnx(graph: Graph, src: Path, mode: str, progress: Progress | None = None,
+                ctx: PassContext | None = None, disable_passes: Sequence[str] = ()) -> Graph | None:
     """An imported ONNX decoder -> O2 -> llm-lower -> the serving form (``graph`` is changed in place).
 
     ``mode="llm"``: any failure is a ``CompileError`` saying why. ``mode="auto"``: ``None`` when the
@@ -166,7 +192,6 @@ def _lower_onnx(graph: Graph, src: Path, mode: str, progress: Progress | None = 
     import json
 
     from .ir.verify import verify
-    from .passes import PassContext, PassError, run_passes
     from .passes.llm_lower import decoder_signature_problem
 
     problem = decoder_signature_problem(graph)
@@ -184,7 +209,9 @@ def _lower_onnx(graph: Graph, src: Path, mode: str, progress: Progress | None = 
     if progress:
         progress("llm lowering", 0, 1)
     try:
-        run_passes(graph, "llm", PassContext(options={"llm-lower": options}))
+        ctx = ctx or PassContext()
+        ctx.options.setdefault("llm-lower", {}).update(options)
+        run_passes(graph, "llm", ctx, disabled=disable_passes)
         verify(graph)
     except (PassError, ValueError, RuntimeError) as e:
         if mode == "llm":

@@ -601,17 +601,16 @@ def lower_llm(graph: Graph, options: Mapping[str, Any] | None = None) -> Graph:
         return bias is not None
 
     put("model.embed_tokens.weight", table_t)
-    attn_bias = mlp_bias = False
     for i, ly in enumerate(layers):
         pre = f"model.layers.{i}."
         put(pre + "input_layernorm.weight", ly.attn_norm.inputs[1])
         put(pre + "post_attention_layernorm.weight", ly.mlp_norm.inputs[1])
         for name in ("q", "k", "v"):
-            attn_bias |= put_linear(pre + f"self_attn.{name}_proj", getattr(ly, name))
-        attn_bias |= put_linear(pre + "self_attn.o_proj", ly.o)
+            put_linear(pre + f"self_attn.{name}_proj", getattr(ly, name))
+        put_linear(pre + "self_attn.o_proj", ly.o)
         for name in ("gate", "up"):
-            mlp_bias |= put_linear(pre + f"mlp.{name}_proj", getattr(ly, name))
-        mlp_bias |= put_linear(pre + "mlp.down_proj", ly.down)
+            put_linear(pre + f"mlp.{name}_proj", getattr(ly, name))
+        put_linear(pre + "mlp.down_proj", ly.down)
     put("model.norm.weight", final.inputs[1])
     tied = head.inputs[1] is table_t
     if not tied:
@@ -625,10 +624,9 @@ def lower_llm(graph: Graph, options: Mapping[str, Any] | None = None) -> Graph:
         vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_layers=len(layers),
         num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, rms_norm_eps=eps,
         rope_theta=float(hf.get("rope_theta") or 10000.0), max_position_embeddings=max_pos,
-        partial_rotary_factor=rot / head_dim, tie_word_embeddings=tied, attention_bias=attn_bias,
-        mlp_bias=mlp_bias, bos_token_id=hf.get("bos_token_id"),
+        partial_rotary_factor=rot / head_dim, tie_word_embeddings=tied,
+        bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
-        extra={"source": "onnx"},
     )
     new = build_llama(cfg, tensors, name=graph.name, rope_tables=tables)
     new.meta = {**{k: v for k, v in graph.meta.items() if k not in ("kv_cache", "llm")}, **new.meta}

@@ -20,7 +20,7 @@ from .core import cast_array
 
 
 def _compute(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+    return x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
 
 
 def _back(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
