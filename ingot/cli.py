@@ -103,10 +103,34 @@ def cmd_compile(args: argparse.Namespace) -> int:
                 tasks[step] = bar.add_task(step, total=total or None)
             bar.update(tasks[step], completed=done, total=total or None)
 
+        from .passes import DumpIRInstrument, PassContext, TimingInstrument
+
+        timing = TimingInstrument()
+        instruments: list = [timing]
+        if args.dump_ir:
+            instruments.append(DumpIRInstrument(args.dump_ir))
+        pipeline = None
+        if args.passes:
+            pipeline = args.passes if "," not in args.passes else [p for p in args.passes.split(",") if p]
         path = compile(args.model, target=args.target, out=args.output, quant=args.quant, mode=args.mode,
-                       progress=progress)
+                       progress=progress, passes=pipeline, disable_passes=args.disable_pass or (),
+                       pass_context=PassContext(target=args.target, instruments=instruments))
+    if args.verbose:
+        _print_pass_times(timing)
     console.print(f"compiled {args.model} -> {path} ({time.perf_counter() - t0:.1f} s)")
     return 0
+
+
+def _print_pass_times(timing) -> None:
+    t = Table(title="passes", title_justify="left")
+    for col in ("pass", "time (ms)", "nodes before", "nodes after", "rule hits"):
+        t.add_column(col, justify="left" if col in ("pass", "rule hits") else "right")
+    for r in timing.records:
+        hits = ", ".join(f"{k}={v}" for k, v in sorted(r.stats.items()) if v)
+        t.add_row(r.name, f"{r.seconds * 1e3:.1f}", str(r.nodes_before), str(r.nodes_after), escape(hits))
+    total = sum(r.seconds for r in timing.records)
+    t.add_row("total", f"{total * 1e3:.1f}", "", "", "")
+    console.print(t)
 
 
 def _load_array(file: str, spec: str) -> np.ndarray:
@@ -269,6 +293,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", help="artifact directory (default: MODEL_NAME.ingot here)")
     s.add_argument("--mode", default="auto", choices=MODES, help="graph keeps the signature; llm serves")
     s.add_argument("--quant", default=None, choices=["fp8", "nvfp4", "mxfp4"], help="weight quantization")
+    s.add_argument("--passes", help="pipeline to run: a name (O0, O1, O2, llm) or a comma-separated list of passes "
+                   "(default: O1; decoders in llm/auto mode: llm)")
+    s.add_argument("--disable-pass", action="append", metavar="NAME", help="leave a pass out (repeatable)")
+    s.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass into DIR")
+    s.add_argument("-v", "--verbose", action="store_true", help="print each pass's time, node counts and rule hits")
     s.set_defaults(fn=cmd_compile)
 
     s = sub.add_parser("run", help="run an artifact on inputs from .npy/.npz files")
