@@ -11,13 +11,13 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto as TP
+from onnx import helper as oh
+
 from ingot.frontend.onnx import import_onnx
 from ingot.ir.op import OpError
 from ingot.ir.ops.elementwise import BitCast, Clip, Cumulative, Where, binary, compare, unary
 from ingot.ir.types import DType, TensorType
-from onnx import TensorProto as TP
-from onnx import helper as oh
-
 from tests.helpers import assert_close, assert_text_roundtrip, make_model, rng, run_ingot, run_ort
 
 _ELEM = {

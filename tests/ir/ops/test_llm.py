@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+
 from ingot.ir.ops.core import cast_array
 from ingot.ir.ops.llm import Embedding, Linear, PagedAttention, Rope
 from ingot.ir.types import DType, TensorType
-
 from tests.helpers import assert_close, rng
 
 

@@ -7,14 +7,14 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+from onnx import helper as oh
+
 from ingot.frontend.onnx import import_onnx
 from ingot.ir.op import OpError
 from ingot.ir.ops.norm import LayerNorm, RmsNorm
 from ingot.ir.text import parse_graph
 from ingot.ir.types import DType, TensorType
 from ingot.runtime.cpu import run_graph
-from onnx import helper as oh
-
 from tests.helpers import assert_close, rng
 from tests.ir.ops._ort_check import check
 

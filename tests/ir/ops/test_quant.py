@@ -6,10 +6,10 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from ingot.frontend.onnx import import_onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
+from ingot.frontend.onnx import import_onnx
 from tests.helpers import assert_close, assert_text_roundtrip, make_model, rng, run_ingot, run_ort
 
 

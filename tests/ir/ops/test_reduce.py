@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import helper as oh
+
 from ingot.frontend.onnx import ImportError_, import_onnx
 from ingot.ir.op import OpError
 from ingot.ir.ops.reduce import ReduceSum
 from ingot.ir.types import UNKNOWN, DType, TensorType
-from onnx import helper as oh
-
 from tests.helpers import rng
 from tests.ir.ops._ort_check import build, check
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+
 from ingot.frontend.onnx import import_onnx
 from ingot.ir.graph import Graph
 from ingot.ir.ops.shape import Reshape, Slice, dim_div, reshape_dims
 from ingot.ir.text import parse_graph
 from ingot.ir.types import DType, TensorType
 from ingot.ir.verify import verify
-from onnx import TensorProto, helper, numpy_helper
-
 from tests.helpers import assert_close, assert_text_roundtrip, make_model, rng, run_ingot, run_ort
 
 F = TensorProto.FLOAT

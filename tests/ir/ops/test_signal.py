@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from ingot.frontend.onnx import import_onnx
 from onnx import TensorProto, helper
 
+from ingot.frontend.onnx import import_onnx
 from tests.helpers import assert_close, assert_text_roundtrip, make_model, rng, run_ingot, run_ort
 
 F = TensorProto.FLOAT
