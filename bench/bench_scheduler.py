@@ -64,11 +64,15 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     args = ap.parse_args()
     r = run(args.seqs, args.steps, args.prompt_len, args.block_size)
-    print(f"scheduler host time per step, {args.seqs} sequences in decode, {args.steps} steps "
-          f"(python {platform.python_version()}, numpy {np.__version__})")
+    print(
+        f"scheduler host time per step, {args.seqs} sequences in decode, {args.steps} steps "
+        f"(python {platform.python_version()}, numpy {np.__version__})"
+    )
     ok = "OK" if r["p99_ms"] <= BUDGET_MS else "OVER"
-    print(f"  median {r['median_ms']:.3f} ms   p99 {r['p99_ms']:.3f} ms   mean {r['mean_ms']:.3f} ms   "
-          f"max {r['max_ms']:.3f} ms   budget {BUDGET_MS} ms ({ok})")
+    print(
+        f"  median {r['median_ms']:.3f} ms   p99 {r['p99_ms']:.3f} ms   mean {r['mean_ms']:.3f} ms   "
+        f"max {r['max_ms']:.3f} ms   budget {BUDGET_MS} ms ({ok})"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Block pool and KV cache manager: ref counts, the LRU free queue, prefix caching with token verification, forks."""
 
 import pytest
+
 from ingot.runtime.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock, hash_block_tokens
 from ingot.runtime.kv_cache import KVCacheManager, num_blocks_for_memory
 from ingot.runtime.request import Request
