@@ -101,13 +101,13 @@ class ServerProcess:
                 raise TimeoutError(f"ingot serve did not come up in {timeout} s")
             time.sleep(0.2)
 
-    def metric(self, name: str) -> float:
-        """The value of an unlabeled-by-reason metric (summed over its series)."""
+    def metric(self, name: str, label: str = "") -> float:
+        """A metric's value summed over its series (those whose labels contain ``label``)."""
         import httpx
 
         text = httpx.get(self.url + "/metrics", timeout=10).text
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name + "{") or line.startswith(name + " "))
+                   if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line)
 
     def stop(self) -> None:
         import subprocess
