@@ -294,3 +294,15 @@ def test_sigterm_drains_running_requests(tiny):
         assert server.proc.wait(30) in (0, -signal.SIGTERM)
     finally:
         server.stop()
+
+
+def test_bench_serve_cli(tiny_server, tmp_path):
+    from ingot.cli import main
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", "serve", "--url", tiny_server.url, "--concurrency", "4", "--num-prompts", "8",
+                 "--input-len", "16", "--output-len", "8", "--output-dist", "fixed", "-o", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["completed"] == 8 and summary["failed"] == 0
+    assert all(r["output_len"] == 8 for r in summary["requests"])
+    assert summary["ttft"]["p50_ms"] > 0 and summary["itl"]["p99_ms"] > 0
