@@ -25,6 +25,7 @@ share of a step). Order:
 2. waiting requests (FCFS, or ``priority`` then arrival), unless a preemption happened in this step:
    each first takes the longest cached prefix (``KVCacheManager.get_computed_blocks``), then new
    blocks for the rest of its scheduled tokens; the first one that does not fit stops the loop.
+   Waiting requests hold no blocks (so a preemption always frees something that helps).
 
 A request samples a token only in the step that brings its computed tokens up to all its tokens
 (``SchedulerOutput.do_sample``); a prefill chunk that stops short samples nothing.
@@ -35,10 +36,17 @@ the sampled tokens. That appends them, finishes requests (``max_tokens``, ``max_
 stop token ids; stop strings arrive through ``finish_request``) and frees their blocks. Calls
 alternate: ``schedule``, execute, ``update_from_output``, ``schedule``, ...
 
+Host cost (bench/bench_scheduler.py, docs/PERF.md): ~0.3 ms per step for 256 decoding sequences;
+per request and step a few dict/list operations, no per-token Python loop. The engine should run
+``gc.collect(); gc.freeze()`` once after building the scheduler, so that full collections do not walk
+the cache's block objects.
+
 Prefix caching in the step: the blocks a request computes become findable in the step that
 computes them (``paged_attention`` writes every token's K/V before any attention reads), so ``n``
 requests with one prompt admitted together compute the shared full blocks once. Running requests'
 blocks are published only after the running loop, when no preemption can unschedule them anymore.
+So the engine must execute a step as scheduled, even for a request aborted since ``schedule()``
+(its published blocks are then written by that step; ``update_from_output`` skips the request).
 """
 
 from __future__ import annotations
@@ -118,7 +126,8 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     do_sample: np.ndarray  # bool[S]: row s's logits give a token (its computed tokens catch up)
     step_inputs: StepInputs
-    new_req_ids: list[str] = field(default_factory=list)  # joined the running set this step (new or resumed)
+    #: joined the running set since the last step (new, resumed after preemption, or forked)
+    new_req_ids: list[str] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
     finished_req_ids: list[str] = field(default_factory=list)  # finished or aborted since the last schedule()
 
@@ -243,6 +252,7 @@ class Scheduler:
         self.waiting = _WaitingQueue(config.policy)
         self.running: list[Request] = []
         self._finished_ids: list[str] = []
+        self._joined: list[str] = []  # forked children that joined the running set since the last schedule()
         self._seq = 0
         self.num_preemptions = 0
         if config.policy == "priority":
@@ -284,22 +294,28 @@ class Scheduler:
         self.waiting.add(request)
 
     def fork_request(self, parent_id: str, child: Request) -> None:
-        """Queue ``child`` (``n > 1``: same prompt as ``parent_id``) sharing the parent's computed full blocks.
+        """Add ``child`` (``n > 1``: same prompt as ``parent_id``) sharing the parent's computed full blocks.
 
-        The child takes a reference on them (no copy) and starts with those tokens computed; it
-        joins the front of the waiting queue (with ``policy="priority"``: by its priority).
+        If the running set has room, the child joins it at once holding a reference on those blocks
+        (no copy), with their tokens computed; it computes the rest like any running request (and
+        may be preempted like one). Otherwise it is queued as a new request (holding nothing: the
+        waiting queue never holds blocks) and the prefix cache may share the blocks when it starts.
         """
         parent = self.requests.get(parent_id)
         if parent is None:
             raise KeyError(f"no unfinished request {parent_id!r}")
         self._check_fits(child)
+        if len(self.running) >= self.config.max_num_seqs:
+            self.add_request(child)
+            return
         child._seq = self._seq
         self._seq += 1
         child.num_computed_tokens = self.kv.fork(parent, child)
         child.num_cached_tokens = child.num_computed_tokens
-        child.status = RequestStatus.WAITING
+        child.status = RequestStatus.RUNNING
         self.requests[child.request_id] = child
-        self.waiting.add(child, front=True)
+        self.running.append(child)
+        self._joined.append(child.request_id)
 
     def _remove(self, request: Request, status: RequestStatus) -> None:
         if request.status == RequestStatus.RUNNING:
@@ -380,6 +396,8 @@ class Scheduler:
         budget = cfg.max_num_batched_tokens
         thr = cfg.long_prefill_token_threshold
         running = self.running
+        blocks_of = kv.req_blocks
+        bs = self.block_size
         sched: dict[str, int] = {}  # request id -> new tokens, in batch order
         preempted: list[str] = []
 
@@ -396,7 +414,8 @@ class Scheduler:
                 i += 1
                 continue
             scheduled = True
-            while kv.allocate_slots(req, n) is None:
+            held = blocks_of.get(req.request_id)
+            while (held is None or req.num_computed_tokens + n > len(held) * bs) and kv.allocate_slots(req, n) is None:
                 victim = max(running, key=self._victim_key)
                 vi = running.index(victim)
                 del running[vi]
@@ -416,21 +435,21 @@ class Scheduler:
             budget -= n
             i += 1
         # publish the full blocks running requests compute in this step: no preemption undoes them now
+        requests = self.requests
         for rid, n in sched.items():
-            req = self.requests[rid]
-            kv.cache_blocks(req, req.num_computed_tokens + n)
+            c = requests[rid].num_computed_tokens
+            if (c + n) // bs > c // bs:
+                kv.cache_blocks(requests[rid], c + n)
 
         # 2. waiting requests
-        new_ids: list[str] = []
+        new_ids = self._joined
+        self._joined = []
         if not preempted:
             waiting = self.waiting
             while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
                 req = waiting.peek()
-                if req.num_computed_tokens == 0:
-                    hit_blocks, num_hit = kv.get_computed_blocks(req)
-                else:  # a forked child already holds its shared blocks
-                    hit_blocks, num_hit = None, 0
-                n = len(req.all_token_ids) - req.num_computed_tokens - num_hit
+                hit_blocks, num_hit = kv.get_computed_blocks(req)  # waiting requests hold no blocks
+                n = len(req.all_token_ids) - num_hit
                 if thr and n > thr:
                     n = thr
                 if n > budget:
@@ -444,7 +463,7 @@ class Scheduler:
                     kv.record_prefix_lookup(len(req.all_token_ids), num_hit)
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = num_hit
-                req.num_computed_tokens += num_hit
+                req.num_computed_tokens = num_hit
                 req.status = RequestStatus.RUNNING
                 running.append(req)
                 kv.cache_blocks(req, req.num_computed_tokens + n)
@@ -453,7 +472,6 @@ class Scheduler:
                 budget -= n
 
         # 3. step inputs; computed tokens move forward now (the step will compute them)
-        requests = self.requests
         reqs: list[Request] = []
         input_ids: list[int] = []
         starts: list[int] = []

@@ -180,8 +180,9 @@ def test_fork_request_shares_the_parents_blocks():
     step(s)
     s.fork_request("p", req("c", range(10)))
     assert s.get_request("c").num_computed_tokens == 8
+    assert [b.ref_cnt for b in s.kv.req_blocks["p"]] == [2, 2, 1]
     out, _ = step(s)
-    assert out.num_scheduled_tokens == {"p": 1, "c": 2}
+    assert out.num_scheduled_tokens == {"p": 1, "c": 2} and out.new_req_ids == ["c"]
     assert s.kv.get_block_ids("c")[:2] == s.kv.get_block_ids("p")[:2]
     check_step_inputs(s, out)
     s.abort_request("p")
@@ -189,6 +190,14 @@ def test_fork_request_shares_the_parents_blocks():
     assert s.kv.num_used_blocks == 0
     with pytest.raises(KeyError):
         s.fork_request("p", req("d", range(10)))
+
+
+def test_fork_into_a_full_running_set_queues_the_child_without_blocks():
+    s = make(max_num_seqs=1, max_num_batched_tokens=256)
+    s.add_request(req("p", range(10)))
+    step(s)
+    s.fork_request("p", req("c", range(10)))
+    assert s.get_request("c").status == RequestStatus.WAITING and "c" not in s.kv.req_blocks
 
 
 def test_preemption_by_recompute_and_resumption():

@@ -177,13 +177,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         for b in pool.blocks:
             assert b.ref_cnt >= 0
             assert b.is_cached == (b.block_hash is not None and b.block_id in pool.cached.get(b.block_hash, {}))
-        # only unfinished requests hold blocks; waiting ones only as forked children (computed > 0)
+        # only running requests hold blocks
         assert set(kv.req_blocks) <= set(self.s.requests)
         for rid, r in self.s.requests.items():
             assert not r.is_finished
             if r.status == RequestStatus.RUNNING:
                 assert r in self.s.running
             blocks = kv.req_blocks.get(rid, [])
+            if r.status != RequestStatus.RUNNING:
+                assert not blocks
             assert len(blocks) * kv.block_size >= r.num_computed_tokens
             if blocks:
                 assert kv.block_table[kv.row_of(rid), : len(blocks)].tolist() == [b.block_id for b in blocks]
