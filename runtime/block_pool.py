@@ -26,7 +26,7 @@ computed it in the same step); a lookup accepts any of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 #: ``hash_fn(parent_hash, token_ids) -> int``: the chained block hash (any int; collisions are safe)
 HashFn = Callable[[int, tuple[int, ...]], int]
@@ -107,7 +107,7 @@ class FreeBlockQueue:
         self._head.next = b
         self.num_free += 1
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[KVCacheBlock]:
         b = self._head.next
         while b is not self._tail:
             yield b
