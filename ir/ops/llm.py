@@ -222,7 +222,8 @@ class PagedAttention(Op):
             blocks = block_tables[s, :nb].astype(np.int64)
             kc = _compute(kv_cache[blocks, 0].reshape(nb * bs, KV, D)[:L])
             vc = _compute(kv_cache[blocks, 1].reshape(nb * bs, KV, D)[:L])
-            scores = np.einsum("nkgd,lkd->kgnl", qf[a:b], kc) * np.float32(self.scale)
+            # batched matmuls (BLAS) rather than einsum, which does not use BLAS for these contractions
+            scores = (qf[a:b].transpose(1, 2, 0, 3) @ kc.transpose(1, 2, 0)[:, None]) * np.float32(self.scale)
             if self.softcap > 0:
                 scores = self.softcap * np.tanh(scores / self.softcap)
             qpos = L - n + np.arange(n)
@@ -234,5 +235,5 @@ class PagedAttention(Op):
             scores = scores - scores.max(axis=-1, keepdims=True)
             p = np.exp(scores)
             p /= p.sum(axis=-1, keepdims=True)
-            out[a:b] = np.einsum("kgnl,lkd->nkgd", p, vc)
+            out[a:b] = (p @ vc.transpose(1, 0, 2)[:, None]).transpose(2, 0, 1, 3)
         return _back(out.reshape(T, H * D), q.dtype)
