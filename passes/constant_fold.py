@@ -5,7 +5,8 @@ nothing. A node whose every input is a ``constant`` node or a small weight (``co
 whose outputs hold at most ``max_elements`` elements each becomes one ``constant`` per output,
 computed with the op's numpy reference (exactly what the CPU backend would compute). Ops with side
 effects are never folded; a node whose reference fails, or disagrees with its declared type, is
-left alone. Option: ``ctx.option("constant-fold", "max_elements", 1 << 16)``. Preserves every
+left alone; so is ``dequantize_linear`` of rank >= 2 (a pre-quantized weight stays quantized for
+fuse-qdq). Option: ``ctx.option("constant-fold", "max_elements", 1 << 16)``. Preserves every
 output's value; types only get sharper (a folded ``?`` dim becomes static).
 """
 
@@ -52,6 +53,8 @@ def fold_rule(graph: Graph, limit: int) -> Rule:
 
     def fold(m: Match, b: Builder) -> list[Value] | None:
         node = m.root
+        if node.op.name == "dequantize_linear" and (node.inputs[0].type.rank or 0) >= 2:  # type: ignore[union-attr]
+            return None  # a quantized weight stays quantized (fuse-qdq keeps its bytes and scales)
         args = constant_inputs(graph, node.inputs, limit)
         if args is None:
             return None

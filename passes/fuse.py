@@ -3,6 +3,7 @@
 Runs after canonicalize (O2: canonicalize, fuse, canonicalize). Needs nothing. Preserves values.
 The order, top to bottom::
 
+    fuse-qdq           QDQ matmul/gemm/conv with dequantized constant weights -> qdq_linear/qdq_conv
     fuse-linear        matmul/gemm with constant weights -> linear (+ bias, + residual)
     fuse-rms-norm      decomposed RMSNorm -> rms_norm
     fuse-layer-norm    decomposed LayerNorm -> layer_norm
@@ -22,7 +23,7 @@ from ..ir.graph import Graph
 from .manager import PASSES, Pass, PassContext, get_pass, register_pass
 
 #: The fusion passes, in order.
-ORDER = ["fuse-linear", "fuse-rms-norm", "fuse-layer-norm", "fuse-rope", "fuse-attention", "fuse-swiglu",
+ORDER = ["fuse-qdq", "fuse-linear", "fuse-rms-norm", "fuse-layer-norm", "fuse-rope", "fuse-attention", "fuse-swiglu",
          "fuse-qkv", "fuse-elementwise"]
 
 
