@@ -5,7 +5,11 @@ Two compilers, same result shape:
 - ``nvrtc``: NVRTC through ``cuda.bindings.nvrtc`` (pip wheels ``cuda-bindings`` and
   ``nvidia-cuda-nvrtc``), so a machine without a CUDA toolkit can compile. The cubin comes from
   ``-arch=sm_XXa``, the PTX from a second run with ``-arch=compute_XXa`` (NVRTC gives one or the other).
-- ``nvcc``: the toolkit's ``nvcc -cubin`` / ``nvcc -ptx`` (``$CUDA_HOME/bin`` or ``PATH``).
+- ``nvcc``: the toolkit's ``nvcc -cubin`` / ``nvcc -ptx`` (``$CUDA_HOME/bin``, ``PATH``,
+  ``/usr/local/cuda``, else the pip wheel ``nvidia-cuda-nvcc``). CUTLASS kernels need it (NVRTC
+  leaves CUTLASS's SM100 builders out); their headers come from the ``nvidia-cutlass`` wheel
+  (``cutlass_include_dirs``), and they skip the PTX (``ptx=False``: arch-specific ``a`` features
+  have no forward-compatible PTX, and a second 30 s build would buy nothing).
 
 ``compiler="auto"`` takes NVRTC where it loads, else nvcc. The cache key is the sha256 of the
 source, the options, the architecture and the compiler's version, so an unchanged kernel is
@@ -14,16 +18,18 @@ compiles of the same kernel are safe. The cache lives in ``$INGOT_CACHE_DIR`` (d
 ``~/.cache/ingot/kernels``).
 
 Kernel sources include no CUDA headers (``codegen/kernels/common.cuh`` defines the storage
-types), so neither compiler needs a toolkit's include directory.
+types), so neither compiler needs a toolkit's include directory; CUTLASS sources are the exception.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,8 +95,27 @@ def nvcc_path() -> str | None:
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if home and (Path(home) / "bin" / "nvcc").is_file():
         return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc") or (
+    found = shutil.which("nvcc") or (
         "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
+    if found:
+        return found
+    for base in map(Path, sys.path):  # the pip wheel nvidia-cuda-nvcc (nvidia/cu13/bin/nvcc)
+        for cu in ("cu13", "cu12"):
+            p = base / "nvidia" / cu / "bin" / "nvcc"
+            if p.is_file() and os.access(p, os.X_OK):
+                return str(p)
+    return None
+
+
+def cutlass_include_dirs() -> tuple[str, ...]:
+    """CUTLASS's C++ include folders from the ``nvidia-cutlass`` wheel (``cutlass_library/source``);
+    empty when the wheel is not installed. Found without importing the package (it pulls in scipy)."""
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    root = Path(next(iter(spec.submodule_search_locations))) / "source"
+    dirs = (root / "include", root / "tools" / "util" / "include")
+    return tuple(str(d) for d in dirs) if (dirs[0] / "cutlass" / "cutlass.h").is_file() else ()
 
 
 @functools.cache
@@ -131,22 +156,24 @@ def _nvrtc_compile(source: str, name: str, arch: str, options: tuple[str, ...]) 
             opts = [o.encode() for o in (f"-arch={target}", *options)]
             (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
             _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-            log_buf = b" " * size
+            # bytearray, never ``b" " * size``: NVRTC writes into the buffer, and for size 1 that
+            # expression is CPython's shared one-byte object, so every later b" " would read b"\x00"
+            log_buf = bytearray(size)
             nvrtc.nvrtcGetProgramLog(prog, log_buf)
-            log = log_buf.rstrip(b"\x00 ").decode(errors="replace")
+            log = bytes(log_buf).rstrip(b"\x00 ").decode(errors="replace")
             if err != ok:
                 raise CompileError(f"NVRTC failed to compile {name} for {target}", log, source)
             if want_cubin:
                 _, size = nvrtc.nvrtcGetCUBINSize(prog)
-                buf = b" " * size
+                buf = bytearray(size)
                 (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
             else:
                 _, size = nvrtc.nvrtcGetPTXSize(prog)
-                buf = b" " * size
+                buf = bytearray(size)
                 (err,) = nvrtc.nvrtcGetPTX(prog, buf)
             if err != ok or size <= 1:
                 raise CompileError(f"NVRTC produced no {'cubin' if want_cubin else 'PTX'} for {target}", log)
-            return buf, log
+            return bytes(buf), log
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
 
@@ -155,15 +182,17 @@ def _nvrtc_compile(source: str, name: str, arch: str, options: tuple[str, ...]) 
     return cubin, ptx.rstrip(b"\x00").decode(), log
 
 
-def _nvcc_compile(source: str, name: str, arch: str, options: tuple[str, ...]) -> tuple[bytes, str, str]:
+def _nvcc_compile(source: str, name: str, arch: str, options: tuple[str, ...],
+                  ptx: bool = True) -> tuple[bytes, str, str]:
     nvcc = nvcc_path()
     assert nvcc is not None
     with tempfile.TemporaryDirectory(prefix="ingot-nvcc-") as tmp:
         src = Path(tmp) / name
         src.write_text(source)
+        (Path(tmp) / "k.ptx").write_text("")
         logs = []
-        for kind, target, out in (("-cubin", f"-arch={arch}", "k.cubin"),
-                                  ("-ptx", f"-arch={arch.replace('sm_', 'compute_')}", "k.ptx")):
+        steps = [("-cubin", f"-arch={arch}", "k.cubin"), ("-ptx", f"-arch={arch.replace('sm_', 'compute_')}", "k.ptx")]
+        for kind, target, out in steps[:2 if ptx else 1]:
             cmd = [nvcc, kind, target, "-O3", *options, "-o", str(Path(tmp) / out), str(src)]
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             logs.append(r.stdout + r.stderr)
@@ -176,30 +205,40 @@ def _nvcc_compile(source: str, name: str, arch: str, options: tuple[str, ...]) -
 
 
 def compile_source(source: str, arch: str, name: str = "kernel.cu", options: tuple[str, ...] = (),
-                   compiler: str = "auto", use_cache: bool = True) -> CompiledKernel:
-    """Compile ``source`` for ``arch`` (``sm_90a`` or ``sm_100a``) to cubin + PTX, through the cache."""
+                   compiler: str = "auto", use_cache: bool = True, ptx: bool = True) -> CompiledKernel:
+    """Compile ``source`` for ``arch`` (``sm_90a`` or ``sm_100a``) to cubin + PTX, through the cache.
+    ``ptx=False`` (nvcc only) builds the cubin alone; ``CompiledKernel.ptx`` is then empty."""
     if arch not in ARCHES:
         raise ValueError(f"arch must be one of {ARCHES}, got {arch!r}")
     which = available_compiler(compiler)
+    if not ptx and which != "nvcc":
+        raise ValueError("ptx=False needs compiler='nvcc'")
     version = nvrtc_version() if which == "nvrtc" else nvcc_version()
     opts = (*BASE_OPTIONS, *options)
-    key = hashlib.sha256("\0".join([source, arch, *opts, str(version)]).encode()).hexdigest()
+    parts = [source, arch, *opts, str(version), *([] if ptx else ["no-ptx"])]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     folder = cache_dir() / key[:2]
     cubin_path, ptx_path = folder / f"{key}.cubin", folder / f"{key}.ptx"
     if use_cache and cubin_path.is_file() and ptx_path.is_file():
         return CompiledKernel(arch, cubin_path.read_bytes(), ptx_path.read_text(), key, which, cached=True)
-    fn = _nvrtc_compile if which == "nvrtc" else _nvcc_compile
-    cubin, ptx, log = fn(source, name, arch, opts)
+    if which == "nvrtc":
+        cubin, ptx_text, log = _nvrtc_compile(source, name, arch, opts)
+    else:
+        cubin, ptx_text, log = _nvcc_compile(source, name, arch, opts, ptx=ptx)
     if use_cache:
         folder.mkdir(parents=True, exist_ok=True)
-        for path, data in ((ptx_path, ptx.encode()), (cubin_path, cubin)):  # cubin last: it marks completion
+        for path, data in ((ptx_path, ptx_text.encode()), (cubin_path, cubin)):  # cubin last: it marks completion
             fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
-    return CompiledKernel(arch, cubin, ptx, key, which, log)
+    return CompiledKernel(arch, cubin, ptx_text, key, which, log)
 
 
 def compile_spec(spec: KernelSpec, compiler: str = "auto", use_cache: bool = True) -> CompiledKernel:
-    """Render and compile one kernel spec for its own architecture."""
+    """Render and compile one kernel spec for its own architecture (CUTLASS specs: cubin only, nvcc)."""
+    if spec.family == "gemm_cutlass":
+        from .kernels.gemm_cutlass.build import compile_cutlass
+
+        return compile_cutlass(spec, use_cache=use_cache)
     return compile_source(spec.source(), spec.arch, name=f"{spec.entry}.cu", compiler=compiler, use_cache=use_cache)

@@ -20,15 +20,25 @@ from .target import Target, get_target
 FAMILY_NAMES = ("embedding", "norm", "rope", "activation", "gemm", "attention", "sampling")
 
 
+#: families built with nvcc from library headers (CUTLASS: 20-60 s a build), tried after the ones above.
+#: They launch through a host shim (``kernels/gemm_cutlass/build.py``), not the plain parameter list.
+LIBRARY_FAMILY_NAMES = ("gemm_cutlass",)
+
+
 @cache
 def families() -> tuple[Family, ...]:
     return tuple(importlib.import_module(f"{__package__}.kernels.{n}.rule").FAMILY for n in FAMILY_NAMES)
 
 
+@cache
+def library_families() -> tuple[Family, ...]:
+    return tuple(importlib.import_module(f"{__package__}.kernels.{n}.rule").FAMILY for n in LIBRARY_FAMILY_NAMES)
+
+
 def plan_op(op: Op, inputs: Sequence[TensorType | None], target: Target | str) -> list[KernelSpec] | None:
     """The launches implementing ``op`` on ``target``, from the first family that accepts it; None if none does."""
     tgt = get_target(target)
-    for family in families():
+    for family in (*families(), *library_families()):
         if op.name in family.ops:
             specs = family.plan(op, inputs, tgt)
             if specs is not None:

@@ -1,0 +1,134 @@
+"""CUTLASS GEMMs for ``linear``: ``out[M, N] = x[M, K] @ w[N, K]^T`` with a fused epilogue.
+
+One template per architecture and kind, all from CUTLASS 4.2's collective builders (headers from
+the ``nvidia-cutlass`` wheel, built with nvcc; ``build.py`` says how and how a runtime launches them):
+
+- ``sm100.cu``: sm_100a tcgen05 (UMMA) BF16 and FP8 e4m3, 1-SM or 2-SM MMA, CLC persistent scheduler;
+- ``sm100_blockscaled.cu``: sm_100a block-scaled tcgen05 NVFP4 (e2m1, ue4m3 scale per 16) and
+  MXFP4 (e2m1, ue8m0 scale per 32);
+- ``sm90.cu``: sm_90a warp-specialized wgmma + TMA BF16 and FP8 e4m3 (cooperative or ping-pong).
+
+Every variant has the same epilogue (``common.cuh``): ``out = w_scale[n] * (acc * x_scale[m]) +
+bias[n] (+ residual[m, n])``, the vectors optional at run time (FP8: per-token x per-channel
+scales), the residual a build-time choice (it is CUTLASS's C operand). Output is bf16.
+
+Tile and cluster shapes are chosen here (``variant_config``); the defaults are the configurations
+built and checked so far (``shared/CUDA_NOTES.md``). The plan accepts plain bf16 linears whose N and
+K suit TMA (16-byte rows); quantized linears get their specs from ``linear_cutlass_spec`` directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ....ir.op import Op
+from ....ir.types import DType, TensorType
+from ...family import Family, static_dim
+from ...kernel import GridDim, KernelSpec
+from ...target import Target
+
+#: the shim's arguments, in order (see build.py); the kernel itself takes one Params blob
+PARAMS = [("x", "ptr"), ("weight", "ptr"), ("x_block_scale", "ptr"), ("weight_block_scale", "ptr"),
+          ("x_scale", "ptr"), ("weight_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"), ("out", "ptr"),
+          ("M", "i64")]
+ABI = "cutlass-params-v1"
+
+#: operand kinds -> (CUTLASS element type, bits per element, K alignment in elements)
+OPERANDS: dict[str, tuple[str, int, int]] = {
+    "bf16": ("cutlass::bfloat16_t", 16, 8),
+    "fp8": ("cutlass::float_e4m3_t", 8, 16),
+    "nvfp4": ("cutlass::nv_float4_t<cutlass::float_e2m1_t>", 4, 32),
+    "mxfp4": ("cutlass::mx_float4_t<cutlass::float_e2m1_t>", 4, 32),
+}
+#: the IR dtype of each kind's x/w storage (packed FP4: two e2m1 per byte)
+KIND_DTYPES = {"bf16": DType.bf16, "fp8": DType.f8e4m3fn, "nvfp4": DType.f4e2m1fn, "mxfp4": DType.f4e2m1fn}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One CUTLASS instantiation: template, MMA tile (M x N x K), cluster, threads per block."""
+
+    template: str
+    tile: tuple[int, int, int]
+    cluster: tuple[int, int]
+    two_sm: bool = False
+    schedule: str = ""
+    threads: int = 256
+
+
+def variant_config(kind: str, target: Target) -> Config:
+    """The tile/cluster for an operand kind on a target (first match wins; no autotuning yet)."""
+    if target.tcgen05:
+        if kind == "bf16":
+            return Config("sm100.cu", (256, 128, 64), (2, 1), two_sm=True)
+        if kind == "fp8":
+            return Config("sm100.cu", (256, 128, 128), (2, 1), two_sm=True)
+        if kind in ("nvfp4", "mxfp4"):
+            return Config("sm100_blockscaled.cu", (128, 128, 256), (1, 1))
+    elif target.wgmma:
+        if kind == "bf16":
+            return Config("sm90.cu", (128, 128, 64), (1, 2), schedule="Cooperative", threads=384)
+        if kind == "fp8":
+            return Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384)
+    raise ValueError(f"gemm_cutlass: no {kind} variant for target {target.name} ({target.arch})")
+
+
+def supports(kind: str, target: Target) -> bool:
+    try:
+        variant_config(kind, target)
+    except ValueError:
+        return False
+    return True
+
+
+def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: bool = False,
+                        config: Config | None = None) -> KernelSpec:
+    """The spec for a ``kind`` (bf16 | fp8 | nvfp4 | mxfp4) linear with static N and K, bf16 output.
+
+    The grid recorded here is the persistent upper bound (one CTA per SM, rounded down to whole
+    clusters) and ``smem`` the most a block may opt into; the shim's ``_prepare`` returns the exact
+    grid and dynamic shared memory for each M.
+    """
+    if kind not in OPERANDS:
+        raise ValueError(f"gemm_cutlass: kind must be one of {sorted(OPERANDS)}, got {kind!r}")
+    cfg = config or variant_config(kind, target)
+    ctype, _, align = OPERANDS[kind]
+    if k % align or n % 8:
+        raise ValueError(f"gemm_cutlass {kind}: needs K % {align} == 0 and N % 8 == 0, got N={n} K={k}")
+    values = {
+        "A_TYPE": ctype, "B_TYPE": ctype, "OUT_TYPE": "cutlass::bfloat16_t", "N": n, "K": k,
+        "TILE_M": cfg.tile[0], "TILE_N": cfg.tile[1], "TILE_K": cfg.tile[2],
+        "CLUSTER_M": cfg.cluster[0], "CLUSTER_N": cfg.cluster[1], "TWO_SM": cfg.two_sm,
+        "HAS_RESIDUAL": residual, "ABI": ABI,
+    }
+    if cfg.template == "sm90.cu":
+        values["SCHEDULE"] = cfg.schedule
+    if cfg.template == "sm100_blockscaled.cu":
+        values["SF_VECTOR"] = 16 if kind == "nvfp4" else 32
+    cluster = cfg.cluster[0] * cfg.cluster[1]
+    tag = f"linear_cutlass_{kind}_n{n}_k{k}{'_res' if residual else ''}"
+    doc = (f"CUTLASS {kind} GEMM {cfg.template}, tile {'x'.join(map(str, cfg.tile))}, cluster "
+           f"{cfg.cluster[0]}x{cfg.cluster[1]}; launch through the host shim (ABI {ABI}, build.py)")
+    return KernelSpec.make("gemm_cutlass", cfg.template, tag, target.arch or "", values, PARAMS, cfg.threads,
+                           [GridDim(const=target.num_sms // cluster * cluster)], smem=target.smem_per_block,
+                           doc=doc)
+
+
+def plan(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[KernelSpec] | None:
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    residual = inputs[3] if len(inputs) > 3 else None
+    n, k = static_dim(w, 0), static_dim(w, 1)
+    if not target.is_gpu or x is None or w is None or n is None or k is None or w.rank != 2:
+        return None
+    if x.dtype is not DType.bf16 or w.dtype is not DType.bf16 or static_dim(x, -1) != k:
+        return None
+    if any(t is not None and t.dtype is not DType.bf16 for t in (bias, residual)):
+        return None
+    if not supports("bf16", target) or k % OPERANDS["bf16"][2] or n % 8:
+        return None
+    return [linear_cutlass_spec("bf16", n, k, target, residual=residual is not None)]
+
+
+FAMILY = Family(name="gemm_cutlass", ops=("linear",), plan=plan)

@@ -1,0 +1,57 @@
+#include "common.cuh"
+
+// out[M, N] = x[M, K] @ w[N, K]^T with the epilogue in common.cuh, on sm_90a warp-specialized
+// wgmma + TMA: ${A_TYPE} x ${B_TYPE} -> f32 accumulators -> ${OUT_TYPE}; CTA tile
+// ${TILE_M}x${TILE_N}x${TILE_K}, cluster ${CLUSTER_M}x${CLUSTER_N}, schedule ${SCHEDULE}. x and w are
+// K-major (row-major x, w as stored by linear), out and residual row-major. Persistent.
+using namespace cute;
+using ElementA = ${A_TYPE};
+using ElementB = ${B_TYPE};
+using ElementOut = ${OUT_TYPE};
+using CtaTile = Shape<Int<${TILE_M}>, Int<${TILE_N}>, Int<${TILE_K}>>;
+using ClusterShape = Shape<Int<${CLUSTER_M}>, Int<${CLUSTER_N}>, _1>;
+using Epi = ingot::Epilogue<CtaTile, ElementOut, ElementOut, ${HAS_RESIDUAL}>;
+constexpr int kAlignOut = 128 / cutlass::sizeof_bits<ElementOut>::value;
+using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecialized${SCHEDULE};
+using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized${SCHEDULE};
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, CtaTile, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+    typename Epi::ElementC, cutlass::layout::RowMajor, kAlignOut,
+    ElementOut, cutlass::layout::RowMajor, kAlignOut,
+    EpilogueSchedule, typename Epi::Tree>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    ElementA, cutlass::layout::RowMajor, 128 / cutlass::sizeof_bits<ElementA>::value,
+    ElementB, cutlass::layout::ColumnMajor, 128 / cutlass::sizeof_bits<ElementB>::value,
+    float, CtaTile, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+        sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    MainloopSchedule>::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                        CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+
+#if defined(INGOT_HOST_SHIM)
+static typename GemmKernel::Arguments make_arguments(const void* x, const void* w, const void*, const void*,
+                                                     const void* x_scale, const void* w_scale, const void* bias,
+                                                     const void* residual, void* out, int M,
+                                                     cutlass::KernelHardwareInfo hw) {
+  constexpr int N = ${N}, K = ${K};
+  using K_ = GemmKernel;
+  auto sa = cutlass::make_cute_packed_stride(typename K_::StrideA{}, cute::make_shape(M, K, 1));
+  auto sb = cutlass::make_cute_packed_stride(typename K_::StrideB{}, cute::make_shape(N, K, 1));
+  auto sc = cutlass::make_cute_packed_stride(typename K_::StrideC{}, cute::make_shape(M, N, 1));
+  auto sd = cutlass::make_cute_packed_stride(typename K_::StrideD{}, cute::make_shape(M, N, 1));
+  return typename K_::Arguments{
+      cutlass::gemm::GemmUniversalMode::kGemm, {M, N, K, 1},
+      {static_cast<const ElementA*>(x), sa, static_cast<const ElementB*>(w), sb},
+      {Epi::arguments(x_scale, w_scale, bias), static_cast<const ElementOut*>(residual), sc,
+       static_cast<ElementOut*>(out), sd},
+      hw};
+}
+#endif
+
+#include "entry.cuh"
