@@ -128,8 +128,6 @@ def compile(
         raise CompileError(f"unknown mode {mode!r}; known modes: {', '.join(MODES)}")
     if quant not in QUANTS:
         raise CompileError(f"unknown quantization {quant!r}; known: fp8, nvfp4, mxfp4")
-    if target != "cpu":
-        raise CompileError(f"target {target!r}: CUDA code generation is not available in this version; use cpu")
     if quant is not None:
         raise CompileError(f"quantization {quant!r} is not available in this version")
     src_path = resolve_model(src)
@@ -166,18 +164,40 @@ def compile(
             progress("passes", 1, 1)
         if checkpoint or graph.meta.get("kv_cache"):
             checkpoint = True
-    if not checkpoint:
-        return write_artifact(
-            graph, out_path, target=target, mode="graph", source=_source_info(src_path), progress=progress
-        )
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="ingot-tokenizer-") as tmp:
-        return write_artifact(
-            graph, out_path, target=target, mode="llm", source=_source_info(src_path), progress=progress,
-            extra_files=_tokenizer_files(src_path if src_path.suffix != ".onnx" else src_path.parent, Path(tmp)),
-            extra_manifest={"kv_cache": graph.meta["kv_cache"], "llm": graph.meta["llm"]},
-        )
+    with tempfile.TemporaryDirectory(prefix="ingot-kernels-") as ktmp:
+        gpu_files, gpu_manifest = _lower_gpu(graph, target, Path(ktmp), ctx, progress) if target != "cpu" else ({}, {})
+        if not checkpoint:
+            return write_artifact(
+                graph, out_path, target=target, mode="graph", source=_source_info(src_path), progress=progress,
+                extra_files=gpu_files, extra_manifest=gpu_manifest,
+            )
+        with tempfile.TemporaryDirectory(prefix="ingot-tokenizer-") as tmp:
+            files = _tokenizer_files(src_path if src_path.suffix != ".onnx" else src_path.parent, Path(tmp))
+            return write_artifact(
+                graph, out_path, target=target, mode="llm", source=_source_info(src_path), progress=progress,
+                extra_files={**files, **gpu_files},
+                extra_manifest={"kv_cache": graph.meta["kv_cache"], "llm": graph.meta["llm"], **gpu_manifest},
+            )
+
+
+def _lower_gpu(graph: Graph, target: str, workdir: Path, ctx: PassContext,
+               progress: Progress | None = None) -> tuple[dict[str, Path], dict[str, Any]]:
+    """Kernels, kernel table and memory plan for a GPU target (``codegen/lower.py``); bounds for the
+    memory plan from ``ctx.options["cuda"]`` (``max_num_batched_tokens``, ``max_num_seqs``,
+    ``max_model_len``, and graph-mode symbols)."""
+    from .codegen.lower import LoweringError, lower_for_target
+
+    if progress:
+        progress("cuda kernels", 0, 1)
+    try:
+        files, manifest = lower_for_target(graph, target, workdir, limits=ctx.options.get("cuda") or {})
+    except LoweringError as e:
+        raise CompileError(f"target {target}: {e}") from e
+    if progress:
+        progress("cuda kernels", 1, 1)
+    return files, manifest
 
 
 def _lower_onnx(graph: Graph, src: Path, mode: str, progress: Progress | None = None,
@@ -249,11 +269,19 @@ class Model:
 
 
 def load(path: str | os.PathLike, device: str = "cpu") -> Model:
-    """Load an artifact; checks its format version and every file's checksum."""
+    """Load an artifact; checks its format version and every file's checksum.
+
+    ``device="cuda"``: a GPU artifact (target h100/h200/b200) on the first GPU (``runtime/cuda_backend.py``);
+    without a GPU or driver that raises ``CudaUnavailable`` saying so (``device="cpu"`` still works).
+    """
     from .runtime.artifact import load_graph
 
+    if device == "cuda":
+        from .runtime.cuda_backend import CudaModel
+
+        return CudaModel(path)  # type: ignore[return-value]
     if device != "cpu":
-        raise ValueError(f"device {device!r} is not available in this version; use 'cpu'")
+        raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
     graph, manifest = load_graph(path)
     return Model(graph, manifest, Path(path))
 

@@ -1,0 +1,280 @@
+"""Lowering a graph to CUDA for a GPU target: kernels, kernel table, memory plan (the artifact's ``cuda`` entry).
+
+``lower_for_target(graph, target, workdir)`` does, in order:
+
+1. **Types** (serving form only): weights, activations and the KV cache become bf16 (kernels
+   accumulate in f32); RoPE tables stay f32 (the rope kernel reads them as f32); a final ``cast``
+   keeps the ``logits`` output f32, so the graph still satisfies docs/SERVING_FORM.md and the CPU
+   backend can run it too. Graph mode keeps the model's own types.
+2. **Kernels**: one or more launches per node, from the family rules (``codegen/registry.py``;
+   ``split``/``gather``/``cast`` through ``codegen/kernels/copy``). Nodes no family takes are
+   collected and reported together (``LoweringError`` names every op without a kernel).
+3. **Compile** every unique kernel (cubin for the target's arch + PTX) through the cached driver
+   (``codegen/compile.py``) into ``workdir/kernels/<entry>.{cu,cubin,ptx}``.
+4. **Memory plan** (``codegen/memory_plan.py``) at the bound dims.
+
+The manifest's ``cuda`` entry (``CUDA_FORMAT`` 1)::
+
+    {"format": 1, "arch": "sm_90a", "target": "h200", "compiler": "nvrtc-13.5",
+     "activation_dtype": "bf16", "limits": {"max_num_batched_tokens": 2048, ...},
+     "kernels": {entry: {"source": "kernels/E.cu", "cubin": "kernels/E.cubin", "ptx": "kernels/E.ptx",
+                         "params": [[name, ctype], ...], "block": [x, y, z], "smem": 0,
+                         "grid": [{"size": "num_tokens", "tile": 1, "const": 1}, ...], "spec": {...}}},
+     "launches": [{"kernel": entry, "node": 3, "op": "linear", "source": "layers.0",
+                   "args": {"x": {"buffer": "h"}, "bias": {"null": true}, "M": {"dim": "T"}}}],
+     "memory_plan": {...}}
+
+An argument is ``{"buffer": value name}`` (a device pointer: the value's offset in the arena),
+``{"null": true}`` (an absent optional input), ``{"dim": expression}`` (an integer evaluated from the
+step's bound dims, ``T``, ``(S+1)``, ...) or ``{"value": number}``. The grid of a launch comes from
+its kernel's grid expressions over its integer arguments (``KernelSpec.grid_dims``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..ir.graph import Graph, Node, Value, Weight
+from ..ir.ops.core import Cast
+from ..ir.types import Dim, DType, TensorType, shape_numel
+from .compile import compile_spec, nvcc_version, nvrtc_version
+from .kernel import KernelSpec
+from .kernels.copy.rule import plan as plan_copy
+from .memory_plan import KV_DIM, plan_memory
+from .registry import plan_node
+from .target import Target, get_target
+
+CUDA_FORMAT = 1
+#: defaults for the serving form's bound dims (runtime/engine.py EngineArgs' defaults)
+DEFAULT_LIMITS = {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
+
+
+class LoweringError(ValueError):
+    """The graph cannot be lowered to CUDA for the target; the message says which nodes and why."""
+
+
+# -- 1. types -------------------------------------------------------------------------------------
+
+
+def _bf16_loader(w: Weight) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        a = np.asarray(w.load(), np.float32)
+        w.release()
+        return a.astype(ml_dtypes.bfloat16)
+
+    return load
+
+
+def to_device_dtypes(graph: Graph, dtype: DType = DType.bf16) -> None:
+    """Narrow a serving-form graph in place to ``dtype`` weights, activations and KV cache (see the
+    module docstring); type inference runs again over every node."""
+    users = graph.users()
+    for name, v in graph.weight_values.items():
+        w = graph.weights[name]
+        if w.type.dtype is not DType.f32:
+            continue
+        if users.get(v) and all(n.op.name == "rope" and n.inputs.index(v) in (2, 3) for n in users[v]):
+            continue  # rope tables: f32 for accurate angles
+        nw = Weight(TensorType(dtype, w.type.shape), _bf16_loader(w), w.source)
+        graph.weights[name] = nw
+        v.type = nw.type
+    spec = graph.meta.get("kv_cache")
+    for v in graph.inputs:
+        if v.type.dtype is DType.f32 and v.type.shape and v.type.shape[0] == KV_DIM:
+            v.type = TensorType(dtype, v.type.shape)
+    if isinstance(spec, dict) and spec.get("dtype") == DType.f32.value:
+        itemsize = dtype.np.itemsize
+        spec["bytes_per_token"] = int(spec["bytes_per_token"]) // 4 * itemsize
+        spec["dtype"] = dtype.value
+    for node in graph.nodes:
+        types = node.op.infer([v.type if v is not None else None for v in node.inputs])
+        for out, t in zip(node.outputs, types):
+            out.type = t
+    for i, v in enumerate(graph.outputs):
+        if v.type.dtype is dtype:
+            cast = graph.add1(Cast(to=DType.f32), [v], graph.fresh_name(f"{v.name}.f32"), "output cast")
+            graph.outputs[i] = cast
+
+
+# -- 2. kernels and their arguments ---------------------------------------------------------------
+
+
+def _buf(v: Value | None) -> dict[str, Any]:
+    return {"null": True} if v is None else {"buffer": v.name}
+
+
+def _dim(d: Dim) -> dict[str, Any]:
+    return {"dim": d}
+
+
+def _rows(v: Value) -> dict[str, Any]:
+    shape = v.type.shape or ()
+    return _dim(shape_numel(shape[:-1]) if len(shape) > 1 else 1)
+
+
+def _in(node: Node, i: int) -> Value | None:
+    return node.inputs[i] if i < len(node.inputs) else None
+
+
+def bind_args(node: Node, specs: list[KernelSpec]) -> list[dict[str, dict[str, Any]]]:
+    """Each launch's arguments by parameter name (see the module docstring)."""
+    op, x, out = node.op.name, node.inputs[0], node.outputs[0]
+    assert x is not None
+    if op == "embedding":
+        ids = node.inputs[1]
+        assert ids is not None
+        return [{"table": _buf(x), "ids": _buf(ids), "out": _buf(out), "num_tokens": _dim(ids.type.shape[0]),
+                 "vocab": _dim(x.type.shape[0])}]
+    if op in ("rms_norm", "layer_norm"):
+        return [{"x": _buf(x), "weight": _buf(node.inputs[1]), "bias": _buf(_in(node, 2)), "residual": _buf(None),
+                 "residual_out": _buf(None), "out": _buf(out), "rows": _rows(x)}]
+    if op == "rope":
+        return [{"x": _buf(x), "positions": _buf(node.inputs[1]), "cos": _buf(node.inputs[2]),
+                 "sin": _buf(node.inputs[3]), "out": _buf(out), "num_tokens": _dim(x.type.shape[0])}]
+    if op == "swiglu":
+        return [{"a": _buf(x), "b": _buf(node.inputs[1]), "out": _buf(out), "num_tokens": _rows(x)}]
+    if op == "linear":
+        return [{"x": _buf(x), "weight": _buf(node.inputs[1]), "weight_scale": _buf(None),
+                 "bias": _buf(_in(node, 2)), "residual": _buf(_in(node, 3)), "out": _buf(out), "M": _rows(x)}]
+    if op == "paged_attention":
+        q, k, v, cache, tables, lens, starts, slots = node.inputs[:8]
+        assert k is not None and tables is not None and lens is not None
+        return [
+            {"k": _buf(k), "v": _buf(v), "kv_cache": _buf(cache), "slot_mapping": _buf(slots),
+             "num_tokens": _dim(k.type.shape[0])},
+            {"q": _buf(q), "kv_cache": _buf(cache), "block_tables": _buf(tables), "seq_lens": _buf(lens),
+             "query_start_loc": _buf(starts), "out": _buf(out), "num_tokens": _dim(x.type.shape[0]),
+             "num_seqs": _dim(lens.type.shape[0]), "max_blocks": _dim(tables.type.shape[1])},
+        ]
+    if op == "arg_max":
+        return [{"logits": _buf(x), "tokens": _buf(out), "num_rows": _dim(x.type.shape[0])}]
+    if op == "split":
+        return [{"src": _buf(x), "index": _buf(None), "dst": _buf(o), "rows": _rows(x), "src_rows": _rows(x)}
+                for o in node.outputs]
+    if op == "gather":
+        idx = node.inputs[1]
+        assert idx is not None
+        return [{"src": _buf(x), "index": _buf(idx), "dst": _buf(out), "rows": _dim(idx.type.shape[0]),
+                 "src_rows": _dim(x.type.shape[0])}]
+    if op == "cast":
+        return [{"src": _buf(x), "index": _buf(None), "dst": _buf(out), "rows": _rows(x), "src_rows": _rows(x)}]
+    raise LoweringError(f"{op}: the CUDA lowering does not know how to bind this op's kernel arguments")
+
+
+def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelSpec, dict[str, Any]]]:
+    """(node index, node, spec, arguments) per launch, in order; raises ``LoweringError`` naming every
+    op without a kernel for ``target``."""
+    launches = []
+    missing: dict[str, list[str]] = {}
+    for i, node in enumerate(graph.nodes):
+        specs = None
+        if node.op.name in ("split", "gather", "cast"):
+            specs = plan_copy(node.op, [v.type if v is not None else None for v in node.inputs], target)
+        else:
+            specs = plan_node(node, target)
+        if specs is None:
+            types = ", ".join(str(v.type) if v is not None else "_" for v in node.inputs)
+            missing.setdefault(node.op.name, []).append(f"{node.source or node.outputs[0].name} ({types})")
+            continue
+        for spec, args in zip(specs, bind_args(node, specs)):
+            names = {p.name for p in spec.params}
+            if set(args) != names:
+                raise LoweringError(f"{node.op.name}: kernel {spec.entry} takes {sorted(names)}, bound {sorted(args)}")
+            launches.append((i, node, spec, args))
+    if missing:
+        lines = [f"  {op} ({len(where)} node{'s' if len(where) > 1 else ''}), e.g. {where[0]}"
+                 for op, where in sorted(missing.items())]
+        raise LoweringError(
+            f"no CUDA kernel for {len(missing)} op(s) on target {target.name} ({target.arch}):\n" + "\n".join(lines)
+            + "\n(the generated long tail through TVM is not available yet; compile for target cpu)")
+    return launches
+
+
+# -- 3./4. compile, memory plan, manifest -----------------------------------------------------------
+
+
+def default_bindings(graph: Graph, limits: Mapping[str, int]) -> dict[str, int]:
+    """Bound dims: the serving form's T, S, max_blocks from ``limits``; any other symbol of an input
+    from ``limits`` (graph mode), else 1."""
+    bindings: dict[str, int] = {}
+    spec = graph.meta.get("kv_cache")
+    if isinstance(spec, dict):
+        T = int(limits.get("max_num_batched_tokens", DEFAULT_LIMITS["max_num_batched_tokens"]))
+        S = min(int(limits.get("max_num_seqs", DEFAULT_LIMITS["max_num_seqs"])), T)
+        info = graph.meta.get("llm") if isinstance(graph.meta.get("llm"), dict) else {}
+        ctx = int(limits.get("max_model_len") or info.get("context_length") or 4096)  # type: ignore[union-attr]
+        bindings.update(T=T, S=S, max_blocks=math.ceil(ctx / int(spec["block_size"])))
+    for v in graph.inputs:
+        for d in v.type.shape or ():
+            if isinstance(d, str) and d.isidentifier() and d != KV_DIM and d not in bindings:
+                bindings[d] = int(limits.get(d, 1))
+    return bindings
+
+
+def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
+                     limits: Mapping[str, int] | None = None,
+                     compiler: str = "auto") -> tuple[dict[str, Path], dict[str, Any]]:
+    """Lower ``graph`` (changed in place: types, see step 1) for a GPU ``target``. Returns the files
+    to add to the artifact (``kernels/...`` -> path under ``workdir``) and the manifest entries
+    (``cuda``, and ``kv_cache`` for the serving form)."""
+    tgt = get_target(target)
+    if not tgt.is_gpu:
+        raise LoweringError(f"target {tgt.name!r} is not a GPU target")
+    limits = dict(limits or {})
+    serving = isinstance(graph.meta.get("kv_cache"), dict)
+    if serving:
+        to_device_dtypes(graph, DType.bf16)
+    launches = plan_launches(graph, tgt)
+    kdir = Path(workdir) / "kernels"
+    kdir.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    kernels: dict[str, Any] = {}
+    compiler_name = None
+    for _, _, spec, _ in launches:
+        if spec.entry in kernels:
+            continue
+        built = compile_spec(spec, compiler=compiler)
+        compiler_name = nvrtc_version() if built.compiler == "nvrtc" else nvcc_version()
+        entry = spec.entry
+        for suffix, data in ((".cu", spec.source().encode()), (".cubin", built.cubin), (".ptx", built.ptx.encode())):
+            (kdir / f"{entry}{suffix}").write_bytes(data)
+            files[f"kernels/{entry}{suffix}"] = kdir / f"{entry}{suffix}"
+        d = spec.to_dict()
+        kernels[entry] = {
+            "source": f"kernels/{entry}.cu", "cubin": f"kernels/{entry}.cubin", "ptx": f"kernels/{entry}.ptx",
+            "params": d["params"], "block": d["block"], "grid": d["grid"], "smem": d["smem"], "spec": d,
+        }
+    bindings = default_bindings(graph, limits)
+    plan = plan_memory(graph, bindings)
+    cuda = {
+        "format": CUDA_FORMAT,
+        "arch": tgt.arch,
+        "target": tgt.name,
+        "compiler": compiler_name,
+        "activation_dtype": DType.bf16.value if serving else None,
+        "limits": {**({k: bindings[k] for k in ("T", "S", "max_blocks")} if serving else {}), **limits},
+        "kernels": kernels,
+        "launches": [{"kernel": spec.entry, "node": i, "op": node.op.name, "source": node.source, "args": args}
+                     for i, node, spec, args in launches],
+        "memory_plan": plan.to_dict(),
+    }
+    manifest: dict[str, Any] = {"cuda": cuda}
+    if serving:
+        manifest["kv_cache"] = graph.meta["kv_cache"]
+    return files, manifest
+
+
+def kernel_report(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A summary of an artifact's ``cuda`` entry: launches per op, kernels, arena sizes."""
+    cuda = manifest["cuda"]
+    ops: dict[str, int] = {}
+    for launch in cuda["launches"]:
+        ops[launch["op"]] = ops.get(launch["op"], 0) + 1
+    return {"arch": cuda["arch"], "kernels": len(cuda["kernels"]), "launches": len(cuda["launches"]),
+            "launches_per_op": ops, "regions": cuda["memory_plan"]["regions"]}

@@ -1,0 +1,413 @@
+"""The CUDA backend: runs a GPU artifact's kernel table (``codegen/lower.py``) on one device.
+
+Loading (``CudaExecutor``): the primary context of the device; the artifact's architecture checked
+against the device's (an ``sm_100a`` artifact on an H200 fails with a message naming both); one
+arena allocation laid out by the artifact's memory plan (weights | io | scratch | KV cache, the last
+sized here from ``num_blocks`` or the free memory); the weights uploaded once; one module per kernel
+from its cubin; one non-blocking stream. Every driver call is checked (``runtime/cuda_driver.py``).
+
+A step: the inputs are written into a pinned host staging copy of the io region and sent in one
+``cuMemcpyHtoDAsync``; the launches follow in node order, their integer arguments and grids
+evaluated from the step's dims (``T``, ``S``, ...); the outputs come back with ``cuMemcpyDtoHAsync``.
+Inputs larger than the compiled bounds are refused with a message naming the bound.
+
+**Decode steps run as CUDA graphs** (serving form): a step in which every sequence has exactly one
+new token (``T == S``) is padded to the next batch-size bucket (1, 2, 4, ..., up to the compiled
+``S``), its inputs copied into the fixed io buffers, and the bucket's graph, captured once on first
+use (``cuStreamBeginCapture`` / ``cuGraphInstantiate``), is replayed (``cuGraphLaunch``). Padding rows
+write no KV (slot -1) and attend to one position of block 0; their logits are dropped. Steps with
+prefill tokens, or more sequences than the largest bucket, run as plain launches.
+
+**The engine's interface** (``runtime/engine.py`` and ``runtime/paged.py`` call the CPU backend the
+same way)::
+
+    ex = CudaExecutor.from_artifact("m.ingot", num_blocks=1024)     # or CudaExecutor(graph, manifest)
+    logits = ex.run(step_inputs)["logits"]    # step_inputs: docs/SERVING_FORM.md's names, numpy arrays
+    logits = ex.logits(step_inputs)           # the same, as the array
+
+``run(feeds, check=False)`` has ``CpuExecutor.run``'s signature and result (a dict of output arrays), so
+an engine can hold either executor. The KV cache lives on the device, owned by the executor
+(``ex.num_blocks`` blocks of ``ex.block_size`` tokens): ``kv_cache.*`` feeds are ignored, and the
+engine should not allocate host caches for this device. ``CudaPagedModel`` is ``PagedModel`` (the CPU
+paged driver) over this executor; ``CudaModel`` is ``ingot.load(..., device="cuda")``'s graph-mode model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..codegen.kernel import KernelSpec
+from ..codegen.memory_plan import ALIGN, eval_dim
+from ..ir.graph import Graph
+from ..ir.types import DType
+from . import cuda_driver as cd
+from .cuda_driver import CudaUnavailable  # noqa: F401  (re-exported for callers)
+from .paged import PagedModel, SequenceState
+
+#: decode batch-size buckets captured as CUDA graphs (capped by the compiled max_num_seqs)
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+#: share of the free device memory the KV cache takes when neither num_blocks nor kv_cache_bytes is given
+DEFAULT_KV_FRACTION = 0.5
+
+
+class CudaArtifactError(ValueError):
+    """The artifact cannot run on this device (no CUDA kernels, another architecture, bounds exceeded)."""
+
+
+def device_arch(ctx: cd.Context) -> str:
+    major, minor = ctx.compute_capability
+    return f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class _Launch:
+    """One kernel launch with its argument block packed once; integer arguments set per step."""
+
+    def __init__(self, fn: Any, spec: KernelSpec, args: Mapping[str, Mapping[str, Any]],
+                 address: Any, what: str) -> None:
+        self.fn, self.spec, self.what = fn, spec, what
+        self.values: list[Any] = []
+        self.dims: list[tuple[str, Any, Any]] = []  # (param name, ctypes object, dim expression)
+        for p in spec.params:
+            a = args[p.name]
+            if p.ctype == "ptr":
+                v = ctypes.c_uint64(0 if "null" in a else address(a["buffer"]))
+            else:
+                ctor = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float}[p.ctype]
+                v = ctor(0)
+                if "dim" in a:
+                    self.dims.append((p.name, v, a["dim"]))
+                else:
+                    v.value = a["value"]
+            self.values.append(v)
+        self.params = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
+        self.params_addr = ctypes.addressof(self.params)
+
+    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> None:
+        ints = {}
+        for name, obj, expr in self.dims:
+            obj.value = ints[name] = dims[expr]
+        grid = self.spec.grid_dims(ints)
+        if min(grid) <= 0:
+            return
+        cd.launch(self.fn, grid, self.spec.block, self.spec.smem, stream, self.params_addr, self.what)
+
+
+class CudaExecutor:
+    """A GPU artifact's graph on one device; ``run`` has ``CpuExecutor.run``'s interface (module docstring)."""
+
+    def __init__(self, graph: Graph, manifest: Mapping[str, Any], path: str | os.PathLike | None = None, *,
+                 num_blocks: int | None = None, kv_cache_bytes: int | None = None, device: int = 0,
+                 cuda_graphs: bool = True) -> None:
+        cuda = manifest.get("cuda")
+        target = manifest.get("target", "?")
+        if not isinstance(cuda, dict):
+            raise CudaArtifactError(f"{path or 'artifact'}: compiled for target {target!r}, it has no CUDA kernels; "
+                                    "recompile with --target h200, h100 or b200 to run it with device='cuda'")
+        if path is None:
+            raise CudaArtifactError("the CUDA backend needs the artifact's directory (its kernels/*.cubin)")
+        self.path = Path(path)
+        self.graph, self.manifest, self.cuda = graph, manifest, cuda
+        self.ctx = cd.Context(device)
+        arch = device_arch(self.ctx)
+        if cuda["arch"] != arch:
+            raise CudaArtifactError(
+                f"{self.path}: compiled for {cuda['arch']} (target {target}), but device {device} is {self.ctx.name} "
+                f"({arch}); recompile with --target {'b200' if arch.startswith('sm_100') else 'h200'}")
+        plan = cuda["memory_plan"]
+        self.plan = plan
+        self.bounds: dict[str, int] = {k: int(v) for k, v in plan["bindings"].items()}
+        self.buffers: dict[str, dict[str, Any]] = plan["buffers"]
+        regions = plan["regions"]
+        kv = plan["kv_cache"]
+        self.kv_inputs: list[str] = list(kv["inputs"])
+        spec = manifest.get("kv_cache") if isinstance(manifest.get("kv_cache"), dict) else None
+        self.serving = spec is not None
+        self.block_size = int(spec["block_size"]) if spec else 0
+        per_block = int(kv["bytes_per_block"]) * max(len(self.kv_inputs), 1)
+        self.stream = cd.Stream()
+        fixed = _align(regions["weights"]) + _align(regions["io"]) + _align(regions["scratch"])
+        if self.kv_inputs:
+            if num_blocks is None:
+                budget = kv_cache_bytes if kv_cache_bytes else int(
+                    (self.ctx.mem_info()[0] - fixed) * DEFAULT_KV_FRACTION)
+                num_blocks = budget // per_block
+            if num_blocks < 1:
+                raise CudaArtifactError(f"the KV cache budget holds no block ({per_block} bytes per block)")
+        self.num_blocks = int(num_blocks or 0)
+        self.kv_layer_bytes = int(kv["bytes_per_block"]) * self.num_blocks
+        self.base = {"weights": 0, "io": _align(regions["weights"])}
+        self.base["scratch"] = self.base["io"] + _align(regions["io"])
+        self.base["kv"] = self.base["scratch"] + _align(regions["scratch"])
+        total = self.base["kv"] + self.kv_layer_bytes * len(self.kv_inputs)
+        self.arena = cd.DeviceMemory(total)
+        self.arena_bytes = total
+        cd.memset(self.arena.ptr + self.base["io"], total - self.base["io"], 0)
+        self._upload_weights()
+        self.modules: dict[str, cd.Module] = {}
+        self.launches: list[_Launch] = []
+        functions = {}
+        for entry, k in cuda["kernels"].items():
+            module = cd.Module((self.path / k["cubin"]).read_bytes(), entry)
+            self.modules[entry] = module
+            functions[entry] = (module.function(entry), KernelSpec.from_dict(k["spec"]))
+        for ln in cuda["launches"]:
+            fn, kspec = functions[ln["kernel"]]
+            self.launches.append(_Launch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}"))
+        self.exprs = {a["dim"] for ln in cuda["launches"] for a in ln["args"].values() if "dim" in a}
+        self.staging = cd.PinnedBuffer(regions["io"])
+        out_bytes = max((self.buffers[v.name]["nbytes"] for v in graph.outputs), default=1)
+        self.out_staging = cd.PinnedBuffer(out_bytes)
+        self.inputs = [v for v in graph.inputs if v.name not in self.kv_inputs]
+        self.cuda_graphs = cuda_graphs and self.serving
+        self.buckets = [b for b in GRAPH_BUCKETS if b <= self.bounds.get("S", 0)]
+        self.graphs: dict[int, cd.CudaGraph] = {}
+        self.stats = {"graph_steps": 0, "eager_steps": 0, "captures": 0}
+        self.ctx.synchronize()
+
+    @classmethod
+    def from_artifact(cls, path: str | os.PathLike, **kwargs: Any) -> CudaExecutor:
+        from .artifact import load_graph
+
+        graph, manifest = load_graph(path)
+        return cls(graph, manifest, path, **kwargs)
+
+    # -- memory --------------------------------------------------------------------------------------
+    def address(self, name: str) -> int:
+        b = self.buffers[name]
+        if b["region"] == "kv":
+            return self.arena.ptr + self.base["kv"] + int(b["offset"]) * self.kv_layer_bytes
+        return self.arena.ptr + self.base[b["region"]] + int(b["offset"])
+
+    def _upload_weights(self) -> None:
+        for name, w in self.graph.weights.items():
+            b = self.buffers[name]
+            arr = np.ascontiguousarray(w.load())
+            if arr.dtype != DType(b["dtype"]).np or arr.nbytes != b["nbytes"]:
+                raise CudaArtifactError(f"weight {name}: {arr.dtype}{list(arr.shape)} does not match the memory plan")
+            cd.memcpy_htod(self.address(name), arr.ctypes.data, arr.nbytes)
+            w.release()
+
+    def kv_cache(self, layer: int) -> np.ndarray:
+        """Layer ``layer``'s KV cache copied to the host (for tests)."""
+        name = self.kv_inputs[layer]
+        b = self.buffers[name]
+        dt = DType(b["dtype"]).np
+        out = np.empty((self.num_blocks, *[int(d) for d in b["shape"][1:]]), dt)
+        self.ctx.synchronize()
+        cd.memcpy_dtoh(out.ctypes.data, self.address(name), out.nbytes)
+        return out
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def _bind(self, feeds: Mapping[str, np.ndarray], check: bool) -> tuple[dict[str, int], list[np.ndarray]]:
+        dims: dict[str, int] = {}
+        arrays = []
+        for v in self.inputs:
+            if v.name not in feeds:
+                raise ValueError(f"missing input {v.name!r}")
+            a = np.asarray(feeds[v.name])
+            want = v.type.dtype.np
+            if a.dtype != want:
+                if check or a.dtype.kind != want.kind:
+                    raise ValueError(f"input {v.name!r} must be {v.type.dtype.value}, got {a.dtype}")
+                a = a.astype(want)
+            shape = v.type.shape or ()
+            if a.ndim != len(shape):
+                raise ValueError(f"input {v.name!r} must have shape {v.type}, got {a.shape}")
+            for d, n in zip(shape, a.shape):
+                if isinstance(d, int):
+                    if d != n:
+                        raise ValueError(f"input {v.name!r} must have shape {v.type}, got {a.shape}")
+                elif d.isidentifier():
+                    if dims.setdefault(d, n) != n:
+                        raise ValueError(f"input {v.name!r}: dim {d} is {n} here and {dims[d]} in another input")
+            arrays.append(a)
+        for d, n in dims.items():
+            bound = self.bounds.get(d)
+            if bound is not None and n > bound:
+                what = {"T": "max_num_batched_tokens", "S": "max_num_seqs", "max_blocks": "max_model_len / block_size"}
+                raise CudaArtifactError(
+                    f"dim {d} = {n} exceeds the bound {bound} the artifact was compiled for"
+                    f"{' (' + what[d] + ')' if d in what else ''}; recompile with a larger limit")
+        return dims, arrays
+
+    def _stage(self, arrays: Sequence[np.ndarray]) -> int:
+        end = 0
+        for v, a in zip(self.inputs, arrays):
+            off = int(self.buffers[v.name]["offset"])
+            n = a.nbytes
+            if n:
+                self.staging.array[off : off + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+            end = max(end, off + n)
+        return end
+
+    def _enqueue(self, dims: Mapping[str, int]) -> None:
+        values = {e: eval_dim(e, dims) for e in self.exprs}
+        for ln in self.launches:
+            ln.enqueue(values, self.stream)
+
+    def _outputs(self, dims: Mapping[str, int]) -> dict[str, np.ndarray]:
+        results = []
+        off = 0
+        for v in self.graph.outputs:
+            shape = tuple(eval_dim(d, dims) for d in (v.type.shape or ()))
+            dt = v.type.dtype.np
+            n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            cd.memcpy_dtoh(self.out_staging.ptr, self.address(v.name), n, self.stream)
+            self.stream.synchronize()
+            results.append(self.out_staging.view(off, dt, shape).copy())
+        return dict(zip(self.graph.output_names, results))
+
+    def run(self, feeds: Mapping[str, np.ndarray], check: bool = True) -> dict[str, np.ndarray]:
+        """One step (any graph): inputs by name (``kv_cache.*`` ignored), outputs by name."""
+        self.ctx.make_current()
+        if self.cuda_graphs:
+            bucket = self._decode_bucket(feeds)
+            if bucket is not None:
+                return self._run_graph(feeds, bucket)
+        dims, arrays = self._bind(feeds, check)
+        end = self._stage(arrays)
+        cd.memcpy_htod(self.arena.ptr + self.base["io"], self.staging.ptr, end, self.stream)
+        self._enqueue(dims)
+        self.stats["eager_steps"] += 1
+        return self._outputs(dims)
+
+    def logits(self, step_inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The serving form's next-token logits ``f32[S, vocab]`` for one step."""
+        return self.run(step_inputs, check=False)["logits"]
+
+    # -- CUDA graphs for decode ------------------------------------------------------------------
+    def _decode_bucket(self, feeds: Mapping[str, np.ndarray]) -> int | None:
+        ids, lens = feeds.get("input_ids"), feeds.get("seq_lens")
+        if ids is None or lens is None:
+            return None
+        t, s = len(ids), len(lens)
+        if t != s or s == 0:
+            return None
+        qsl = np.asarray(feeds["query_start_loc"])
+        if qsl[0] != 0 or not np.all(np.diff(qsl) == 1):
+            return None
+        for b in self.buckets:
+            if b >= s:
+                return b
+        return None
+
+    def _graph_dims(self, bucket: int) -> dict[str, int]:
+        return {"T": bucket, "S": bucket, "max_blocks": self.bounds["max_blocks"], "num_blocks": self.num_blocks}
+
+    def _run_graph(self, feeds: Mapping[str, np.ndarray], bucket: int) -> dict[str, np.ndarray]:
+        s = len(feeds["seq_lens"])
+        tables = np.asarray(feeds["block_tables"], np.int32)
+        cap = self.bounds["max_blocks"]
+        if tables.shape[1] > cap:
+            raise CudaArtifactError(f"block_tables has {tables.shape[1]} columns, the compiled bound is {cap}")
+        pad = bucket - s
+        padded = {
+            "input_ids": np.concatenate([np.asarray(feeds["input_ids"], np.int64), np.zeros(pad, np.int64)]),
+            "positions": np.concatenate([np.asarray(feeds["positions"], np.int64), np.zeros(pad, np.int64)]),
+            "slot_mapping": np.concatenate([np.asarray(feeds["slot_mapping"], np.int64), np.full(pad, -1, np.int64)]),
+            "seq_lens": np.concatenate([np.asarray(feeds["seq_lens"], np.int32), np.ones(pad, np.int32)]),
+            "query_start_loc": np.arange(bucket + 1, dtype=np.int32),
+            "logits_indices": np.arange(bucket, dtype=np.int64),
+        }
+        bt = np.zeros((bucket, cap), np.int32)
+        bt[:s, : tables.shape[1]] = tables
+        padded["block_tables"] = bt
+        arrays = [padded[v.name] for v in self.inputs]
+        end = self._stage(arrays)
+        graph = self.graphs.get(bucket)
+        dims = self._graph_dims(bucket)
+        if graph is None:
+            self.stream.synchronize()
+            graph = cd.CudaGraph(self.stream, lambda: self._enqueue(dims))
+            self.graphs[bucket] = graph
+            self.stats["captures"] += 1
+        cd.memcpy_htod(self.arena.ptr + self.base["io"], self.staging.ptr, end, self.stream)
+        graph.launch(self.stream)
+        self.stats["graph_steps"] += 1
+        out = self._outputs({**dims, "S": s})
+        return out
+
+    def capture_all(self, max_batch: int | None = None) -> float:
+        """Capture every bucket's graph up front (up to ``max_batch``); returns the seconds it took."""
+        t0 = time.perf_counter()
+        for b in self.buckets:
+            if max_batch is not None and b > max_batch:
+                break
+            if b not in self.graphs:
+                dims = self._graph_dims(b)
+                self.graphs[b] = cd.CudaGraph(self.stream, lambda dims=dims: self._enqueue(dims))
+                self.stats["captures"] += 1
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Free the graphs, modules, buffers and the arena (also done at interpreter exit by the driver)."""
+        for g in self.graphs.values():
+            g.destroy()
+        self.graphs.clear()
+        for m in self.modules.values():
+            m.unload()
+        self.modules.clear()
+        self.staging.free()
+        self.out_staging.free()
+        self.arena.free()
+        self.stream.destroy()
+
+
+class CudaPagedModel(PagedModel):
+    """``PagedModel`` (runtime/paged.py: sequences, blocks, ``step``) with the KV cache and the
+    model on the GPU; ``iter_greedy(graph, ..., model=CudaPagedModel(...))`` drives it."""
+
+    def __init__(self, executor: CudaExecutor, num_blocks: int | None = None) -> None:
+        spec = executor.graph.meta.get("kv_cache") or executor.manifest.get("kv_cache")
+        if not isinstance(spec, dict):
+            raise ValueError("CudaPagedModel needs a serving-form (llm) artifact")
+        if num_blocks is not None and num_blocks > executor.num_blocks:
+            raise ValueError(f"num_blocks {num_blocks} > the executor's cache ({executor.num_blocks} blocks)")
+        self.graph = executor.graph
+        self.block_size = int(spec["block_size"])
+        self.num_blocks = num_blocks or executor.num_blocks
+        self.caches = {}
+        self._free = list(range(self.num_blocks - 1, -1, -1))
+        self.sequences: dict[int, SequenceState] = {}
+        self._next_id = 0
+        self._executor = executor  # type: ignore[assignment]
+
+
+class CudaModel:
+    """``ingot.load(path, device="cuda")``: ``run`` maps input names to arrays, returns output arrays."""
+
+    def __init__(self, path: str | os.PathLike, **kwargs: Any) -> None:
+        from .artifact import load_graph
+
+        self.path = Path(path)
+        self.graph, self.manifest = load_graph(self.path)
+        self.executor = CudaExecutor(self.graph, self.manifest, self.path, **kwargs)
+
+    @property
+    def inputs(self) -> list[tuple[str, str]]:
+        return [(v.name, str(v.type)) for v in self.graph.inputs]
+
+    @property
+    def outputs(self) -> list[tuple[str, str]]:
+        return [(n, str(v.type)) for v, n in zip(self.graph.outputs, self.graph.output_names)]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.executor.run(feeds)
+
+    def paged(self, num_blocks: int | None = None) -> CudaPagedModel:
+        """A ``PagedModel``-style driver over this model's device KV cache (llm artifacts)."""
+        return CudaPagedModel(self.executor, num_blocks)
+
+    def __repr__(self) -> str:
+        return f"CudaModel({self.path}, {self.executor.ctx.name}, inputs={self.inputs}, outputs={self.outputs})"
