@@ -245,7 +245,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .runtime.server import serve
 
     engine_args = {k: getattr(args, k) for k in ("num_blocks", "max_num_seqs", "max_num_batched_tokens",
-                                                 "max_model_len") if getattr(args, k) is not None}
+                                                 "max_model_len", "block_size") if getattr(args, k) is not None}
+    if args.role == "router":
+        from .runtime.disagg.router import serve_router
+
+        console.print(f"routing {args.artifact} on http://{args.host}:{args.port} (OpenAI API under /v1) to "
+                      f"{len(args.worker or [])} worker(s) + those that register")
+        serve_router(args.artifact, host=args.host, port=args.port, workers=args.worker or (), api_key=args.api_key,
+                     model_name=args.served_model_name, max_model_len=args.max_model_len, log_level=args.log_level,
+                     worker_timeout=args.worker_timeout)
+        return 0
+    if args.role in ("prefill", "decode"):
+        from .runtime.disagg.worker import serve_worker
+
+        console.print(f"{args.role} worker for {args.artifact} on http://{args.host}:{args.port}"
+                      + (f", registering with {args.router}" if args.router else ""))
+        serve_worker(args.artifact, args.role, host=args.host, port=args.port, router=args.router,
+                     kv_port=args.kv_port, transfer_timeout=args.transfer_timeout, max_queue=args.max_queue,
+                     log_level=args.log_level, **engine_args)
+        return 0
     console.print(f"serving {args.artifact} on http://{args.host}:{args.port} (OpenAI API under /v1)")
     serve(args.artifact, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
           model_name=args.served_model_name, log_level=args.log_level, **engine_args)
@@ -330,6 +348,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: from a memory budget)")
     s.add_argument("--max-queue", type=int, default=1024, help="requests that may wait; more get 503 (default 1024)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    g = s.add_argument_group("disaggregated serving (docs/SCALE_OUT.md)")
+    g.add_argument("--role", default="single", choices=["single", "router", "prefill", "decode"],
+                   help="single: one process serves everything (default); router: the OpenAI API in front of "
+                   "prefill and decode workers; prefill/decode: a worker")
+    g.add_argument("--router", metavar="URL", help="workers: register with this router (and re-register every second)")
+    g.add_argument("--worker", action="append", metavar="URL", help="router: a worker known up front (repeatable)")
+    g.add_argument("--kv-port", type=int, default=0, help="decode worker: KV receive port (default: any free one)")
+    g.add_argument("--block-size", type=int, default=None, help="KV block size (default: the artifact's; CPU only)")
+    g.add_argument("--transfer-timeout", type=float, default=30.0, help="workers: deadline of one KV transfer (s)")
+    g.add_argument("--worker-timeout", type=float, default=120.0,
+                   help="router: deadline of a prefill call and of the gap between two streamed tokens (s)")
     s.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("bench", help="benchmarks")

@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ import numpy as np
 
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache import num_blocks_for_memory
-from .request import Request
+from .request import Request, RequestStatus
 from .sampling import Sampler, SamplingParams, TokenLogprobs
 from .scheduler import CacheConfig, Scheduler, SchedulerConfig
 
@@ -70,6 +70,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = 0
     policy: str = "fcfs"
+    block_size: int | None = None  # None: the artifact's; the CPU backend takes any (its cache shape says it)
 
 
 @dataclass
@@ -109,6 +110,16 @@ class RequestOutput:
     @property
     def num_generated_tokens(self) -> int:
         return sum(len(o.token_ids) for o in self.outputs)
+
+
+@dataclass
+class Prefilled:
+    """What a prefill worker computed for a request: its first token(s) and the prompt's KV in this engine's
+    cache layout, token-major (``[layers, 2, prompt_len, kv_heads, head_dim]``; None: recompute it here)."""
+
+    output_token_ids: list[int]
+    kv: np.ndarray | None = None
+    logprobs: list[TokenLogprobs] | None = None
 
 
 class _Group:
@@ -178,7 +189,7 @@ class LLMEngine:
             raise ValueError(f"{self.path}: not an LLM artifact (mode {self.manifest.get('mode')!r}); compile a "
                              "decoder in mode 'llm'")
         self.model_name = self.path.name.removesuffix(".ingot") or "model"
-        self.block_size = int(spec["block_size"])
+        self.block_size = int(args.block_size or spec["block_size"])
         self.vocab_size = int(info.get("vocab_size") or self.graph.outputs[0].type.shape[-1])
         self.eos_token_ids: tuple[int, ...] = tuple(info.get("eos_token_ids") or ())
         bytes_per_token = int(spec["bytes_per_token"])
@@ -246,11 +257,23 @@ class LLMEngine:
         return max_tokens
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-                    request_id: str | None = None, priority: int = 0, arrival_time: float | None = None) -> str:
-        """Queue a request (text or token ids); returns its id. Raises ``EngineRequestError`` if it cannot run."""
+                    request_id: str | None = None, priority: int = 0, arrival_time: float | None = None,
+                    prefilled: Prefilled | None = None) -> str:
+        """Queue a request (text or token ids); returns its id. Raises ``EngineRequestError`` if it cannot run.
+
+        ``prefilled``: the prompt's KV and first token were computed elsewhere (disaggregated serving);
+        the request starts running from them (see ``_admit_prefilled``).
+        """
         params = params or SamplingParams()
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         max_tokens = self.check_request(ids, params)
+        if prefilled is not None:
+            if params.n != 1:
+                raise EngineRequestError("a prefilled request must have n = 1", "n")
+            rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+            if rid in self._groups:
+                raise EngineRequestError(f"request id {rid!r} is in use")
+            return self._admit_prefilled(rid, ids, params, max_tokens, priority, arrival_time, prefilled)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._groups:
             raise EngineRequestError(f"request id {rid!r} is in use")
@@ -279,6 +302,88 @@ class LLMEngine:
         group.num_unfinished = params.n
         self._groups[rid] = group
         return rid
+
+    def _admit_prefilled(self, rid: str, ids: list[int], params: SamplingParams, max_tokens: int, priority: int,
+                         arrival_time: float | None, pre: Prefilled) -> str:
+        """Start a request whose prompt KV (``pre.kv``: ``[layers, 2, len(ids), kv_heads, head_dim]`` in this
+        cache's dtype) and first token came from a prefill worker: it joins the running set holding blocks with
+        that KV, its first token already generated (not streamed again). When the cache has no room it waits
+        like a preempted request and recomputes its tokens instead."""
+        sched = self.scheduler
+        n = len(ids)
+        eos = None if params.ignore_eos or not self.eos_token_ids else self.eos_token_ids[0]
+        stops = tuple(params.stop_token_ids) + (() if params.ignore_eos else self.eos_token_ids[1:])
+        now = time.monotonic()
+        group = _Group(rid, ids, now if arrival_time is None else arrival_time)
+        req = Request(rid, ids, max_tokens=max_tokens, eos_token_id=eos, stop_token_ids=stops, priority=priority,
+                      arrival_time=group.arrival_time, sampling_params=params)
+        try:
+            sched._check_fits(req)
+        except ValueError as e:
+            raise EngineRequestError(str(e), "max_tokens") from None
+        kv = pre.kv
+        admitted = False
+        if kv is not None and len(sched.running) < sched.config.max_num_seqs:
+            if kv.shape[2] != n:
+                raise EngineRequestError(f"prefilled KV holds {kv.shape[2]} tokens, the prompt has {n}", "prompt")
+            if sched.kv.allocate_slots(req, n) is not None:
+                bs = self.block_size
+                nb = -(-n // bs)
+                blocks = np.asarray(sched.kv.get_block_ids(rid)[:nb], np.intp)
+                padded = np.zeros((kv.shape[0], 2, nb * bs) + kv.shape[3:], kv.dtype)
+                padded[:, :, :n] = kv
+                padded = padded.reshape(kv.shape[0], 2, nb, bs, *kv.shape[3:]).swapaxes(1, 2)
+                for layer, cache in enumerate(self.kv_caches.values()):
+                    cache[blocks] = padded[layer]
+                req._seq = sched._seq
+                sched._seq += 1
+                req.num_computed_tokens = req.num_cached_tokens = n
+                req.status = RequestStatus.RUNNING
+                sched.requests[rid] = req
+                sched.running.append(req)
+                sched._joined.append(rid)
+                admitted = True
+        for t in pre.output_token_ids:
+            req.append_output_token(int(t))
+        if not admitted:
+            sched.add_request(req)  # recomputes prompt + first token(s) when scheduled, like a preempted request
+        detok = IncrementalDetokenizer.from_params(self.tokenizer, params, ids) if self.tokenizer else None
+        seq = _Seq(req, 0, params, detok, group)
+        if detok is not None:
+            detok.push(list(req.output_token_ids))  # already streamed by the prefill worker
+        if seq.logprobs is not None and pre.logprobs:
+            seq.logprobs.extend(pre.logprobs)
+        if not params.greedy and seq.generator is not None:
+            for _ in req.output_token_ids:  # the draws the prefill worker made: seeded streams match one engine
+                seq.generator.random()
+        seq.delta_start = len(req.output_token_ids)
+        seq.delta_logprobs_start = len(seq.logprobs) if seq.logprobs is not None else 0
+        seq.last_token_time = group.first_token_time = now
+        self._seqs[rid] = seq
+        group.seqs.append(seq)
+        group.num_unfinished = 1
+        self._groups[rid] = group
+        return rid
+
+    def export_kv(self, request_id: str, num_tokens: int | None = None) -> np.ndarray:
+        """A copy of the request's KV blocks holding its first ``num_tokens`` (default: computed) tokens:
+        ``[layers, blocks, 2, block_size, kv_heads, head_dim]``, this cache's dtype."""
+        req = self.scheduler.get_request(request_id)
+        if req is None:
+            raise KeyError(f"no unfinished request {request_id!r}")
+        n = req.num_computed_tokens if num_tokens is None else num_tokens
+        ids = np.asarray(self.scheduler.kv.get_block_ids(request_id)[: -(-n // self.block_size)], np.intp)
+        return np.stack([cache[ids] for cache in self.kv_caches.values()])
+
+    def detach(self, request_id: str) -> bool:
+        """Drop a request and free its blocks without counting it as aborted (its KV went elsewhere)."""
+        group = self._groups.pop(request_id, None)
+        if group is None:
+            return False
+        for seq in group.seqs:
+            self.scheduler.abort_request(seq.request.request_id)
+            self._seqs.pop(seq.request.request_id, None)
+        return True
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request (all its completions) and free its blocks; False if it is unknown or done."""
@@ -414,9 +519,12 @@ class AsyncEngine:
     finish (drain) before the thread ends.
     """
 
-    def __init__(self, engine: LLMEngine, max_queue: int = 1024) -> None:
+    def __init__(self, engine: LLMEngine, max_queue: int = 1024,
+                 on_outputs: Callable[[list[RequestOutput]], list[RequestOutput]] | None = None) -> None:
         self.engine = engine
         self.max_queue = max_queue
+        #: called on the engine thread with each step's outputs before they are delivered (may replace them)
+        self.on_outputs = on_outputs
         self._cv = threading.Condition()
         self._commands: list[tuple[str, Any]] = []
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -460,10 +568,10 @@ class AsyncEngine:
                     return
             for kind, payload in commands:
                 if kind == "add":
-                    rid, prompt_ids, params, priority, arrival = payload
+                    rid, prompt_ids, params, priority, arrival, prefilled = payload
                     try:
                         engine.add_request(prompt_ids, params, request_id=rid, priority=priority,
-                                           arrival_time=arrival)
+                                           arrival_time=arrival, prefilled=prefilled)
                     except Exception as e:  # validated before; report, never kill the loop
                         self._fail([rid], f"{type(e).__name__}: {e}")
                 else:
@@ -479,6 +587,8 @@ class AsyncEngine:
                     engine.abort(rid)
                 self._fail(ids, f"internal engine error: {type(e).__name__}: {e}")
                 continue
+            if outputs and self.on_outputs is not None:
+                outputs = self.on_outputs(outputs)
             if outputs:
                 self._deliver(outputs)
 
@@ -507,9 +617,10 @@ class AsyncEngine:
             raise QueueFullError(f"too many requests waiting ({self.max_queue} queued)")
 
     async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, *,
-                       request_id: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, priority: int = 0,
+                       prefilled: Prefilled | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; the last has ``finished``. Leaving the loop early (or being
-        cancelled) aborts the request and frees its blocks."""
+        cancelled) aborts the request and frees its blocks. ``prefilled``: see ``LLMEngine.add_request``."""
         ids = [int(t) for t in prompt_token_ids]
         self.engine.check_request(ids, params)
         self.check_admission()
@@ -519,7 +630,7 @@ class AsyncEngine:
         self.num_in_flight += 1
         finished = False
         try:
-            self._submit("add", (rid, ids, params, priority, time.monotonic()))
+            self._submit("add", (rid, ids, params, priority, time.monotonic(), prefilled))
             while not finished:
                 out = await queue.get()
                 finished = out.finished

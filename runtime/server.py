@@ -499,8 +499,26 @@ class _EventStream(StreamingResponse):
                     await aclose()
 
 
+async def _guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``events``, ending in an OpenAI error event (then ``[DONE]``) if producing them fails mid-stream: the
+    status line went out with the first event, so the error must travel in the stream."""
+    try:
+        async for e in events:
+            yield e
+    except ApiError as e:
+        yield _sse(error_body(e.message, e.type, e.param, e.code if e.code is not None else e.status))
+        yield "data: [DONE]\n\n"
+    except Exception as e:
+        yield _sse(error_body(f"internal error: {type(e).__name__}: {e}", "internal_error", code=500))
+        yield "data: [DONE]\n\n"
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
-    return _EventStream(events, media_type="text/event-stream",
+    return _EventStream(_guarded(events), media_type="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

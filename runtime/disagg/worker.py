@@ -1,0 +1,301 @@
+"""Prefill and decode workers: an engine each, behind a small internal HTTP API for the router.
+
+Prefill worker (``ingot serve --role prefill``)::
+
+    POST /internal/prefill {request_id, prompt_token_ids, params, transfer_id, kv_addr}
+      -> runs the prompt, samples the first token; if the request goes on, copies its KV blocks out,
+         frees them, sends them to the decode worker's receiver at kv_addr (process transport) and
+      <- {"output": first-token delta, "transferred": true, "bytes", "seconds"}
+
+Decode worker (``ingot serve --role decode``)::
+
+    TCP kv_addr: receives transfers (runtime/disagg/transport.py) into a staging store
+    POST /internal/decode {request_id, prompt_token_ids, params, transfer_id, first: delta}
+      -> waits (bounded) for the transfer, converts it to its own layout, starts the request from it
+      <- NDJSON stream of output deltas; the last has "finished": true
+
+Both: ``GET /health``, ``GET /internal/info`` (role, KV address and layout, load), ``GET /metrics``;
+with ``router`` set they register with it every ``heartbeat_s`` seconds (so a restarted worker
+comes back). Errors are OpenAI-shaped JSON bodies that name this worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from ..engine import AsyncEngine, EngineRequestError, LLMEngine, Prefilled, QueueFullError, RequestOutput
+from ..server import _EventStream, error_body
+from .layout import KVLayout, KVTransfer, LayoutError, assemble_tokens, check_compatible
+from .protocol import delta_to_json, logprobs_from_json, params_from_json
+from .transport import KVSender, TcpKVReceiver, TcpKVSender, TransferError, TransferStore
+
+log = logging.getLogger("ingot.disagg")
+
+ROLES = ("prefill", "decode")
+
+
+def engine_layout(llm: LLMEngine) -> KVLayout:
+    """The KV layout of an engine's cache (one rank, every head)."""
+    spec = llm.manifest.get("kv_cache") or llm.graph.meta["kv_cache"]
+    return KVLayout.from_spec(spec, block_size=llm.block_size)
+
+
+def _err(status: int, message: str, type_: str = "worker_error", code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, code=code), status_code=status)
+
+
+class Worker:
+    """One prefill or decode worker: its engine, KV transport side, and the internal API handlers."""
+
+    def __init__(self, role: str, engine: AsyncEngine, *, url: str, router: str | None = None,
+                 kv_host: str = "127.0.0.1", kv_port: int = 0, transfer_timeout: float = 30.0,
+                 heartbeat_s: float = 1.0, sender: KVSender | None = None, staging_ttl: float = 60.0) -> None:
+        if role not in ROLES:
+            raise ValueError(f"worker role must be one of {ROLES}, got {role!r}")
+        self.role = role
+        self.engine = engine
+        self.llm = engine.engine
+        self.url = url.rstrip("/")
+        self.router = router.rstrip("/") if router else None
+        self.layout = engine_layout(self.llm)
+        self.transfer_timeout = transfer_timeout
+        self.heartbeat_s = heartbeat_s
+        self.worker_id = uuid.uuid4().hex[:12]
+        self._tasks: list[asyncio.Task] = []
+        self.exported: dict[str, np.ndarray] = {}
+        self.sender: KVSender = sender or TcpKVSender()
+        self.bytes_sent = 0
+        self.seconds_sending = 0.0
+        self.store: TransferStore | None = None
+        self.receiver: TcpKVReceiver | None = None
+        if role == "prefill":
+            engine.on_outputs = self._detach_prefilled
+        else:
+            self.store = TransferStore(ttl=staging_ttl)
+            self.receiver = TcpKVReceiver(self._on_transfer, host=kv_host, port=kv_port, timeout=transfer_timeout)
+
+    # -- engine thread ----------------------------------------------------------------------------
+
+    def _detach_prefilled(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Prefill role, on the engine thread right after a step: a request that got its first token and
+        goes on leaves this engine, its prompt KV copied out first."""
+        res = []
+        for o in outputs:
+            if not o.finished and o.outputs and o.outputs[0].token_ids:
+                self.exported[o.request_id] = self.llm.export_kv(o.request_id, len(o.prompt_token_ids))
+                self.llm.detach(o.request_id)
+                o = dataclasses.replace(o, finished=True)
+            res.append(o)
+        return res
+
+    # -- decode: receiving ------------------------------------------------------------------------
+
+    def _on_transfer(self, transfer: KVTransfer) -> None:
+        check_compatible(transfer.layout, self.layout)
+        assert self.store is not None
+        self.store.put(transfer)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    @property
+    def kv_addr(self) -> str | None:
+        return self.receiver.address if self.receiver is not None else None
+
+    async def start(self) -> None:
+        self.engine.start()
+        if self.receiver is not None:
+            await self.receiver.start()
+        self._tasks.append(asyncio.create_task(self._housekeeping()))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.receiver is not None:
+            await self.receiver.stop()
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.stop)
+
+    async def _housekeeping(self) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while True:
+                if self.store is not None:
+                    self.store.expire()
+                if self.router:
+                    try:
+                        await client.post(self.router + "/internal/register", json={"url": self.url, "role": self.role})
+                    except httpx.HTTPError as e:
+                        log.debug("registering with %s failed: %s", self.router, e)
+                await asyncio.sleep(self.heartbeat_s)
+
+    def info(self) -> dict[str, Any]:
+        st = self.llm.scheduler.stats()
+        return {"role": self.role, "url": self.url, "worker_id": self.worker_id, "kv_addr": self.kv_addr,
+                "layout": self.layout.to_json(), "model": self.llm.model_name, "max_model_len": self.llm.max_model_len,
+                "load": {"in_flight": self.engine.num_in_flight, "running": st.num_running, "waiting": st.num_waiting,
+                         "kv_blocks_used": st.kv_blocks_used, "kv_blocks_total": st.kv_blocks_total,
+                         "staged_transfers": self.store.num_pending if self.store else 0},
+                "transfer": {"bytes_sent": self.bytes_sent, "seconds_sending": self.seconds_sending,
+                             "bytes_received": self.receiver.bytes_received if self.receiver else 0,
+                             "seconds_receiving": self.receiver.seconds_receiving if self.receiver else 0.0}}
+
+    # -- handlers ---------------------------------------------------------------------------------
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        data = json.loads(await request.body())
+        if not isinstance(data, dict):
+            raise ValueError("the body must be a JSON object")
+        return data
+
+    def _check(self, ids: list[int], params: Any) -> JSONResponse | None:
+        try:
+            self.llm.check_request(ids, params)
+            self.engine.check_admission()
+        except EngineRequestError as e:
+            return JSONResponse(error_body(str(e), "invalid_request_error", e.param), status_code=400)
+        except QueueFullError as e:
+            return _err(503, f"{self.role} worker {self.url} overloaded: {e}", code="queue_full")
+        return None
+
+    async def prefill(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            rid, tid, kv_addr = str(body["request_id"]), str(body["transfer_id"]), str(body["kv_addr"])
+            ids = [int(t) for t in body["prompt_token_ids"]]
+            params = params_from_json(body["params"])
+        except (ValueError, KeyError, TypeError) as e:
+            return _err(400, f"bad prefill request: {type(e).__name__}: {e}", "invalid_request_error")
+        bad = self._check(ids, params)
+        if bad is not None:
+            return bad
+        out: RequestOutput | None = None
+        try:
+            async for o in self.engine.generate(ids, params, request_id=rid, priority=int(body.get("priority", 0))):
+                out = o
+            kv = self.exported.pop(rid, None)
+        except RuntimeError as e:
+            return _err(500, f"prefill worker {self.url}: {e}")
+        finally:
+            self.exported.pop(rid, None)
+        assert out is not None
+        if kv is None:  # finished at its first token (stop, eos, max_tokens 1): nothing to send
+            return JSONResponse({"output": delta_to_json(out), "transferred": False})
+        transfer = KVTransfer(tid, self.layout, ids, kv, meta={"request_id": rid, "sender": self.url})
+        t0 = time.perf_counter()
+        try:
+            await self.sender.send(kv_addr, transfer, self.transfer_timeout)
+        except TransferError as e:
+            return _err(502, f"prefill worker {self.url}: {e}", code="kv_transfer_failed")
+        dt = time.perf_counter() - t0
+        self.bytes_sent += kv.nbytes
+        self.seconds_sending += dt
+        return JSONResponse({"output": delta_to_json(out, finished=False), "transferred": True,
+                             "bytes": int(kv.nbytes), "seconds": dt})
+
+    async def decode(self, request: Request) -> Response:
+        assert self.store is not None
+        try:
+            body = await self._body(request)
+            rid, tid = str(body["request_id"]), str(body["transfer_id"])
+            ids = [int(t) for t in body["prompt_token_ids"]]
+            params = params_from_json(body["params"])
+            first = body["first"]
+            first_ids = [int(t) for t in first["token_ids"]]
+            first_lps = logprobs_from_json(first.get("logprobs"))
+        except (ValueError, KeyError, TypeError) as e:
+            return _err(400, f"bad decode request: {type(e).__name__}: {e}", "invalid_request_error")
+        try:
+            parts = await self.store.take(tid, self.transfer_timeout)
+        except TimeoutError:
+            return _err(504, f"decode worker {self.url}: KV transfer {tid} did not arrive within "
+                        f"{self.transfer_timeout} s", code="kv_transfer_timeout")
+        bad = self._check(ids, params)
+        if bad is not None:
+            return bad
+        try:
+            kv = assemble_tokens(parts, self.layout)
+        except LayoutError as e:
+            return _err(400, f"decode worker {self.url}: {e}", "invalid_request_error", code="kv_layout")
+        if parts[0].token_ids != ids:
+            return _err(400, f"decode worker {self.url}: transfer {tid} holds other tokens than the prompt",
+                        "invalid_request_error", code="kv_layout")
+        del parts
+        pre = Prefilled(first_ids, kv, first_lps)
+
+        priority = int(body.get("priority", 0))
+
+        async def lines() -> AsyncIterator[str]:
+            try:
+                async for out in self.engine.generate(ids, params, request_id=rid, priority=priority, prefilled=pre):
+                    yield json.dumps(delta_to_json(out), ensure_ascii=False) + "\n"
+            except (RuntimeError, EngineRequestError) as e:
+                yield json.dumps({"finished": True, "error": f"decode worker {self.url}: {e}"}) + "\n"
+
+        return _EventStream(lines(), media_type="application/x-ndjson")
+
+
+def create_worker_app(worker: Worker) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await worker.start()
+        try:
+            yield
+        finally:
+            await worker.stop()
+
+    app = FastAPI(title=f"ingot {worker.role} worker", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok = worker.engine.running
+        return JSONResponse({"status": "ok" if ok else "engine not running", "role": worker.role},
+                            status_code=200 if ok else 503)
+
+    @app.get("/internal/info")
+    async def info() -> dict[str, Any]:
+        return worker.info()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        from ..metrics import CONTENT_TYPE
+
+        m = worker.llm.metrics
+        return Response(m.render() if m is not None else b"", media_type=CONTENT_TYPE)
+
+    if worker.role == "prefill":
+        app.post("/internal/prefill")(worker.prefill)
+    else:
+        app.post("/internal/decode")(worker.decode)
+    return app
+
+
+def serve_worker(artifact: str, role: str, *, host: str = "127.0.0.1", port: int = 8001, router: str | None = None,
+                 kv_port: int = 0, transfer_timeout: float = 30.0, max_queue: int = 1024, log_level: str = "info",
+                 **engine_args: Any) -> None:
+    """Load ``artifact`` and run a ``role`` worker until SIGINT/SIGTERM."""
+    import uvicorn
+
+    from ..metrics import EngineMetrics
+
+    llm = LLMEngine(artifact, **engine_args)
+    llm.metrics = EngineMetrics(llm.model_name)
+    engine = AsyncEngine(llm, max_queue=max_queue)
+    worker = Worker(role, engine, url=f"http://{host}:{port}", router=router, kv_host=host, kv_port=kv_port,
+                    transfer_timeout=transfer_timeout)
+    config = uvicorn.Config(create_worker_app(worker), host=host, port=port, log_level=log_level,
+                            access_log=log_level == "debug")
+    uvicorn.Server(config).run()
