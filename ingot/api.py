@@ -107,6 +107,10 @@ def compile(
     passes: str | Sequence[str] | None = None,
     disable_passes: Sequence[str] = (),
     pass_context: PassContext | None = None,
+    quant_config: str | os.PathLike | Mapping[str, Any] | None = None,
+    calib: str | os.PathLike | None = None,
+    accuracy_budget: str | Mapping[str, float] | None = None,
+    quant_log: Callable[[str], None] | None = None,
 ) -> Path:
     """Compile ``src`` into an artifact directory and return its path.
 
@@ -118,6 +122,12 @@ def compile(
     on the graph; by default ``O1`` for graph mode and checkpoints, and ``llm`` (which fuses and
     lowers) for ONNX decoders. ``pass_context`` carries per-pass options and instruments
     (timing, IR dumps); ``disable_passes`` removes passes from the pipeline.
+
+    Quantization (LLMs in the serving form; docs/QUANTIZATION.md): ``quant_config`` is a per-layer
+    config (a JSON/YAML path or a mapping), ``calib`` a calibration file (.npz/.npy token ids, .txt,
+    .jsonl), ``accuracy_budget`` ``"top1=0.95,kl=0.01"``; layers fall back until the budget holds, or
+    the compile fails and writes nothing. ``quant_log`` receives the gate's progress lines. The
+    artifact gets ``quant_report.json`` (and ``quant_report.png`` with matplotlib).
     """
     from .ir.verify import verify
     from .runtime.artifact import write_artifact
@@ -128,8 +138,6 @@ def compile(
         raise CompileError(f"unknown mode {mode!r}; known modes: {', '.join(MODES)}")
     if quant not in QUANTS:
         raise CompileError(f"unknown quantization {quant!r}; known: fp8, nvfp4, mxfp4")
-    if quant is not None:
-        raise CompileError(f"quantization {quant!r} is not available in this version")
     src_path = resolve_model(src)
     checkpoint = src_path.suffix == ".gguf" or src_path.is_dir()
     if checkpoint and mode == "graph":
@@ -166,6 +174,14 @@ def compile(
             checkpoint = True
     import tempfile
 
+    quant_files: dict[str, Path] = {}
+    quant_manifest: dict[str, Any] = {}
+    if quant is not None or quant_config is not None:
+        if not checkpoint:
+            raise CompileError(f"{src_path}: quantization needs an LLM compiled to the serving form (mode llm)")
+        quant_tmp = tempfile.TemporaryDirectory(prefix="ingot-quant-")  # removed when compile returns
+        graph, quant_files, quant_manifest = _quantize(graph, src_path, quant, target, Path(quant_tmp.name),
+                                                       quant_config, calib, accuracy_budget, quant_log, progress)
     with tempfile.TemporaryDirectory(prefix="ingot-kernels-") as ktmp:
         gpu_files, gpu_manifest = _lower_gpu(graph, target, Path(ktmp), ctx, progress) if target != "cpu" else ({}, {})
         if not checkpoint:
@@ -177,9 +193,27 @@ def compile(
             files = _tokenizer_files(src_path if src_path.suffix != ".onnx" else src_path.parent, Path(tmp))
             return write_artifact(
                 graph, out_path, target=target, mode="llm", source=_source_info(src_path), progress=progress,
-                extra_files={**files, **gpu_files},
-                extra_manifest={"kv_cache": graph.meta["kv_cache"], "llm": graph.meta["llm"], **gpu_manifest},
+                extra_files={**files, **gpu_files, **quant_files},
+                extra_manifest={"kv_cache": graph.meta["kv_cache"], "llm": graph.meta["llm"], **gpu_manifest,
+                                **quant_manifest},
             )
+
+
+def _quantize(graph: Graph, src: Path, quant: str | None, target: str, workdir: Path,
+              config: Any, calib: Any, budget: Any, log: Callable[[str], None] | None,
+              progress: Progress | None) -> tuple[Graph, dict[str, Path], dict[str, Any]]:
+    """The quantization step (``ingot.quant.compile``), with the source's tokenizer for its data."""
+    from .quant.compile import quantize_for_compile
+    from .quant.gate import QuantizationError
+
+    tok = workdir / "tokenizer"
+    files = _tokenizer_files(src if src.suffix != ".onnx" else src.parent, tok)
+    try:
+        return quantize_for_compile(graph, quant, target=target, tokenizer_dir=tok if files else None,
+                                    config=config, calib=calib, accuracy_budget=budget, workdir=workdir / "report",
+                                    log=log, progress=progress)
+    except QuantizationError as e:
+        raise CompileError(f"{src}: {e}") from None
 
 
 def _lower_gpu(graph: Graph, target: str, workdir: Path, ctx: PassContext,

@@ -83,7 +83,7 @@ def quantize_for_compile(
         run_passes(qgraph, ["pack-sm100"], PassContext(target=target))
     directory = workdir or Path(tempfile.mkdtemp(prefix="ingot-quant-"))
     files = write_report(result.report, directory)
-    return qgraph, files, {"quantization": summary(result.report), "kv_cache": qgraph.meta["kv_cache"]}
+    return qgraph, files, {"quantization": summary(result.report)}
 
 
 def _limit(seqs: list[np.ndarray], n: int) -> list[np.ndarray]:
