@@ -83,6 +83,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     out.print(t)
     nbytes = sum((w.type.numel() or 0) * w.type.dtype.np.itemsize for w in graph.weights.values())
     out.print(f"parameters: {graph.num_parameters():,} in {len(graph.weights)} weights ({nbytes / 1e6:.2f} MB)")
+    _print_quant_report(Path(args.model))
     if args.ir:
         out.print(str(graph), markup=False)
     return 0
@@ -114,11 +115,22 @@ def cmd_compile(args: argparse.Namespace) -> int:
             pipeline = args.passes if "," not in args.passes else [p for p in args.passes.split(",") if p]
         path = compile(args.model, target=args.target, out=args.output, quant=args.quant, mode=args.mode,
                        progress=progress, passes=pipeline, disable_passes=args.disable_pass or (),
-                       pass_context=PassContext(target=args.target, instruments=instruments))
+                       pass_context=PassContext(target=args.target, instruments=instruments),
+                       quant_config=args.quant_config, calib=args.calib, accuracy_budget=args.accuracy_budget,
+                       quant_log=lambda line: console.print(line, markup=False))
     if args.verbose:
         _print_pass_times(timing)
+    _print_quant_report(Path(path))
     console.print(f"compiled {args.model} -> {path} ({time.perf_counter() - t0:.1f} s)")
     return 0
+
+
+def _print_quant_report(artifact: Path) -> None:
+    """The per-layer quantization table of an artifact that has a ``quant_report.json``."""
+    from .quant.report import REPORT, report_table
+
+    if (artifact / REPORT).is_file():
+        out.print(report_table(json.loads((artifact / REPORT).read_text())))
 
 
 def _print_pass_times(timing) -> None:
@@ -310,7 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", default="cpu", choices=TARGETS, help="where the artifact will run (default cpu)")
     s.add_argument("-o", "--output", help="artifact directory (default: MODEL_NAME.ingot here)")
     s.add_argument("--mode", default="auto", choices=MODES, help="graph keeps the signature; llm serves")
-    s.add_argument("--quant", default=None, choices=["fp8", "nvfp4", "mxfp4"], help="weight quantization")
+    s.add_argument("--quant", default=None, choices=["fp8", "nvfp4", "mxfp4"],
+                   help="quantize the linear layers (docs/QUANTIZATION.md)")
+    s.add_argument("--quant-config", metavar="FILE", help="per-layer quantization config (JSON or YAML)")
+    s.add_argument("--calib", metavar="FILE", help="calibration data: token ids (.npz/.npy) or prompts (.txt/.jsonl); "
+                   "default: built-in stdlib-docstring text")
+    s.add_argument("--accuracy-budget", metavar="BUDGET", help="e.g. top1=0.95,kl=0.01: fall back layers until the "
+                   "quantized model agrees this well with the unquantized one, or fail")
     s.add_argument("--passes", help="pipeline to run: a name (O0, O1, O2, llm) or a comma-separated list of passes "
                    "(default: O1; decoders in llm/auto mode: llm)")
     s.add_argument("--disable-pass", action="append", metavar="NAME", help="leave a pass out (repeatable)")

@@ -74,3 +74,18 @@ def test_bad_budget_and_config_are_clear(ckpt, tmp_path):
         ingot.compile(ckpt, out=tmp_path / "m.ingot", quant="fp8", accuracy_budget="top1=1.5")
     with pytest.raises(CompileError, match="unknown quantization format"):
         ingot.compile(ckpt, out=tmp_path / "m.ingot", quant_config={"default": "int3"})
+
+
+def test_cli_compile_and_inspect_print_the_table(ckpt, tmp_path, capsys):
+    from ingot.cli import main
+
+    budget = "top1=0.5"
+    assert main(["compile", str(ckpt), "-o", str(tmp_path / "m.ingot"), "--quant", "mxfp4",
+                 "--accuracy-budget", budget]) == 0
+    text = capsys.readouterr().out
+    assert "quantization (mxfp4" in text and "layers.0.qkv" in text
+    assert main(["inspect", str(tmp_path / "m.ingot")]) == 0
+    assert "layers.1.mlp_out" in capsys.readouterr().out
+    assert main(["compile", str(ckpt), "-o", str(tmp_path / "x.ingot"), "--quant", "fp8",
+                 "--accuracy-budget", "top1=1.0,kl=0"]) == 2
+    assert "cannot be met" in capsys.readouterr().err and not (tmp_path / "x.ingot").exists()
