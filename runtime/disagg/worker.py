@@ -98,6 +98,11 @@ class Worker:
                 self.llm.detach(o.request_id)
                 o = dataclasses.replace(o, finished=True)
             res.append(o)
+        m = self.llm.metrics
+        if m is not None:  # the step's gauges were set before the requests left
+            st = self.llm.scheduler.stats()
+            m.blocks_used.set(st.kv_blocks_used)
+            m.running.set(st.num_running)
         return res
 
     # -- decode: receiving ------------------------------------------------------------------------

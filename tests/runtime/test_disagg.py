@@ -290,12 +290,13 @@ def cluster(tiny):
         p16 = Proc(tiny, "--role", "prefill", *common)
         p8 = Proc(tiny, "--role", "prefill", "--block-size", "8", *common)
         dec = Proc(tiny, "--role", "decode", *common)
-        procs += [p16, p8, dec]
+        dec2 = Proc(tiny, "--role", "decode", *common)
+        procs += [p16, p8, dec, dec2]
         for p in procs[1:]:
             p.wait_healthy(time.monotonic() + 90)
-        _wait_workers(router, [p16.url, p8.url, dec.url])
+        _wait_workers(router, [p16.url, p8.url, dec.url, dec2.url])
         print(f"cluster up in {time.monotonic() - t0:.1f} s")
-        yield {"router": router, "p16": p16, "p8": p8, "decode": dec}
+        yield {"router": router, "p16": p16, "p8": p8, "decode": dec, "decode2": dec2}
     finally:
         for p in procs:
             p.stop()
@@ -343,12 +344,12 @@ def test_disagg_matches_single_engine_32_concurrent(cluster, tiny):
     with ThreadPoolExecutor(32) as pool:
         got = list(pool.map(lambda i: _complete(router.url, prompts[i], max_tokens[i], stream=i % 2 == 1),
                             range(32)))
-    print(f"32 concurrent requests through router + 2 prefill + 1 decode: {time.perf_counter() - t0:.2f} s")
+    print(f"32 concurrent requests through router + 2 prefill + 2 decode: {time.perf_counter() - t0:.2f} s")
     assert [g.get("tokens") for g in got] == want, [g for g in got if "error" in g][:3]
     ws = _workers(router)
     # both prefill workers took requests: block size 8 -> 16 conversions ran and gave identical tokens
     assert ws[cluster["p8"].url]["served"] >= 8 and ws[cluster["p16"].url]["served"] >= 8, ws
-    assert ws[cluster["decode"].url]["served"] >= 32
+    assert ws[cluster["decode"].url]["served"] + ws[cluster["decode2"].url]["served"] >= 32
     assert ws[cluster["p8"].url]["layout"]["block_size"] == 8 and ws[cluster["decode"].url]["layout"][
         "block_size"] == 16
     # a request that finishes at its first token never leaves the prefill worker
@@ -397,16 +398,47 @@ def test_killing_a_prefill_worker_fails_only_its_requests(cluster, tiny):
         again = list(pool.map(lambda p: _complete(router.url, p, 4, stream=True), _prompts(8, seed=5)))
     assert all("tokens" in a for a in again)
     assert _workers(router)[p8.url]["served"] > served
-    # nothing leaked on the decode side: no KV block in use, nothing staged
-    deadline = time.monotonic() + 10
-    while dec.metric("ingot_kv_cache_blocks_used") != 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert dec.metric("ingot_kv_cache_blocks_used") == 0
-    info = httpx.get(dec.url + "/internal/info", timeout=10).json()
-    assert info["load"]["kv_blocks_used"] == 0 and info["load"]["running"] == 0
-    assert info["load"]["staged_transfers"] == 0
-    assert httpx.get(p16.url + "/internal/info", timeout=10).json()["load"]["kv_blocks_used"] == 0
-    print(f"transfers received by the decode worker: {info['transfer']}")
+    _assert_no_blocks_held([dec, cluster["decode2"], p16, p8])
+
+
+def _assert_no_blocks_held(workers: list[Proc]) -> None:
+    """Every worker ends with no KV block in use, nothing running and nothing staged."""
+    for w in workers:
+        deadline = time.monotonic() + 10
+        while w.metric("ingot_kv_cache_blocks_used") != 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert w.metric("ingot_kv_cache_blocks_used") == 0, w.args
+        info = httpx.get(w.url + "/internal/info", timeout=10).json()
+        assert info["load"]["kv_blocks_used"] == 0 and info["load"]["running"] == 0, info
+        assert info["load"]["staged_transfers"] == 0, info
+        if info["role"] == "decode":
+            print(f"decode worker {w.url}: {info['transfer']}")
+
+
+def test_killing_a_decode_worker_fails_only_its_streams(cluster, tiny):
+    router, dec, dec2 = cluster["router"], cluster["decode"], cluster["decode2"]
+    prompts = _prompts(8, seed=6)
+    want = _reference(tiny, prompts, [150] * len(prompts))
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        futures = [pool.submit(_complete, router.url, p, 150, True) for p in prompts]
+        deadline = time.monotonic() + 30
+        while _workers(router)[dec2.url]["in_flight"] < 2:
+            assert time.monotonic() < deadline, "the second decode worker never got work"
+            time.sleep(0.005)
+        dec2.kill()
+        got = [f.result(timeout=60) for f in futures]
+    failed = [g for g in got if "error" in g]
+    ok = [i for i, g in enumerate(got) if "tokens" in g]
+    print(f"decode worker killed: {len(failed)} streams failed, {len(ok)} completed")
+    assert failed and ok
+    for g in failed:
+        assert dec2.url in g["error"]["message"] and g["error"]["type"] == "worker_error", g
+    assert all(got[i]["tokens"] == want[i] for i in ok)
+    _wait_workers(router, [dec2.url], healthy=False, timeout=10)
+    after = _prompts(4, seed=7)
+    assert [_complete(router.url, p, 5, stream=False).get("tokens") for p in after] == _reference(
+        tiny, after, [5] * 4)
+    _assert_no_blocks_held([dec, cluster["p16"], cluster["p8"]])
 
 
 def test_nccl_transport_needs_two_gpus():
