@@ -24,6 +24,12 @@ The manifest's ``cuda`` entry (``CUDA_FORMAT`` 1)::
                    "args": {"x": {"buffer": "h"}, "bias": {"null": true}, "M": {"dim": "T"}}}],
      "memory_plan": {...}}
 
+A launch may carry ``"variants": [{"kernel": entry, "max_rows": 8}, ...]`` (smallest first): kernels taking
+the same arguments that the executor runs instead of ``kernel`` when the launch's ``M`` argument (the step's
+row count) is at most ``max_rows`` -- the decode GEMV family (``codegen/kernels/gemv``) for ``linear``
+(``codegen/registry.py`` ``plan_variants``). Their kernels are listed under ``variant_kernels`` (same entry
+format as ``kernels``). ``INGOT_NO_GEMV=1`` at compile time leaves them out.
+
 An argument is ``{"buffer": value name}`` (a device pointer: the value's offset in the arena),
 ``{"null": true}`` (an absent optional input), ``{"dim": expression}`` (an integer evaluated from the
 step's bound dims, ``T``, ``(S+1)``, ...) or ``{"value": number}``. The grid of a launch comes from
@@ -33,6 +39,7 @@ its kernel's grid expressions over its integer arguments (``KernelSpec.grid_dims
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,12 +50,13 @@ import numpy as np
 from ..ir.graph import Graph, Node, Value, Weight
 from ..ir.ops.core import Cast
 from ..ir.types import Dim, DType, TensorType, shape_numel
-from .compile import compile_spec, nvcc_version, nvrtc_version
+from .compile import compile_source, compile_spec, nvcc_version, nvrtc_version
 from .kernel import KernelSpec
 from .kernels.copy.rule import plan as plan_copy
 from .memory_plan import KV_DIM, plan_memory
-from .registry import plan_node
+from .registry import plan_node, plan_variants
 from .target import Target, get_target
+from .tvm import rule as tvm_rule
 
 CUDA_FORMAT = 1
 #: defaults for the serving form's bound dims (runtime/engine.py EngineArgs' defaults)
@@ -176,13 +184,16 @@ def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelS
         specs = None
         if node.op.name in ("split", "gather", "cast"):
             specs = plan_copy(node.op, [v.type if v is not None else None for v in node.inputs], target)
+            if specs is None:  # the generated fallback (codegen/tvm)
+                specs = plan_node(node, target)
         else:
             specs = plan_node(node, target)
         if specs is None:
             types = ", ".join(str(v.type) if v is not None else "_" for v in node.inputs)
             missing.setdefault(node.op.name, []).append(f"{node.source or node.outputs[0].name} ({types})")
             continue
-        for spec, args in zip(specs, bind_args(node, specs)):
+        bound = tvm_rule.bind(node, specs) if specs and specs[0].family == "tvm" else bind_args(node, specs)
+        for spec, args in zip(specs, bound):
             names = {p.name for p in spec.params}
             if set(args) != names:
                 raise LoweringError(f"{node.op.name}: kernel {spec.entry} takes {sorted(names)}, bound {sorted(args)}")
@@ -192,7 +203,7 @@ def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelS
                  for op, where in sorted(missing.items())]
         raise LoweringError(
             f"no CUDA kernel for {len(missing)} op(s) on target {target.name} ({target.arch}):\n" + "\n".join(lines)
-            + "\n(the generated long tail through TVM is not available yet; compile for target cpu)")
+            + "\n" + (tvm_rule.failure_hint(sorted(missing)) or "(or compile for target cpu)"))
     return launches
 
 
@@ -230,26 +241,55 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
     serving = isinstance(graph.meta.get("kv_cache"), dict)
     if serving:
         to_device_dtypes(graph, DType.bf16)
+    else:  # graph mode: static shapes and constants as weights where generated kernels are needed
+        from .tvm.specialize import SpecializeError, prepare_graph
+
+        try:
+            prepare_graph(graph, tgt, limits)
+        except SpecializeError as e:
+            raise LoweringError(str(e)) from None
     launches = plan_launches(graph, tgt)
     kdir = Path(workdir) / "kernels"
     kdir.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
     kernels: dict[str, Any] = {}
     compiler_name = None
-    for _, _, spec, _ in launches:
-        if spec.entry in kernels:
-            continue
-        built = compile_spec(spec, compiler=compiler)
+
+    def compile_kernel(spec: KernelSpec) -> dict[str, Any]:
+        nonlocal compiler_name
+        built = (compile_source(tvm_rule.source(spec), spec.arch, f"{spec.entry}.cu", compiler=compiler)
+                 if spec.family == "tvm" else compile_spec(spec, compiler=compiler))
         compiler_name = nvrtc_version() if built.compiler == "nvrtc" else nvcc_version()
         entry = spec.entry
-        for suffix, data in ((".cu", spec.source().encode()), (".cubin", built.cubin), (".ptx", built.ptx.encode())):
+        for suffix, data in ((".cu", (tvm_rule.source(spec) if spec.family == "tvm" else spec.source()).encode()), (".cubin", built.cubin), (".ptx", built.ptx.encode())):
             (kdir / f"{entry}{suffix}").write_bytes(data)
             files[f"kernels/{entry}{suffix}"] = kdir / f"{entry}{suffix}"
         d = spec.to_dict()
-        kernels[entry] = {
+        return {
             "source": f"kernels/{entry}.cu", "cubin": f"kernels/{entry}.cubin", "ptx": f"kernels/{entry}.ptx",
             "params": d["params"], "block": d["block"], "grid": d["grid"], "smem": d["smem"], "spec": d,
         }
+
+    for _, _, spec, _ in launches:
+        if spec.entry not in kernels:
+            kernels[spec.entry] = compile_kernel(spec)
+    variant_kernels: dict[str, Any] = {}
+    launch_variants: dict[int, list[dict[str, Any]]] = {}
+    if os.environ.get("INGOT_NO_GEMV", "") in ("", "0"):
+        per_node: dict[int, int] = {}
+        for i, _, _, _ in launches:
+            per_node[i] = per_node.get(i, 0) + 1
+        for j, (i, node, _, args) in enumerate(launches):
+            if per_node[i] != 1 or "M" not in args:
+                continue
+            found = [(mr, v) for mr, v in plan_variants(node, tgt) if {p.name for p in v.params} == set(args)]
+            rows = args["M"].get("dim")
+            if not found or (isinstance(rows, int) and rows > found[-1][0]):
+                continue
+            launch_variants[j] = [{"kernel": v.entry, "max_rows": mr} for mr, v in found]
+            for _, v in found:
+                if v.entry not in variant_kernels:
+                    variant_kernels[v.entry] = compile_kernel(v)
     bindings = default_bindings(graph, limits)
     plan = plan_memory(graph, bindings)
     cuda = {
@@ -260,8 +300,10 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         "activation_dtype": DType.bf16.value if serving else None,
         "limits": {**({k: bindings[k] for k in ("T", "S", "max_blocks")} if serving else {}), **limits},
         "kernels": kernels,
-        "launches": [{"kernel": spec.entry, "node": i, "op": node.op.name, "source": node.source, "args": args}
-                     for i, node, spec, args in launches],
+        "variant_kernels": variant_kernels,
+        "launches": [{"kernel": spec.entry, "node": i, "op": node.op.name, "source": node.source, "args": args,
+                      **({"variants": launch_variants[j]} if j in launch_variants else {})}
+                     for j, (i, node, spec, args) in enumerate(launches)],
         "memory_plan": plan.to_dict(),
     }
     manifest: dict[str, Any] = {"cuda": cuda}

@@ -258,6 +258,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     engine_args = {k: getattr(args, k) for k in ("num_blocks", "max_num_seqs", "max_num_batched_tokens",
                                                  "max_model_len", "block_size") if getattr(args, k) is not None}
+    if args.device != "cpu":
+        engine_args["device"] = args.device
     if args.role == "router":
         from .runtime.disagg.router import serve_router
 
@@ -364,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step (default 2048)")
     s.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     s.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: from a memory budget)")
+    s.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cpu (default) or cuda: the first GPU; the artifact must be compiled for its target")
     s.add_argument("--max-queue", type=int, default=1024, help="requests that may wait; more get 503 (default 1024)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     g = s.add_argument_group("disaggregated serving (docs/SCALE_OUT.md)")

@@ -70,12 +70,22 @@ def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+#: dynamic shared memory a kernel may use without raising its limit (cuFuncSetAttribute)
+DEFAULT_SMEM_LIMIT = 48 * 1024
+
+
 class _Launch:
-    """One kernel launch with its argument block packed once; integer arguments set per step."""
+    """One kernel launch with its argument block packed once; integer arguments set per step.
+
+    ``variants``: ``(max_rows, fn, spec)``, smallest first, kernels with the same parameters run instead
+    when the ``M`` argument (the step's row count) is at most ``max_rows`` (the decode GEMV for ``linear``,
+    ``codegen/lower.py``); a CUDA graph captured for a bucket holds the variant chosen for that bucket."""
 
     def __init__(self, fn: Any, spec: KernelSpec, args: Mapping[str, Mapping[str, Any]],
-                 address: Any, what: str) -> None:
+                 address: Any, what: str, variants: Sequence[tuple[int, Any, KernelSpec]] = ()) -> None:
         self.fn, self.spec, self.what = fn, spec, what
+        self.variants = list(variants)
+        self.variant_launches = 0
         self.values: list[Any] = []
         self.dims: list[tuple[str, Any, Any]] = []  # (param name, ctypes object, dim expression)
         for p in spec.params:
@@ -92,6 +102,8 @@ class _Launch:
             self.values.append(v)
         self.params = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
         self.params_addr = ctypes.addressof(self.params)
+        names = [p.name for p in spec.params]
+        self.rows = self.values[names.index("M")] if self.variants and "M" in names else None
 
     def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> None:
         ints = {}
@@ -100,6 +112,13 @@ class _Launch:
         grid = self.spec.grid_dims(ints)
         if min(grid) <= 0:
             return
+        if self.rows is not None:
+            m = int(self.rows.value)
+            for max_rows, fn, spec in self.variants:
+                if m <= max_rows:
+                    self.variant_launches += 1
+                    cd.launch(fn, spec.grid_dims(ints), spec.block, spec.smem, stream, self.params_addr, self.what)
+                    return
         cd.launch(self.fn, grid, self.spec.block, self.spec.smem, stream, self.params_addr, self.what)
 
 
@@ -157,13 +176,19 @@ class CudaExecutor:
         self.modules: dict[str, cd.Module] = {}
         self.launches: list[_Launch] = []
         functions = {}
-        for entry, k in cuda["kernels"].items():
+        for entry, k in {**cuda["kernels"], **cuda.get("variant_kernels", {})}.items():
             module = cd.Module((self.path / k["cubin"]).read_bytes(), entry)
             self.modules[entry] = module
-            functions[entry] = (module.function(entry), KernelSpec.from_dict(k["spec"]))
+            fn, kspec = module.function(entry), KernelSpec.from_dict(k["spec"])
+            if kspec.smem > DEFAULT_SMEM_LIMIT:
+                attr = cd.driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                cd.check(cd.driver().cuFuncSetAttribute(fn, attr, kspec.smem), f"cuFuncSetAttribute({entry})")
+            functions[entry] = (fn, kspec)
         for ln in cuda["launches"]:
             fn, kspec = functions[ln["kernel"]]
-            self.launches.append(_Launch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}"))
+            variants = [(int(v["max_rows"]), *functions[v["kernel"]]) for v in ln.get("variants", ())]
+            self.launches.append(_Launch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}",
+                                         variants))
         self.exprs = {a["dim"] for ln in cuda["launches"] for a in ln["args"].values() if "dim" in a}
         self.staging = cd.PinnedBuffer(regions["io"])
         out_bytes = max((self.buffers[v.name]["nbytes"] for v in graph.outputs), default=1)

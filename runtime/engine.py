@@ -169,7 +169,12 @@ def _default_kv_bytes() -> int:
 
 
 class LLMEngine:
-    """An LLM artifact (serving form) on the CPU backend, with its KV cache, scheduler and sampler."""
+    """An LLM artifact (serving form) with its KV cache, scheduler and sampler, on the CPU backend or, with
+    ``device="cuda"``, on the first GPU (``runtime/cuda_backend.py``: the artifact must be compiled for the GPU's
+    target). On the GPU the executor owns the KV cache (no host cache is allocated): its block count is
+    ``num_blocks``, else what ``kv_cache_bytes`` holds, else a share of the free GPU memory capped at what
+    ``max_num_seqs`` full-length sequences need; ``max_num_seqs``, ``max_num_batched_tokens`` and the context
+    are clamped to the bounds the artifact was compiled for."""
 
     def __init__(self, artifact: str | os.PathLike, args: EngineArgs | None = None, *, device: str = "cpu",
                  metrics: Any = None, **kwargs: Any) -> None:
@@ -177,10 +182,10 @@ class LLMEngine:
         from .artifact import load_graph
         from .cpu import CpuExecutor
 
-        if device != "cpu":
-            raise ValueError(f"device {device!r} is not available in this version; use 'cpu'")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
         args = args or EngineArgs(**kwargs)
-        self.args = args
+        self.device = device
         self.path = Path(artifact)
         self.graph, self.manifest = load_graph(self.path)
         spec = self.manifest.get("kv_cache") or self.graph.meta.get("kv_cache")
@@ -193,16 +198,22 @@ class LLMEngine:
         self.vocab_size = int(info.get("vocab_size") or self.graph.outputs[0].type.shape[-1])
         self.eos_token_ids: tuple[int, ...] = tuple(info.get("eos_token_ids") or ())
         bytes_per_token = int(spec["bytes_per_token"])
-        num_blocks = args.num_blocks or num_blocks_for_memory(
-            args.kv_cache_bytes or _default_kv_bytes(), bytes_per_token, self.block_size, fraction=1.0)
+        self.executor: Any = None
+        if device == "cuda":
+            args = self._cuda_executor(args, spec, info, bytes_per_token)
+            num_blocks = self.executor.num_blocks
+        else:
+            num_blocks = args.num_blocks or num_blocks_for_memory(
+                args.kv_cache_bytes or _default_kv_bytes(), bytes_per_token, self.block_size, fraction=1.0)
         if num_blocks < 1:
             raise ValueError("the KV cache budget holds no block; raise num_blocks or kv_cache_bytes")
+        self.args = args
         self.num_blocks = num_blocks
         context = int(info.get("context_length") or num_blocks * self.block_size)
         self.max_model_len = min(args.max_model_len or context, context, num_blocks * self.block_size)
         shape = (num_blocks, 2, self.block_size, int(spec["num_kv_heads"]), int(spec["head_dim"]))
         dtype = DType(spec["dtype"]).np
-        self.kv_caches = {name: np.zeros(shape, dtype) for name in spec["inputs"]}
+        self.kv_caches = {} if device == "cuda" else {name: np.zeros(shape, dtype) for name in spec["inputs"]}
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                             max_model_len=self.max_model_len,
@@ -210,13 +221,52 @@ class LLMEngine:
             CacheConfig(num_blocks=num_blocks, block_size=self.block_size,
                         enable_prefix_caching=args.enable_prefix_caching),
         )
-        self.executor = CpuExecutor(self.graph)
+        if self.executor is None:
+            self.executor = CpuExecutor(self.graph)
         self.sampler = Sampler()
         self.tokenizer = self._load_tokenizer()
         self.metrics = metrics
         self._seqs: dict[str, _Seq] = {}  # scheduler request id -> state
         self._groups: dict[str, _Group] = {}
         self._ids = itertools.count()
+
+    def _cuda_executor(self, args: EngineArgs, spec: dict[str, Any], info: dict[str, Any],
+                       bytes_per_token: int) -> EngineArgs:
+        """Make ``self.executor`` (a ``CudaExecutor``) and return ``args`` clamped to the artifact's bounds."""
+        import dataclasses
+
+        from .cuda_backend import CudaExecutor
+
+        if self.block_size != int(spec["block_size"]):
+            raise ValueError(f"block_size {self.block_size}: the GPU backend uses the artifact's "
+                             f"({spec['block_size']}); recompile to change it")
+        cuda = self.manifest.get("cuda")
+        bounds = cuda.get("memory_plan", {}).get("bindings", {}) if isinstance(cuda, dict) else {}
+        max_seqs = min(args.max_num_seqs, int(bounds.get("S", args.max_num_seqs)))
+        max_tokens = min(args.max_num_batched_tokens, int(bounds.get("T", args.max_num_batched_tokens)))
+        context = int(info.get("context_length") or 0) or None
+        cap_len = int(bounds["max_blocks"]) * self.block_size if "max_blocks" in bounds else None
+        lens = [x for x in (args.max_model_len, context, cap_len) if x]
+        max_len = min(lens) if lens else None
+        num_blocks = args.num_blocks
+        if num_blocks is None and args.kv_cache_bytes is None and max_len:
+            # enough for max_num_seqs full-length sequences (+1), unless the free-memory share is smaller
+            want = max_seqs * -(-max_len // self.block_size) + 1
+            per_block = bytes_per_token * self.block_size
+            from .cuda_driver import Context
+
+            free = Context(0).mem_info()[0]
+            num_blocks = max(1, min(want, int(free * 0.5) // max(per_block, 1)))
+        self.executor = CudaExecutor(self.graph, self.manifest, self.path, num_blocks=num_blocks,
+                                     kv_cache_bytes=args.kv_cache_bytes)
+        return dataclasses.replace(args, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
+                                   max_model_len=max_len)
+
+    def close(self) -> None:
+        """Free the GPU executor's memory (``device="cuda"``); the engine is unusable afterwards."""
+        if self.device == "cuda" and self.executor is not None:
+            self.executor.close()
+            self.executor = None
 
     def _load_tokenizer(self) -> Any:
         if not (self.path / "tokenizer.json").is_file():
@@ -321,7 +371,7 @@ class LLMEngine:
             sched._check_fits(req)
         except ValueError as e:
             raise EngineRequestError(str(e), "max_tokens") from None
-        kv = pre.kv
+        kv = pre.kv if self.device == "cpu" else None  # GPU cache: recompute the prompt here
         admitted = False
         if kv is not None and len(sched.running) < sched.config.max_num_seqs:
             if kv.shape[2] != n:
@@ -373,6 +423,8 @@ class LLMEngine:
             raise KeyError(f"no unfinished request {request_id!r}")
         n = req.num_computed_tokens if num_tokens is None else num_tokens
         ids = np.asarray(self.scheduler.kv.get_block_ids(request_id)[: -(-n // self.block_size)], np.intp)
+        if self.device == "cuda":
+            return np.stack([self.executor.kv_cache(i)[ids] for i in range(len(self.executor.kv_inputs))])
         return np.stack([cache[ids] for cache in self.kv_caches.values()])
 
     def detach(self, request_id: str) -> bool:

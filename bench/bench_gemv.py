@@ -1,0 +1,211 @@
+"""Decode GEMV / skinny GEMM (``codegen/kernels/gemv``) against cuBLAS (``torch.matmul``, bf16), on the H200.
+
+    python bench/bench_gemv.py                    # Llama-3.2-1B layer shapes, M = 1, 8, 32
+    python bench/bench_gemv.py --sweep            # also time other split-K / warp / stage configurations
+    python bench/bench_gemv.py --json out.json
+
+Both sides are timed the same way: ``--launches`` back-to-back launches captured in one CUDA graph
+(so launch cost is not counted), the graph replayed ``--reps`` times, CUDA events around each replay,
+median. Each launch reads another copy of the weights (copies rotate so that they together exceed the
+50 MB L2 several times: every launch streams its weights from HBM). Printed per shape and M: weight
+bytes, time per launch, TB/s of weights read, the fraction of the 4.19 TB/s copy ceiling
+(``../shared/GPU.md``), cuBLAS's time and TB/s, and the speedup. Every configuration is first checked
+against a float32 product of the same bf16 values (outputs poisoned first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+COPY_TBPS = 4.19
+#: Llama-3.2-1B: qkv (fused), gate+up (fused), down, lm_head; [N, K]
+SHAPES = [(3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048)]
+ROTATE_BYTES = 400 << 20
+
+
+def _cu():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def check(ret):
+    cu = _cu()
+    err, rest = (ret[0], ret[1:]) if isinstance(ret, tuple) else (ret, ())
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA error {err}")
+    return rest[0] if len(rest) == 1 else (rest or None)
+
+
+class Kernel:
+    """A compiled GEMV spec, launched on torch's current stream with torch tensors."""
+
+    def __init__(self, spec) -> None:
+        from ingot.codegen.compile import compile_spec
+
+        cu = _cu()
+        self.spec = spec
+        self.module = check(cu.cuModuleLoadData(compile_spec(spec).cubin))
+        self.fn = check(cu.cuModuleGetFunction(self.module, spec.entry.encode()))
+        if spec.smem > 48 * 1024:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(cu.cuFuncSetAttribute(self.fn, attr, spec.smem))
+
+    def launch(self, x, w, out, m: int, bias=None, residual=None, stream: int | None = None) -> None:
+        import torch
+
+        cu = _cu()
+        vals = [ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(w.data_ptr()), ctypes.c_uint64(0),
+                ctypes.c_uint64(0 if bias is None else bias.data_ptr()),
+                ctypes.c_uint64(0 if residual is None else residual.data_ptr()),
+                ctypes.c_uint64(out.data_ptr()), ctypes.c_int64(m)]
+        ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+        s = torch.cuda.current_stream().cuda_stream if stream is None else stream
+        grid = self.spec.grid_dims({"M": m})
+        check(cu.cuLaunchKernel(self.fn, *grid, *self.spec.block, self.spec.smem, s, ctypes.addressof(ptrs), 0))
+
+
+def time_graph(record, launches: int, reps: int) -> float:
+    """Median seconds per launch: ``record(i)`` enqueues launch i; ``launches`` of them form one graph."""
+    import torch
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for i in range(3):  # warm up outside the capture
+            record(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(launches):
+            record(i)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / launches)
+    return statistics.median(times)
+
+
+def configs(n: int, k: int, mb: int, sweep: bool):
+    from ingot.codegen.kernels.gemv.rule import SMEM_BUDGET, _round_up, gemv_config, smem_bytes
+
+    base = gemv_config(n, k, mb, 132)
+    out = [("default", base)]
+    if not sweep:
+        return out
+    seen = {base}
+    for warps, u in ((4, 2), (4, 4), (4, 8), (8, 4)):
+        for sk in (1, 2, 4, 8, 16, 32):
+            ks = _round_up(-(-k // sk), 32 * u)
+            if ks * (sk - 1) >= k or smem_bytes(mb, ks) > SMEM_BUDGET or ks < 32 * u:
+                continue
+            c = gemv_config(n, k, mb, 132, warps=warps, stage_steps=u, splitk=sk)
+            if c not in seen and base.splitk / 4 <= c.splitk <= base.splitk * 4:
+                seen.add(c)
+                out.append((f"w{warps} u{u} sk{c.splitk}", c))
+    return out
+
+
+def bench_shape(n: int, k: int, ms: list[int], sweep: bool, launches: int, reps: int, gen, tgt) -> list[dict]:
+    import torch
+
+    from ingot.codegen.kernels.gemv.rule import BUCKETS, gemv_spec
+
+    rows = []
+    nbytes = n * k * 2
+    copies = max(1, -(-ROTATE_BYTES // nbytes))
+    ws = [(torch.randn(n, k, device="cuda", generator=gen) * 0.05).to(torch.bfloat16) for _ in range(copies)]
+    for m in ms:
+        mb = next(b for b in BUCKETS if b >= m)
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        ref = x.float() @ ws[0].float().t()
+
+        def cublas(i: int, x=x) -> None:
+            torch.matmul(x, ws[i % copies].t())
+
+        t_cublas = time_graph(cublas, launches, reps)
+        best = None
+        for name, cfg in configs(n, k, mb, sweep):
+            kern = Kernel(gemv_spec(n, k, mb, tgt, config=cfg))
+            err = 0.0
+            for _ in range(2):  # twice: the split-K counters must have been reset by the first launch
+                out.fill_(float("nan"))
+                kern.launch(x, ws[0], out, m)
+                torch.cuda.synchronize()
+                err = max(err, float((out.float() - ref).abs().max() / ref.abs().max()))
+
+            def ours(i: int, kern=kern, x=x, out=out, m=m) -> None:
+                kern.launch(x, ws[i % copies], out, m)
+
+            t = time_graph(ours, launches, reps)
+            tbps = nbytes / t / 1e12
+            row = {"n": n, "k": k, "m": m, "mb": mb, "config": name, "splitk": cfg.splitk, "warps": cfg.warps,
+                   "u": cfg.stage_steps, "us": t * 1e6, "tbps": tbps, "frac": tbps / COPY_TBPS,
+                   "cublas_us": t_cublas * 1e6, "cublas_tbps": nbytes / t_cublas / 1e12,
+                   "speedup": t_cublas / t, "rel_err": err, "weight_mb": nbytes / 1e6}
+            rows.append(row)
+            if best is None or t < best["us"] / 1e6:
+                best = row
+            print(f"{n:>7}x{k:<6} {m:>3} {mb:>6} {name:>16} {t * 1e6:8.2f} {tbps:6.2f} {tbps / COPY_TBPS:6.1%} "
+                  f"{t_cublas * 1e6:9.2f} {row['cublas_tbps']:6.2f} {row['speedup']:6.2f}x {err:8.1e}", flush=True)
+            if not err < 1e-2:
+                print(f"  ** {n}x{k} M={m} {name}: relative error {err}", flush=True)
+        if sweep and best is not None:
+            print(f"  best: {best['config']} {best['tbps']:.2f} TB/s", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--shapes", default="", help="N,K;N,K (default: the 1B model's)")
+    ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    import torch
+
+    from ingot.codegen.target import get_target
+
+    os.environ.setdefault("INGOT_CACHE_DIR", "/tmp/ingot-kernel-cache")
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    check(_cu().cuInit(0))
+    tgt = get_target("h200")
+    shapes = [tuple(int(v) for v in s.split(",")) for s in a.shapes.split(";")] if a.shapes else SHAPES
+    rows = []
+    print(f"{'N x K':>14} {'M':>3} {'MB':>6} {'config':>16} {'us':>8} {'TB/s':>6} {'%4.19':>6} "
+          f"{'cuBLAS us':>9} {'TB/s':>6} {'speedup':>7} {'rel err':>8}", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for n, k in shapes:
+        rows += bench_shape(n, k, a.m, a.sweep, a.launches, a.reps, gen, tgt)
+        torch.cuda.empty_cache()
+    print("\nsummary (default configuration):")
+    print(f"{'N x K':>14} {'MB':>7} {'M':>3} {'ingot TB/s':>10} {'% of 4.19':>9} {'cuBLAS TB/s':>11} {'vs cuBLAS':>9}")
+    for r in rows:
+        if r["config"] == "default":
+            print(f"{r['n']:>7}x{r['k']:<6} {r['weight_mb']:7.1f} {r['m']:>3} {r['tbps']:10.2f} {r['frac']:9.1%} "
+                  f"{r['cublas_tbps']:11.2f} {r['speedup']:8.2f}x")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""Skinny GEMM / GEMV for ``linear`` in decode steps (M from 1 to 64 tokens): ``kernel.cu``.
+
+``x[M, K] @ w[N, K]^T (+ bias[N]) (+ residual[M, N])`` with bf16 activations and weights, memory-bound:
+each weight byte is read once per launch with 16-byte loads, x sits in shared memory, tensor cores
+(``mma.sync``) do the products, split-K over CTAs fills the GPU when N is small (see the template's
+header for the design). One template serves ``sm_90a`` and ``sm_100a`` (``mma.sync`` runs on both).
+
+**How it is chosen.** The tensor-core GEMM (``codegen/kernels/gemm``) stays each ``linear`` node's
+launch; this family adds *variants* of that launch, one per token bucket ``MB`` in ``BUCKETS``, each
+correct for ``M <= MB`` (``variants``). ``codegen/lower.py`` compiles them and records them in the
+launch's ``variants`` list (``{"kernel", "max_rows"}``); the executor (``runtime/cuda_backend.py``)
+takes the first variant whose ``max_rows`` is at least the step's ``M`` (the launch's ``M`` argument,
+the step's token count) and the GEMM otherwise. A decode step's CUDA graph is captured per batch bucket,
+so each bucket's graph holds the variant for its size. A variant launched with ``M > MB`` traps.
+
+**Configuration** (``gemv_config``): 4 warps (64 rows of w) per CTA, 4 steps of 32 columns per load
+stage, and the fewest split-K slices that give at least ``2 x num_sms`` CTAs, with slices of at least
+256 columns and the CTA's x slice in at most ``SMEM_BUDGET`` bytes of shared memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ....ir.op import Op
+from ....ir.types import DType, TensorType
+from ...family import Family, static_dim
+from ...kernel import GridDim, KernelSpec
+from ...target import Target
+
+PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"),
+          ("out", "ptr"), ("M", "i64")]
+#: token buckets: one variant per bucket, each correct for M <= bucket
+BUCKETS = (8, 16, 32, 64)
+#: shared memory a CTA's x slice may take (bytes); above 48 KB the launcher raises the function's limit
+SMEM_BUDGET = 96 * 1024
+MIN_SLICE = 256
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    warps: int = 4
+    splitk: int = 1
+    stage_steps: int = 4  # U: 32-column steps per load stage
+    slice_k: int = 0  # KS (0: derived from splitk)
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def smem_bytes(mb: int, slice_k: int) -> int:
+    return mb * (slice_k + 32) * 2
+
+
+def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int = 4, stage_steps: int = 4,
+                splitk: int | None = None) -> GemvConfig:
+    """The launch configuration for ``w[n, k]`` and ``M <= mb`` (see the module docstring)."""
+    stage = 32 * stage_steps
+    blocks = -(-n // (16 * warps))
+    if splitk is None:
+        splitk = 1
+        while True:
+            nxt = splitk * 2
+            ks = _round_up(-(-k // nxt), stage)
+            if blocks * splitk >= 2 * num_sms or ks < MIN_SLICE or (nxt - 1) * ks >= k:
+                break
+            splitk = nxt
+    ks = _round_up(-(-k // splitk), stage)
+    while smem_bytes(mb, ks) > SMEM_BUDGET and ks > stage:  # more slices until x fits
+        splitk *= 2
+        ks = _round_up(-(-k // splitk), stage)
+    splitk = -(-k // ks)
+    return GemvConfig(warps=warps, splitk=splitk, stage_steps=stage_steps, slice_k=ks)
+
+
+def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
+              config: GemvConfig | None = None) -> KernelSpec:
+    """The variant for ``M <= mb`` of ``linear`` with bf16 ``x[M, k]``, ``w[n, k]``; params as the GEMM's."""
+    if k % 32 or mb not in BUCKETS:
+        raise ValueError(f"gemv: K must be a multiple of 32 (got {k}) and mb one of {BUCKETS} (got {mb})")
+    cfg = config or gemv_config(n, k, mb, target.num_sms or 132)
+    values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
+              "U": cfg.stage_steps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual}
+    tag = f"gemv_bf16_n{n}_k{k}_m{mb}"
+    return KernelSpec.make("gemv", "kernel.cu", tag, target.arch or "", values, PARAMS, 32 * cfg.warps,
+                           [GridDim(const=-(-n // (16 * cfg.warps))), GridDim(const=cfg.splitk)],
+                           smem=smem_bytes(mb, cfg.slice_k),
+                           doc=f"decode GEMV, M <= {mb}, split-K {cfg.splitk} x {cfg.slice_k}")
+
+
+def applies(inputs: Sequence[TensorType | None], target: Target) -> tuple[int, int, bool, bool] | None:
+    """(N, K, has bias, has residual) when the variants apply to a ``linear`` with these inputs."""
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    residual = inputs[3] if len(inputs) > 3 else None
+    n, k = static_dim(w, 0), static_dim(w, 1)
+    if not target.is_gpu or x is None or w is None or n is None or k is None or w.rank != 2:
+        return None
+    if x.dtype is not DType.bf16 or w.dtype is not DType.bf16 or static_dim(x, -1) != k or k % 32 or n < 16:
+        return None
+    if any(t is not None and t.dtype is not DType.bf16 for t in (bias, residual)):
+        return None
+    return n, k, bias is not None, residual is not None
+
+
+def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[tuple[int, KernelSpec]]:
+    """(max rows, spec) per token bucket, smallest first; empty when the family does not apply."""
+    if op.name != "linear":
+        return []
+    a = applies(inputs, target)
+    if a is None:
+        return []
+    n, k, bias, residual = a
+    return [(mb, gemv_spec(n, k, mb, target, bias, residual)) for mb in BUCKETS]
+
+
+def plan(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[KernelSpec] | None:
+    """A single launch when x's row count is static and within the largest bucket (graph mode)."""
+    if op.name != "linear" or applies(inputs, target) is None:
+        return None
+    x = inputs[0]
+    assert x is not None and x.shape is not None
+    rows = 1
+    for d in x.shape[:-1]:
+        if not isinstance(d, int):
+            return None
+        rows *= d
+    for mb, spec in variants(op, inputs, target):
+        if rows <= mb:
+            return [spec]
+    return None
+
+
+FAMILY = Family(name="gemv", ops=("linear",), plan=plan)

@@ -1,0 +1,92 @@
+"""The decode GEMV family (``codegen/kernels/gemv``) without a GPU: configurations, the variants the
+lowering records for ``linear`` launches, and compile + SASS checks for sm_90a and sm_100a."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ingot.codegen import compile as cc
+from ingot.codegen.kernels.gemv.rule import BUCKETS, SMEM_BUDGET, gemv_config, gemv_spec, smem_bytes, variants
+from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
+from ingot.codegen.target import get_target
+from ingot.ir.ops.llm import Linear
+from ingot.ir.types import DType, TensorType
+
+needs_compiler = pytest.mark.skipif(
+    cc.nvrtc_version() is None and cc.nvcc_version() is None,
+    reason="no CUDA compiler: pip install cuda-bindings nvidia-cuda-nvrtc (or a toolkit's nvcc)")
+needs_cuobjdump = pytest.mark.skipif(find_cuobjdump() is None, reason="no cuobjdump: pip install nvidia-cuda-cuobjdump")
+#: the Llama-3.2-1B layer shapes of bench/bench_gemv.py, and awkward ones (N, K not multiples of the tiles)
+SHAPES = [(3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (576, 576), (200, 96), (1000, 4128)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache(tmp_path_factory):
+    old = os.environ.get("INGOT_CACHE_DIR")
+    os.environ["INGOT_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernel-cache"))
+    yield
+    if old is None:
+        os.environ.pop("INGOT_CACHE_DIR")
+    else:
+        os.environ["INGOT_CACHE_DIR"] = old
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("mb", BUCKETS)
+def test_config_covers_k_and_fits(n, k, mb):
+    c = gemv_config(n, k, mb, 132)
+    assert c.slice_k % (32 * c.stage_steps) == 0
+    assert c.splitk * c.slice_k >= k > (c.splitk - 1) * c.slice_k
+    assert smem_bytes(mb, c.slice_k) <= SMEM_BUDGET
+
+
+def test_variants_only_for_bf16_linear():
+    h200 = get_target("h200")
+    x, w = TensorType(DType.bf16, ("T", 256)), TensorType(DType.bf16, (512, 256))
+    found = variants(Linear(), [x, w], h200)
+    assert [mb for mb, _ in found] == list(BUCKETS)
+    assert all(s.params == found[0][1].params for _, s in found)
+    assert variants(Linear(), [TensorType(DType.f32, ("T", 256)), TensorType(DType.f32, (512, 256))], h200) == []
+    assert variants(Linear(), [TensorType(DType.bf16, ("T", 100)), TensorType(DType.bf16, (512, 100))], h200) == []
+    assert variants(Linear(), [x, w], get_target("cpu")) == []
+
+
+@needs_compiler
+def test_lowering_records_variants(tmp_path):
+    from pathlib import Path
+
+    import ingot
+
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    path = ingot.compile(fixtures / "tiny_llama_kv.onnx", target="h200", out=tmp_path / "t.ingot", mode="llm")
+    cuda = json.loads((path / "manifest.json").read_text())["cuda"]
+    linears = [ln for ln in cuda["launches"] if ln["op"] == "linear"]
+    assert linears and all(ln.get("variants") for ln in linears)
+    for ln in linears:
+        assert [v["max_rows"] for v in ln["variants"]] == list(BUCKETS)
+        for v in ln["variants"]:
+            k = cuda["variant_kernels"][v["kernel"]]
+            assert (path / k["cubin"]).is_file()
+            assert [p[0] for p in k["params"]] == [p[0] for p in cuda["kernels"][ln["kernel"]]["params"]]
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["h200", "b200"])
+@pytest.mark.parametrize("n,k,mb", [(3072, 2048, 8), (2048, 8192, 32), (200, 96, 64), (1000, 4128, 16)])
+def test_compiles_with_tensor_cores_and_wide_loads(target, n, k, mb):
+    tgt = get_target(target)
+    spec = gemv_spec(n, k, mb, tgt, bias=True, residual=True)
+    built = cc.compile_spec(spec)
+    assert built.cubin and spec.entry in built.ptx
+    if find_cuobjdump() is None:
+        pytest.skip("no cuobjdump for the SASS check")
+    sass = disassemble(built.cubin)
+    assert sass_arch(sass) == tgt.arch
+    ops = opcodes(sass)
+    assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops), sorted(ops)
+    assert any(o.startswith("LDG.E") and o.endswith(".128") or ".128." in o for o in ops if o.startswith("LDG")), \
+        sorted(ops)
+    assert not any(o.startswith(("LDL", "STL")) for o in ops), "local memory (spills) in the GEMV"
