@@ -31,11 +31,16 @@ def disassemble(cubin: bytes) -> str:
     """``cuobjdump -sass`` of a cubin; raises ``RuntimeError`` when cuobjdump is missing or fails."""
     tool = find_cuobjdump()
     if tool is None:
-        raise RuntimeError("cuobjdump not found: pip install nvidia-cuda-cuobjdump (or a CUDA toolkit)")
+        raise RuntimeError(
+            "cuobjdump not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm (or a CUDA toolkit)")
     with tempfile.TemporaryDirectory(prefix="ingot-sass-") as tmp:
         path = Path(tmp) / "k.cubin"
         path.write_bytes(cubin)
-        r = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, timeout=120)
+        # cuobjdump runs nvdisasm for SASS; the pip wheels put both in the same bin directory
+        env = dict(os.environ)
+        env["PATH"] = str(Path(tool).parent) + os.pathsep + env.get("PATH", "")
+        env.setdefault("NVDISASM_PATH", str(Path(tool).parent))
+        r = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, timeout=120, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"cuobjdump failed ({r.returncode}): {r.stderr.strip()}")
     return r.stdout

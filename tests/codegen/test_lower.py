@@ -97,7 +97,20 @@ def test_gpu_artifact_runs_on_cpu_backend(tmp_path):
     assert logits[0].dtype == np.float32
     err = np.abs(logits[0] - logits[1]).max() / np.abs(logits[1]).max()
     assert err < 3e-2, err
-    assert greedy_generate(g16, ids, 6) == greedy_generate(g32, ids, 6)
+    # greedy agreement, teacher-forced on the f32 model's tokens: the bf16 argmax must match wherever
+    # the f32 top-2 logits are clearly apart (random tiny weights make near-ties, where bf16 may flip)
+    seq = ids + greedy_generate(g32, ids, 6)
+    rows = []
+    for g in (g16, g32):
+        m = PagedModel(g, num_blocks=4)
+        sid = m.add_sequence()
+        out = [m.step([(sid, ids)])[0]]
+        out += [m.step([(sid, [t])])[0] for t in seq[len(ids):-1]]
+        rows.append(np.stack(out))
+    top2 = np.sort(rows[1], axis=-1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 3e-2 * np.abs(rows[1]).max(axis=-1)
+    assert np.array_equal(rows[0].argmax(-1)[clear], rows[1].argmax(-1)[clear]), (clear, rows[0].argmax(-1))
+    assert np.array_equal(rows[1].argmax(-1), np.array(seq[len(ids):]))
 
 
 def test_memory_plan_reuses_without_overlap(tmp_path):
