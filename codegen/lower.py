@@ -50,12 +50,13 @@ import numpy as np
 from ..ir.graph import Graph, Node, Value, Weight
 from ..ir.ops.core import Cast
 from ..ir.types import Dim, DType, TensorType, shape_numel
-from .compile import compile_spec, nvcc_version, nvrtc_version
+from .compile import compile_source, compile_spec, nvcc_version, nvrtc_version
 from .kernel import KernelSpec
 from .kernels.copy.rule import plan as plan_copy
 from .memory_plan import KV_DIM, plan_memory
 from .registry import plan_node, plan_variants
 from .target import Target, get_target
+from .tvm import rule as tvm_rule
 
 CUDA_FORMAT = 1
 #: defaults for the serving form's bound dims (runtime/engine.py EngineArgs' defaults)
@@ -183,13 +184,16 @@ def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelS
         specs = None
         if node.op.name in ("split", "gather", "cast"):
             specs = plan_copy(node.op, [v.type if v is not None else None for v in node.inputs], target)
+            if specs is None:  # the generated fallback (codegen/tvm)
+                specs = plan_node(node, target)
         else:
             specs = plan_node(node, target)
         if specs is None:
             types = ", ".join(str(v.type) if v is not None else "_" for v in node.inputs)
             missing.setdefault(node.op.name, []).append(f"{node.source or node.outputs[0].name} ({types})")
             continue
-        for spec, args in zip(specs, bind_args(node, specs)):
+        bound = tvm_rule.bind(node, specs) if not specs or specs[0].family == "tvm" else bind_args(node, specs)
+        for spec, args in zip(specs, bound):
             names = {p.name for p in spec.params}
             if set(args) != names:
                 raise LoweringError(f"{node.op.name}: kernel {spec.entry} takes {sorted(names)}, bound {sorted(args)}")
@@ -199,7 +203,7 @@ def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelS
                  for op, where in sorted(missing.items())]
         raise LoweringError(
             f"no CUDA kernel for {len(missing)} op(s) on target {target.name} ({target.arch}):\n" + "\n".join(lines)
-            + "\n(the generated long tail through TVM is not available yet; compile for target cpu)")
+            + "\n" + (tvm_rule.failure_hint(sorted(missing)) or "(or compile for target cpu)"))
     return launches
 
 
@@ -237,6 +241,13 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
     serving = isinstance(graph.meta.get("kv_cache"), dict)
     if serving:
         to_device_dtypes(graph, DType.bf16)
+    else:  # graph mode: static shapes and constants as weights where generated kernels are needed
+        from .tvm.specialize import SpecializeError, prepare_graph
+
+        try:
+            prepare_graph(graph, tgt, limits)
+        except SpecializeError as e:
+            raise LoweringError(str(e)) from None
     launches = plan_launches(graph, tgt)
     kdir = Path(workdir) / "kernels"
     kdir.mkdir(parents=True, exist_ok=True)
@@ -246,10 +257,12 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
 
     def compile_kernel(spec: KernelSpec) -> dict[str, Any]:
         nonlocal compiler_name
-        built = compile_spec(spec, compiler=compiler)
+        built = (compile_source(tvm_rule.source(spec), spec.arch, f"{spec.entry}.cu", compiler=compiler)
+                 if spec.family == "tvm" else compile_spec(spec, compiler=compiler))
         compiler_name = nvrtc_version() if built.compiler == "nvrtc" else nvcc_version()
         entry = spec.entry
-        for suffix, data in ((".cu", spec.source().encode()), (".cubin", built.cubin), (".ptx", built.ptx.encode())):
+        src = tvm_rule.source(spec) if spec.family == "tvm" else spec.source()
+        for suffix, data in ((".cu", src.encode()), (".cubin", built.cubin), (".ptx", built.ptx.encode())):
             (kdir / f"{entry}{suffix}").write_bytes(data)
             files[f"kernels/{entry}{suffix}"] = kdir / f"{entry}{suffix}"
         d = spec.to_dict()

@@ -24,6 +24,10 @@ FAMILY_NAMES = ("embedding", "norm", "rope", "activation", "gemm", "attention", 
 #: They launch through a host shim (``kernels/gemm_cutlass/build.py``), not the plain parameter list.
 LIBRARY_FAMILY_NAMES = ("gemm_cutlass",)
 
+#: the fallback, tried last: kernels generated through Apache TVM for any node with static shapes
+#: (``codegen/tvm/``; without TVM installed it plans only what its kernel cache already holds)
+FALLBACK_FAMILY_NAMES = ("tvm",)
+
 #: families that add small-M *variants* to another family's launch (``variants(op, inputs, target)`` in their
 #: rule: ``[(max_rows, spec), ...]``, smallest first, each taking the launch's own parameters). The executor
 #: runs the first variant whose ``max_rows`` covers the step's row count ``M``, else the launch's own kernel
@@ -46,10 +50,17 @@ def variant_modules() -> tuple[object, ...]:
     return tuple(importlib.import_module(f"{__package__}.kernels.{n}.rule") for n in VARIANT_FAMILY_NAMES)
 
 
-def plan_op(op: Op, inputs: Sequence[TensorType | None], target: Target | str) -> list[KernelSpec] | None:
-    """The launches implementing ``op`` on ``target``, from the first family that accepts it; None if none does."""
+@cache
+def fallback_families() -> tuple[Family, ...]:
+    return tuple(importlib.import_module(f"{__package__}.{n}.rule").FAMILY for n in FALLBACK_FAMILY_NAMES)
+
+
+def plan_op(op: Op, inputs: Sequence[TensorType | None], target: Target | str,
+            fallback: bool = True) -> list[KernelSpec] | None:
+    """The launches implementing ``op`` on ``target``, from the first family that accepts it; None if none does.
+    ``fallback=False`` leaves out the generated (TVM) family."""
     tgt = get_target(target)
-    for family in (*families(), *library_families()):
+    for family in (*families(), *library_families(), *(fallback_families() if fallback else ())):
         if op.name in family.ops:
             specs = family.plan(op, inputs, tgt)
             if specs is not None:
@@ -57,8 +68,8 @@ def plan_op(op: Op, inputs: Sequence[TensorType | None], target: Target | str) -
     return None
 
 
-def plan_node(node: Node, target: Target | str) -> list[KernelSpec] | None:
-    return plan_op(node.op, [v.type if v is not None else None for v in node.inputs], target)
+def plan_node(node: Node, target: Target | str, fallback: bool = True) -> list[KernelSpec] | None:
+    return plan_op(node.op, [v.type if v is not None else None for v in node.inputs], target, fallback)
 
 
 def plan_variants(node: Node, target: Target | str) -> list[tuple[int, KernelSpec]]:
