@@ -108,15 +108,15 @@ def configs(n: int, k: int, mb: int, sweep: bool):
     if not sweep:
         return out
     seen = {base}
-    for warps, u in ((4, 2), (4, 4), (4, 8), (8, 4)):
+    for warps, mt, u in ((4, 1, 8), (8, 1, 4), (4, 1, 4), (4, 2, 4), (8, 2, 2), (4, 2, 2)):
         for sk in (1, 2, 4, 8, 16, 32):
             ks = _round_up(-(-k // sk), 32 * u)
             if ks * (sk - 1) >= k or smem_bytes(mb, ks) > SMEM_BUDGET or ks < 32 * u:
                 continue
-            c = gemv_config(n, k, mb, 132, warps=warps, stage_steps=u, splitk=sk)
+            c = gemv_config(n, k, mb, 132, warps=warps, stage_steps=u, splitk=sk, tiles=mt)
             if c not in seen and base.splitk / 4 <= c.splitk <= base.splitk * 4:
                 seen.add(c)
-                out.append((f"w{warps} u{u} sk{c.splitk}", c))
+                out.append((f"w{warps} t{mt} u{u} sk{c.splitk}", c))
     return out
 
 
@@ -155,7 +155,7 @@ def bench_shape(n: int, k: int, ms: list[int], sweep: bool, launches: int, reps:
             t = time_graph(ours, launches, reps)
             tbps = nbytes / t / 1e12
             row = {"n": n, "k": k, "m": m, "mb": mb, "config": name, "splitk": cfg.splitk, "warps": cfg.warps,
-                   "u": cfg.stage_steps, "us": t * 1e6, "tbps": tbps, "frac": tbps / COPY_TBPS,
+                   "tiles": cfg.tiles, "u": cfg.stage_steps, "us": t * 1e6, "tbps": tbps, "frac": tbps / COPY_TBPS,
                    "cublas_us": t_cublas * 1e6, "cublas_tbps": nbytes / t_cublas / 1e12,
                    "speedup": t_cublas / t, "rel_err": err, "weight_mb": nbytes / 1e6}
             rows.append(row)

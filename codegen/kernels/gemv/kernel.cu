@@ -4,11 +4,11 @@
 // bf16 in and out, f32 accumulate, for M <= ${MB} tokens (one variant per token bucket; the executor picks
 // the variant by the step's M, see codegen/kernels/gemv/rule.py). Memory-bound design:
 //
-// - the weight matrix streams through registers once: a warp owns 16 rows of w and one K slice of ${KS};
-//   each lane loads 16 B (8 bf16) of rows g and g+8 per 32-column step (ld.global.nc, no L1 allocation),
-//   ${U} steps per stage, two stages in flight (register double buffering);
+// - the weight matrix streams through registers once: a warp owns 16 x ${MT} rows of w and one K slice of
+//   ${KS}; each lane loads 16 B (8 bf16) of rows g and g+8 of each 16-row tile per 32-column step
+//   (ld.global.nc, no L1 allocation), ${U} steps per stage, two stages in flight (register double buffering);
 // - the CTA's K slice of x (M x ${KS}, zero-padded to ${MB} tokens) sits in shared memory, shared by
-//   the CTA's ${WARPS} warps (16 rows each);
+//   the CTA's ${WARPS} warps (16 x ${MT} rows each; each x fragment read from shared memory serves ${MT} MMAs);
 // - tensor cores do the products: mma.sync m16n8k16 with w as the A operand (16 rows) and x as B
 //   (8 tokens per n-tile). The K order inside each 32-column step is permuted identically for w and x
 //   (lane q holds physical columns 8q..8q+7 = logical k {2q, 2q+1, 2q+8, 2q+9} of two k16 MMAs), so
@@ -39,7 +39,7 @@ __device__ __forceinline__ void gemv_mma(float* d, unsigned a0, unsigned a1, uns
 }
 
 namespace {
-constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, BN = 16 * WARPS;
+constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, BN = 16 * MT * WARPS;
 constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U}, STEPS = KS / 32, NS = STEPS / U;
 constexpr int LDX = KS + 32;  // x row stride in shared memory (bf16): +64 B keeps the 16-B fragment loads conflict-free
 constexpr int GX = (N + BN - 1) / BN;
@@ -59,19 +59,27 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
   if (M > MB) __trap();  // the executor launches this variant only for M <= MB
   const int rows = (int)M;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-  const int r0 = blockIdx.x * BN + warp * 16 + g, r1 = r0 + 8;
+  const int row0 = blockIdx.x * BN + warp * 16 * MT + g;  // tile mt: rows row0 + 16 mt (+ 8)
   const int kb = blockIdx.y * KS;
   const unsigned short* wbits = reinterpret_cast<const unsigned short*>(w);
-  const unsigned short* p0 = wbits + (i64)(r0 < N ? r0 : N - 1) * K + kb + 8 * q;
-  const unsigned short* p1 = wbits + (i64)(r1 < N ? r1 : N - 1) * K + kb + 8 * q;
+  const unsigned short* p[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row0 + 16 * mt + 8 * h;
+      p[mt][h] = wbits + (i64)(r < N ? r : N - 1) * K + kb + 8 * q;
+    }
 
-  u32x4 buf[2][U][2];
+  u32x4 buf[2][U][MT][2];
   // stage 0 of w first, so the weight stream starts before x is staged
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const bool ok = (K % KS == 0) || kb + 32 * u < K;
-    buf[0][u][0] = ok ? gemv_ld_stream(p0 + 32 * u) : u32x4{0, 0, 0, 0};
-    buf[0][u][1] = ok ? gemv_ld_stream(p1 + 32 * u) : u32x4{0, 0, 0, 0};
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) buf[0][u][mt][h] = ok ? gemv_ld_stream(p[mt][h] + 32 * u) : u32x4{0, 0, 0, 0};
   }
   // x[0:M, kb:kb+KS] -> shared memory (tokens >= M and columns >= K are zeros)
   const unsigned short* xbits = reinterpret_cast<const unsigned short*>(x);
@@ -83,9 +91,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
   }
   __syncthreads();
 
-  float acc[NT][4];
+  float acc[MT][NT][4];
 #pragma unroll
-  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
 
 #pragma unroll
   for (int s = 0; s < NS; ++s) {
@@ -94,34 +104,42 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
       for (int u = 0; u < U; ++u) {
         const int step = (s + 1) * U + u;
         const bool ok = (K % KS == 0) || kb + 32 * step < K;
-        buf[(s + 1) & 1][u][0] = ok ? gemv_ld_stream(p0 + 32 * step) : u32x4{0, 0, 0, 0};
-        buf[(s + 1) & 1][u][1] = ok ? gemv_ld_stream(p1 + 32 * step) : u32x4{0, 0, 0, 0};
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            buf[(s + 1) & 1][u][mt][h] = ok ? gemv_ld_stream(p[mt][h] + 32 * step) : u32x4{0, 0, 0, 0};
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const u32x4 a = buf[s & 1][u][0], b = buf[s & 1][u][1];
       const int col = 32 * (s * U + u) + 8 * q;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const u32x4 xv = *reinterpret_cast<const u32x4*>(&xs[(8 * j + g) * LDX + col]);
-        gemv_mma(acc[j], a.x, b.x, a.y, b.y, xv.x, xv.y);
-        gemv_mma(acc[j], a.z, b.z, a.w, b.w, xv.z, xv.w);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const u32x4 a = buf[s & 1][u][mt][0], b = buf[s & 1][u][mt][1];
+          gemv_mma(acc[mt][j], a.x, b.x, a.y, b.y, xv.x, xv.y);
+          gemv_mma(acc[mt][j], a.z, b.z, a.w, b.w, xv.z, xv.w);
+        }
       }
     }
   }
 
   if (SPLITK > 1) {
-    // partial tile -> workspace [split][row block][warp][j][reg][lane]; the last CTA of the row block sums them
-    float* ws = ${KERNEL}_ws + (i64)blockIdx.x * BN * MB + warp * (NT * 4 * 32) + lane;
+    // partial tile -> workspace [split][row block][warp][mt][j][reg][lane]; the row block's last CTA sums them
+    float* ws = ${KERNEL}_ws + (i64)blockIdx.x * BN * MB + warp * (MT * NT * 4 * 32) + lane;
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-        if (8 * j + 2 * q + (r & 1) < rows) {
-          float* p = ws + (i64)blockIdx.y * GX * BN * MB + (j * 4 + r) * 32;
-          asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(p), "f"(acc[j][r]) : "memory");
-        }
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if (8 * j + 2 * q + (r & 1) < rows) {
+            float* pw = ws + (i64)blockIdx.y * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
+            asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(acc[mt][j][r]) : "memory");
+          }
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -133,33 +151,37 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
     if (!is_last) return;
     __threadfence();
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-        if (8 * j + 2 * q + (r & 1) < rows) {
-          float sum = 0.0f;
-          for (int sk = 0; sk < SPLITK; ++sk) {
-            const float* p = ws + (i64)sk * GX * BN * MB + (j * 4 + r) * 32;
-            float v;
-            asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-            sum += v;
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if (8 * j + 2 * q + (r & 1) < rows) {
+            float sum = 0.0f;
+            for (int sk = 0; sk < SPLITK; ++sk) {
+              const float* pw = ws + (i64)sk * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
+              float v;
+              asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(pw) : "memory");
+              sum += v;
+            }
+            acc[mt][j][r] = sum;
           }
-          acc[j][r] = sum;
-        }
     if (threadIdx.x == 0) ${KERNEL}_cnt[blockIdx.x] = 0u;  // ready for the next launch
   }
 
-  // epilogue: c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = (row g+8, same tokens) of each n-tile
+  // epilogue: c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = (row g+8, same tokens) of each tile
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int t = 8 * j + 2 * q + (r & 1), n = r < 2 ? r0 : r1;
-      if (t < rows && n < N) {
-        float y = acc[j][r];
-        if (${HAS_BIAS}) y += to_f32(bias[n]);
-        if (${HAS_RESIDUAL}) y += to_f32(residual[(i64)t * N + n]);
-        out[(i64)t * N + n] = from_f32<bf16>(y);
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int t = 8 * j + 2 * q + (r & 1), n = row0 + 16 * mt + (r < 2 ? 0 : 8);
+        if (t < rows && n < N) {
+          float y = acc[mt][j][r];
+          if (${HAS_BIAS}) y += to_f32(bias[n]);
+          if (${HAS_RESIDUAL}) y += to_f32(residual[(i64)t * N + n]);
+          out[(i64)t * N + n] = from_f32<bf16>(y);
+        }
       }
-    }
 }

@@ -13,9 +13,12 @@ takes the first variant whose ``max_rows`` is at least the step's ``M`` (the lau
 the step's token count) and the GEMM otherwise. A decode step's CUDA graph is captured per batch bucket,
 so each bucket's graph holds the variant for its size. A variant launched with ``M > MB`` traps.
 
-**Configuration** (``gemv_config``): 4 warps (64 rows of w) per CTA, 4 steps of 32 columns per load
-stage, and the fewest split-K slices that give at least ``2 x num_sms`` CTAs, with slices of at least
-256 columns and the CTA's x slice in at most ``SMEM_BUDGET`` bytes of shared memory.
+**Configuration** (``gemv_config``): per bucket, warps per CTA, 16-row tiles per warp and 32-column
+steps per load stage from ``SHAPE_BY_BUCKET`` (``LARGE_N_SHAPE`` when N alone gives 2 CTAs per SM
+of it), picked from a sweep on the H200 (``bench/bench_gemv.py --sweep``, docs/PERF.md), and the fewest
+split-K slices that give at least ``CTAS_PER_SM[bucket] x num_sms`` CTAs, with slices of at least 256
+columns and the CTA's x slice in at most ``SMEM_BUDGET`` bytes of shared memory. At 32+ tokens the
+split-K reduction costs more (its partials grow with M), so those buckets split less.
 """
 
 from __future__ import annotations
@@ -34,13 +37,20 @@ PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("bias", "pt
 #: token buckets: one variant per bucket, each correct for M <= bucket
 BUCKETS = (8, 16, 32, 64)
 #: shared memory a CTA's x slice may take (bytes); above 48 KB the launcher raises the function's limit
-SMEM_BUDGET = 96 * 1024
+SMEM_BUDGET = 140 * 1024
 MIN_SLICE = 256
+#: token bucket -> (warps per CTA, 16-row tiles per warp, 32-column steps per load stage)
+SHAPE_BY_BUCKET = {8: (4, 1, 8), 16: (4, 1, 8), 32: (8, 1, 4), 64: (8, 1, 4)}
+#: the shape when N alone gives at least 2 CTAs per SM with it (no split-K): the lm_head at 32 tokens
+LARGE_N_SHAPE = {32: (8, 2, 2)}
+#: split K until the grid has this many CTAs per SM
+CTAS_PER_SM = {8: 1.5, 16: 1.5, 32: 0.9, 64: 0.9}
 
 
 @dataclass(frozen=True)
 class GemvConfig:
     warps: int = 4
+    tiles: int = 1  # MT: 16-row tiles per warp
     splitk: int = 1
     stage_steps: int = 4  # U: 32-column steps per load stage
     slice_k: int = 0  # KS (0: derived from splitk)
@@ -54,17 +64,23 @@ def smem_bytes(mb: int, slice_k: int) -> int:
     return mb * (slice_k + 32) * 2
 
 
-def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int = 4, stage_steps: int = 4,
-                splitk: int | None = None) -> GemvConfig:
+def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None, stage_steps: int | None = None,
+                splitk: int | None = None, tiles: int | None = None) -> GemvConfig:
     """The launch configuration for ``w[n, k]`` and ``M <= mb`` (see the module docstring)."""
+    dw, dt, du = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
+    if mb in LARGE_N_SHAPE:
+        lw, lt, lu = LARGE_N_SHAPE[mb]
+        if -(-n // (16 * lw * lt)) >= 2 * num_sms:
+            dw, dt, du = lw, lt, lu
+    warps, tiles, stage_steps = warps or dw, tiles or dt, stage_steps or du
     stage = 32 * stage_steps
-    blocks = -(-n // (16 * warps))
+    blocks = -(-n // (16 * warps * tiles))
     if splitk is None:
         splitk = 1
         while True:
             nxt = splitk * 2
             ks = _round_up(-(-k // nxt), stage)
-            if blocks * splitk >= 2 * num_sms or ks < MIN_SLICE or (nxt - 1) * ks >= k:
+            if blocks * splitk >= CTAS_PER_SM.get(mb, 1.0) * num_sms or ks < MIN_SLICE or (nxt - 1) * ks >= k:
                 break
             splitk = nxt
     ks = _round_up(-(-k // splitk), stage)
@@ -72,7 +88,7 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int = 4, stage_ste
         splitk *= 2
         ks = _round_up(-(-k // splitk), stage)
     splitk = -(-k // ks)
-    return GemvConfig(warps=warps, splitk=splitk, stage_steps=stage_steps, slice_k=ks)
+    return GemvConfig(warps=warps, tiles=tiles, splitk=splitk, stage_steps=stage_steps, slice_k=ks)
 
 
 def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
@@ -81,11 +97,11 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
     if k % 32 or mb not in BUCKETS:
         raise ValueError(f"gemv: K must be a multiple of 32 (got {k}) and mb one of {BUCKETS} (got {mb})")
     cfg = config or gemv_config(n, k, mb, target.num_sms or 132)
-    values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
+    values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
               "U": cfg.stage_steps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual}
     tag = f"gemv_bf16_n{n}_k{k}_m{mb}"
     return KernelSpec.make("gemv", "kernel.cu", tag, target.arch or "", values, PARAMS, 32 * cfg.warps,
-                           [GridDim(const=-(-n // (16 * cfg.warps))), GridDim(const=cfg.splitk)],
+                           [GridDim(const=-(-n // (16 * cfg.warps * cfg.tiles))), GridDim(const=cfg.splitk)],
                            smem=smem_bytes(mb, cfg.slice_k),
                            doc=f"decode GEMV, M <= {mb}, split-K {cfg.splitk} x {cfg.slice_k}")
 
