@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -110,12 +109,14 @@ def test_prefix_reuse_ttft(tmp_path):
         for k in range(3):  # warm up
             _stream_ttft(server.url, [5, 6, 7, k])
         firsts, seconds = [], []
-        for k in range(3):  # medians of three pairs: the machine is shared and noisy
+        for k in range(3):  # three pairs: the machine is shared and noisy
             prefix = [3 + (i * (7919 + 13 * k)) % 250 for i in range(512)]
             firsts.append(_stream_ttft(server.url, prefix + [10] * 8))
             seconds.append(_stream_ttft(server.url, prefix + [200] * 8))
-        ratio = statistics.median(seconds) / statistics.median(firsts)
-        print(f"prefix reuse: TTFT {firsts} -> {seconds}, ratio of medians {ratio:.3f}")
+        # other processes only ever add time, so the fastest of each kind is the best estimate of its
+        # own cost; without reuse the second kind costs as much as the first and the ratio is ~1
+        ratio = min(seconds) / min(firsts)
+        print(f"prefix reuse: TTFT {firsts} -> {seconds}, ratio of minima {ratio:.3f}")
         assert ratio <= 0.3, (firsts, seconds)
         assert server.metric("ingot_prefix_cache_hits_total") >= 512
         assert server.metric("ingot_prefix_cache_hit_rate") > 0
