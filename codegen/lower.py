@@ -30,6 +30,12 @@ row count) is at most ``max_rows`` -- the decode GEMV family (``codegen/kernels/
 (``codegen/registry.py`` ``plan_variants``). Their kernels are listed under ``variant_kernels`` (same entry
 format as ``kernels``). ``INGOT_NO_GEMV=1`` at compile time leaves them out.
 
+On tcgen05 targets (b200) a bf16 ``linear``'s ``kernel`` is a shape-generic CUTLASS GEMM (``codegen/kernels/
+gemm_cutlass/cutlass_params.py``): its kernel entry has ``"cutlass"``, the layout of its Params blob, which the
+runtime fills in Python (TMA descriptors through ``cuTensorMapEncodeTiled``; no shipped host code), and the
+launch has ``"alternatives": [{"kernel": entry}]``, the plain template GEMM taking the same arguments, which a
+runtime without the CUTLASS launch path runs instead. ``INGOT_NO_CUTLASS=1`` at compile time leaves CUTLASS out.
+
 An argument is ``{"buffer": value name}`` (a device pointer: the value's offset in the arena),
 ``{"null": true}`` (an absent optional input), ``{"dim": expression}`` (an integer evaluated from the
 step's bound dims, ``T``, ``(S+1)``, ...) or ``{"value": number}``. The grid of a launch comes from
@@ -53,6 +59,7 @@ from ..ir.types import Dim, DType, TensorType, shape_numel
 from .compile import compile_source, compile_spec, nvcc_version, nvrtc_version
 from .kernel import KernelSpec
 from .kernels.copy.rule import plan as plan_copy
+from .kernels.gemm_cutlass import cutlass_params
 from .memory_plan import KV_DIM, plan_memory
 from .registry import plan_node, plan_variants
 from .target import Target, get_target
@@ -249,6 +256,11 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         except SpecializeError as e:
             raise LoweringError(str(e)) from None
     launches = plan_launches(graph, tgt)
+    alternatives: dict[int, KernelSpec] = {}  # b200 bf16 linears: CUTLASS first, the plain GEMM kept beside it
+    for j, (i, node, spec, args) in enumerate(launches):
+        primary = cutlass_params.plan_linear(node, spec, tgt)
+        if primary is not None:
+            alternatives[j], launches[j] = spec, (i, node, primary, args)
     kdir = Path(workdir) / "kernels"
     kdir.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
@@ -257,8 +269,12 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
 
     def compile_kernel(spec: KernelSpec) -> dict[str, Any]:
         nonlocal compiler_name
-        built = (compile_source(tvm_rule.source(spec), spec.arch, f"{spec.entry}.cu", compiler=compiler)
-                 if spec.family == "tvm" else compile_spec(spec, compiler=compiler))
+        layout = None
+        if spec.family == "gemm_cutlass" and spec.value("ABI") == cutlass_params.ABI:
+            built, layout = cutlass_params.build_linear(spec)
+        else:
+            built = (compile_source(tvm_rule.source(spec), spec.arch, f"{spec.entry}.cu", compiler=compiler)
+                     if spec.family == "tvm" else compile_spec(spec, compiler=compiler))
         compiler_name = nvrtc_version() if built.compiler == "nvrtc" else nvcc_version()
         entry = spec.entry
         src = tvm_rule.source(spec) if spec.family == "tvm" else spec.source()
@@ -269,9 +285,13 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         return {
             "source": f"kernels/{entry}.cu", "cubin": f"kernels/{entry}.cubin", "ptx": f"kernels/{entry}.ptx",
             "params": d["params"], "block": d["block"], "grid": d["grid"], "smem": d["smem"], "spec": d,
+            **({"cutlass": layout} if layout is not None else {}),
         }
 
     for _, _, spec, _ in launches:
+        if spec.entry not in kernels:
+            kernels[spec.entry] = compile_kernel(spec)
+    for spec in alternatives.values():
         if spec.entry not in kernels:
             kernels[spec.entry] = compile_kernel(spec)
     variant_kernels: dict[str, Any] = {}
@@ -303,7 +323,8 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         "kernels": kernels,
         "variant_kernels": variant_kernels,
         "launches": [{"kernel": spec.entry, "node": i, "op": node.op.name, "source": node.source, "args": args,
-                      **({"variants": launch_variants[j]} if j in launch_variants else {})}
+                      **({"variants": launch_variants[j]} if j in launch_variants else {}),
+                      **({"alternatives": [{"kernel": alternatives[j].entry}]} if j in alternatives else {})}
                      for j, (i, node, spec, args) in enumerate(launches)],
         "memory_plan": plan.to_dict(),
     }

@@ -122,6 +122,41 @@ class _Launch:
         cd.launch(self.fn, grid, self.spec.block, self.spec.smem, stream, self.params_addr, self.what)
 
 
+class _CutlassLaunch(_Launch):
+    """A launch of a CUTLASS GEMM from the cubin alone (``codegen/kernels/gemm_cutlass/cutlass_params.py``): the
+    Params blob is built here from the kernel table's layout, once per row count M (buffers are fixed in the
+    arena), and launched with its cluster shape; small M still runs the launch's GEMV variants."""
+
+    def __init__(self, fn: Any, spec: KernelSpec, args: Mapping[str, Mapping[str, Any]], address: Any, what: str,
+                 variants: Sequence[tuple[int, Any, KernelSpec]], layout: Mapping[str, Any], n: int, k: int,
+                 sm_count: int) -> None:
+        super().__init__(fn, spec, args, address, what, variants)
+        self.layout, self.n, self.k, self.sm_count = layout, n, k, sm_count
+        names = [p.name for p in spec.params]
+        self.pointers = {nm: int(v.value or 0) for nm, v, p in zip(names, self.values, spec.params) if p.ctype == "ptr"}
+        self.m_value = self.values[names.index("M")]
+        self.blobs: dict[int, tuple[bytes, dict[str, Any]]] = {}
+
+    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> None:
+        from ..codegen.kernels.gemm_cutlass import cutlass_params
+
+        ints = {}
+        for name, obj, expr in self.dims:
+            obj.value = ints[name] = dims[expr]
+        m = int(self.m_value.value)
+        if m <= 0:
+            return
+        for max_rows, fn, spec in self.variants:
+            if m <= max_rows:
+                self.variant_launches += 1
+                cd.launch(fn, spec.grid_dims(ints), spec.block, spec.smem, stream, self.params_addr, self.what)
+                return
+        if m not in self.blobs:
+            self.blobs[m] = cutlass_params.build_params(self.layout, self.pointers, m, self.n, self.k, self.sm_count)
+        blob, config = self.blobs[m]
+        cutlass_params.launch(self.fn, blob, config, stream.handle)
+
+
 class CudaExecutor:
     """A GPU artifact's graph on one device; ``run`` has ``CpuExecutor.run``'s interface (module docstring)."""
 
@@ -184,9 +219,18 @@ class CudaExecutor:
                 attr = cd.driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
                 cd.check(cd.driver().cuFuncSetAttribute(fn, attr, kspec.smem), f"cuFuncSetAttribute({entry})")
             functions[entry] = (fn, kspec)
+        use_cutlass = os.environ.get("INGOT_NO_CUTLASS", "") in ("", "0")
         for ln in cuda["launches"]:
             fn, kspec = functions[ln["kernel"]]
             variants = [(int(v["max_rows"]), *functions[v["kernel"]]) for v in ln.get("variants", ())]
+            layout = cuda["kernels"].get(ln["kernel"], {}).get("cutlass")
+            if layout is not None and use_cutlass:  # a CUTLASS GEMM: Params built here (codegen/lower.py)
+                n, k = (int(d) for d in self.buffers[ln["args"]["weight"]["buffer"]]["shape"])
+                self.launches.append(_CutlassLaunch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}",
+                                                    variants, layout, n, k, self.ctx.num_sms))
+                continue
+            if layout is not None:  # the launch's plain alternative, taking the same arguments
+                fn, kspec = functions[ln["alternatives"][0]["kernel"]]
             self.launches.append(_Launch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}",
                                          variants))
         self.exprs = {a["dim"] for ln in cuda["launches"] for a in ln["args"].values() if "dim" in a}

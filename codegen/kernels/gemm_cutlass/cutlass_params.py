@@ -1,0 +1,377 @@
+"""CUTLASS GEMMs launched from the cubin alone: the kernel's Params blob built in Python.
+
+A CUTLASS kernel takes one by-value argument, ``GemmKernel::Params``: TMA descriptors, the problem
+shape, pointers and scalars of the epilogue, the tile scheduler's parameters and hardware info.
+``build.py``'s host shim builds it with CUTLASS's own ``to_underlying_arguments``, but a shim is native
+code and an artifact's loading never executes shipped code (``shared/DESIGN.md``, "Artifact"). So:
+
+1. **At compile time** (``params_layout``), a *probe* (``probe.cuh`` appended to the spec's source; a
+   host program built with nvcc and run here, never shipped) calls ``to_underlying_arguments`` for
+   sentinel pointers and a few (M, N, K), with ``cuTensorMapEncodeTiled`` replaced by a recorder.
+   From its output this module derives the *layout*: the blob size, the constant bytes, where each
+   pointer goes, where each TMA descriptor goes and the arguments it is encoded with (dims and
+   strides as ``coef * symbol`` over M, N, K), where the problem shape, SM count and scheduler
+   fields are, and the launch configuration. The layout is then checked: rebuilt in Python for
+   other shapes, every non-padding byte and the grid must equal the probe's, else ``LayoutError``.
+2. **At load/launch time** (``build_params``), the runtime fills a copy of the constant bytes with
+   the pointers, M/N/K, SM count and scheduler fields, and the descriptors encoded by
+   ``cuTensorMapEncodeTiled`` (``cuda.bindings.driver``; ``tma_encoder``), then launches the cubin
+   with ``cuLaunchKernelEx`` and the cluster dimension attribute (``launch``). The layout is JSON in
+   the kernel table (``kernels[entry]["cutlass"]``).
+
+The kernel itself is shape-generic (M, N, K are all run-time values), so the lowering uses one
+*generic* spec per (kind, residual, target) (``generic_linear_spec``): SmolLM2 and the tiny Llama
+share one ~40 s build. N and K come from the weight buffer's shape at launch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from ....ir.graph import Node
+from ...compile import CompiledKernel, CompileError, cache_dir, nvcc_path, nvcc_version
+from ...kernel import KernelSpec
+from ...target import Target
+from .build import _jobs, compile_cutlass, cutlass_available, cutlass_options
+from .rule import linear_cutlass_spec, plan, variant_config
+
+LAYOUT_VERSION = 1
+#: the probe's pointer arguments, in order (sentinel i is SENTINEL + ((i + 1) << 32))
+POINTERS = ("x", "weight", "x_block_scale", "weight_block_scale", "x_scale", "weight_scale", "bias", "residual",
+            "out")
+#: the generic spec's parameters: ``linear``'s launch arguments (codegen/lower.py bind_args), no N/K
+LINEAR_PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"),
+                 ("out", "ptr"), ("M", "i64")]
+ABI = "cutlass-layout-v1"
+#: (M, N, K) the probe runs: the first derives the layout, all check it (M spans both raster orders)
+PROBE_SHAPES = ((37, 424, 472), (1000, 136, 4104), (1, 2048, 64), (4096, 8, 8), (300, 1064, 200))
+PROBE_SMS = 148
+TMA_BYTES = 128
+_MARKER = 0x494E474F54000000  # "INGOT" + descriptor index, written by the probe's recorder
+_SYMBOLS = ("", "M", "N", "K", "M*N", "M*K", "N*K")
+_COEFS = (0, 1, 2, 4, 8, 16, 32)
+#: PersistentTileSchedulerSm100Params: problem_tiles_{m,n,l} at 0, 4, 8; raster_order_ at 48 (56 bytes)
+_SM100_SCHED = {"tiles_m": 0, "tiles_n": 4, "tiles_l": 8, "raster": 48, "size": 56}
+
+
+class LayoutError(RuntimeError):
+    """The Params layout could not be derived or did not reproduce CUTLASS's blob."""
+
+
+# -- the generic spec --------------------------------------------------------------------------------
+
+
+def generic_linear_spec(kind: str, target: Target, residual: bool = False) -> KernelSpec:
+    """One shape-generic CUTLASS ``linear`` kernel per (kind, residual, target), taking ``linear``'s own
+    launch arguments (``LINEAR_PARAMS``); the grid recorded is the persistent bound, the real one comes
+    from the layout for each M."""
+    base = linear_cutlass_spec(kind, 0, 0, target, residual=residual)
+    values = dict(base.values)
+    values["ABI"] = ABI
+    cfg = variant_config(kind, target)
+    doc = (f"CUTLASS {kind} GEMM {cfg.template}, tile {'x'.join(map(str, cfg.tile))}, cluster "
+           f"{cfg.cluster[0]}x{cfg.cluster[1]}, shape-generic; launched with a Params blob built from the "
+           f"kernel table's layout (gemm_cutlass/cutlass_params.py, ABI {ABI})")
+    return KernelSpec.make("gemm_cutlass", base.template, f"linear_cutlass_{kind}{'_res' if residual else ''}",
+                           base.arch, values, LINEAR_PARAMS, base.block, list(base.grid), smem=base.smem, doc=doc)
+
+
+def plan_linear(node: Node, planned: KernelSpec, target: Target) -> KernelSpec | None:
+    """The generic CUTLASS kernel to record as ``node``'s primary kernel instead of ``planned`` (the plain
+    template GEMM, kept as the launch's alternative), or None: only bf16 ``linear`` on tcgen05 targets
+    (b200) with K % 8 == 0 and N % 8 == 0, when nvcc and CUTLASS's headers are here (else the plain
+    GEMM alone); ``INGOT_NO_CUTLASS=1`` leaves it out."""
+    if os.environ.get("INGOT_NO_CUTLASS", "") not in ("", "0"):
+        return None
+    if node.op.name != "linear" or planned.family != "gemm" or not target.tcgen05:
+        return None
+    specs = plan(node.op, [v.type if v is not None else None for v in node.inputs], target)
+    if not specs or not cutlass_available():
+        return None
+    return generic_linear_spec("bf16", target, residual=bool(specs[0].value("HAS_RESIDUAL")))
+
+
+# -- compile time: the probe and the layout ------------------------------------------------------
+
+
+def _probe_source(spec: KernelSpec) -> str:
+    return spec.source() + "\n" + (Path(__file__).with_name("probe.cuh")).read_text()
+
+
+def _probe_options(spec: KernelSpec) -> tuple[str, ...]:
+    return (*cutlass_options(), "-std=c++17", "-O0", "-DINGOT_HOST_SHIM", "-DCUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL",
+            "-Xcompiler=-Wno-invalid-offsetof", f"-arch={spec.arch}")
+
+
+def _run_probe(exe: Path, m: int, n: int, k: int, fill: int) -> dict[str, Any]:
+    r = subprocess.run([str(exe), str(m), str(n), str(k), str(PROBE_SMS), str(fill)], capture_output=True,
+                       text=True, timeout=120)
+    if r.returncode != 0:
+        raise LayoutError(f"the Params probe failed ({r.returncode}) for M={m} N={n} K={k}: {r.stderr[-2000:]}")
+    tmas, out = [], None
+    text = r.stdout
+    for line in text.splitlines():
+        if line.startswith('{"tma"'):
+            tmas.append(json.loads(line))
+    out = json.loads(text[text.index('{"size"'):])
+    out["tma"] = tmas
+    out["blob"] = bytes.fromhex(out["blob"])
+    return out
+
+
+def _probe(spec: KernelSpec) -> list[tuple[tuple[int, int, int], dict, dict]]:
+    """Builds and runs the probe: per PROBE_SHAPES entry, runs with the stack filled with 0x00 and 0xff."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise CompileError("nvcc not found: the CUTLASS Params probe needs it")
+    source = _probe_source(spec)
+    with _jobs(), tempfile.TemporaryDirectory(prefix="ingot-probe-") as tmp:
+        src, exe = Path(tmp) / "probe.cu", Path(tmp) / "probe"
+        src.write_text(source)
+        r = subprocess.run([nvcc, *_probe_options(spec), "-o", str(exe), str(src)], capture_output=True, text=True,
+                           timeout=900)
+        if r.returncode != 0:
+            raise CompileError(f"nvcc failed to build the Params probe of {spec.entry}", r.stdout + r.stderr, source)
+        return [(shape, _run_probe(exe, *shape, 0), _run_probe(exe, *shape, 255)) for shape in PROBE_SHAPES]
+
+
+def _symbolic(values: Sequence[int], shapes: Sequence[tuple[int, int, int]]) -> list[int | str]:
+    """``[coef, symbol]`` with ``values[i] == coef * symbol(shapes[i])`` for every probe."""
+    for sym, coef in product(_SYMBOLS, _COEFS):
+        if all(coef * _eval_sym(sym, *s) == v for v, s in zip(values, shapes)):
+            return [coef, sym]
+    raise LayoutError(f"no coef * symbol over M, N, K gives {list(values)} for shapes {list(shapes)}")
+
+
+def _eval_sym(sym: str, m: int, n: int, k: int) -> int:
+    env = {"M": m, "N": n, "K": k}
+    out = 1
+    for part in sym.split("*") if sym else ():
+        out *= env[part]
+    return out
+
+
+def derive_layout(spec: KernelSpec, runs: Sequence[tuple[tuple[int, int, int], dict, dict]]) -> dict[str, Any]:
+    """The layout (module docstring) from the probe's runs; raises ``LayoutError`` when it does not
+    reproduce every run."""
+    shapes = [s for s, _, _ in runs]
+    first, first_ff = runs[0][1], runs[0][2]
+    size = int(first["size"])
+    if not first["can_implement"] or first["workspace"]:
+        raise LayoutError(f"{spec.entry}: CUTLASS cannot run the probe shape {shapes[0]} without a workspace")
+    sentinel = int(first["sentinel"])
+    blob = first["blob"]
+    # descriptors: each recorded call's marker, found in the blob
+    tmas = []
+    for t in first["tma"]:
+        marker = struct.pack("<Q", _MARKER | (t["tma"] + 1))
+        off = blob.find(marker)
+        if off < 0 or off % 64:
+            raise LayoutError(f"{spec.entry}: TMA descriptor {t['tma']} not found (64-byte aligned) in the Params")
+        idx = (int(t["address"]) - sentinel >> 32) - 1
+        if not 0 <= idx < len(POINTERS) or int(t["address"]) != sentinel + ((idx + 1) << 32):
+            raise LayoutError(f"{spec.entry}: TMA descriptor {t['tma']} over an unknown address {t['address']}")
+        per_run = [next(u for u in r[1]["tma"] if u["tma"] == t["tma"]) for r in runs]
+        tmas.append({
+            "offset": off, "probe_index": t["tma"], "tensor": POINTERS[idx], "dtype": t["dtype"], "rank": t["rank"],
+            "dims": [_symbolic([u["dims"][i] for u in per_run], shapes) for i in range(t["rank"])],
+            "strides": [_symbolic([u["strides"][i] for u in per_run], shapes) for i in range(t["rank"] - 1)],
+            "box": t["box"], "elem_strides": t["elem_strides"], "interleave": t["interleave"],
+            "swizzle": t["swizzle"], "l2": t["l2"], "oob": t["oob"]})
+    tma_bytes = {o for t in tmas for o in range(t["offset"], t["offset"] + TMA_BYTES)}
+    # pointers: 8-byte words equal to a sentinel, outside the descriptors
+    pointers = []
+    for off in range(0, size - 7, 8):
+        if off in tma_bytes:
+            continue
+        (word,) = struct.unpack_from("<Q", blob, off)
+        if word >= sentinel and (word - sentinel) & 0xFFFFFFFF == 0 and 1 <= (word - sentinel) >> 32 <= len(POINTERS):
+            pointers.append([off, POINTERS[((word - sentinel) >> 32) - 1]])
+    offsets = first["offsets"]
+    sched = int(offsets["scheduler"])
+    if first["sizes"]["scheduler"] != _SM100_SCHED["size"] or not spec.template.startswith("sm100"):
+        raise LayoutError(f"{spec.entry}: only the sm100 tile scheduler's Params are known "
+                          f"(scheduler {first['sizes']['scheduler']} bytes, template {spec.template})")
+    cfg_tile = (int(spec.value("TILE_M")), int(spec.value("TILE_N")))
+    cluster = (int(spec.value("CLUSTER_M")), int(spec.value("CLUSTER_N")))
+    layout: dict[str, Any] = {
+        "version": LAYOUT_VERSION, "abi": ABI, "size": size, "align": int(first["align"]),
+        "block": first["block"], "cluster": first["cluster"], "smem": int(first["smem"]),
+        "problem_shape": int(offsets["problem_shape"]), "sm_count": int(offsets["hw_info"]) + 4,
+        "pointers": pointers, "tma": tmas,
+        "scheduler": {"kind": "sm100", "offset": sched, "tile": list(cfg_tile),
+                      "atom_m": 2 if spec.value("TWO_SM") else 1, "cluster": list(cluster)},
+    }
+    # padding: bytes that differ between the two stack fills; variable: everything we fill
+    padding = {i for i in range(size) if blob[i] != first_ff["blob"][i]}
+    variable = set(tma_bytes) | {o + j for o, _ in pointers for j in range(8)}
+    variable |= set(range(layout["problem_shape"], layout["problem_shape"] + 16))
+    variable |= set(range(layout["sm_count"], layout["sm_count"] + 4))
+    variable |= {sched + v + j for key, v in _SM100_SCHED.items() if key != "size" for j in range(4)}
+    template = bytearray(blob)
+    for i in padding | variable:
+        template[i] = 0
+    layout["template"] = template.hex()
+    layout["padding"] = _ranges(padding)
+    # check: the layout reproduces every run
+    for shape, run, run_ff in runs:
+        pad = padding | {i for i in range(size) if run["blob"][i] != run_ff["blob"][i]}
+        ptrs = {name: sentinel + ((i + 1) << 32) for i, name in enumerate(POINTERS)}
+        mine, launch = build_params(layout, ptrs, *shape, PROBE_SMS, encode=_marker_encoder)
+        bad = [i for i in range(size) if i not in pad and mine[i] != run["blob"][i]]
+        if bad:
+            raise LayoutError(f"{spec.entry}: the derived layout differs from CUTLASS's Params for M, N, K = {shape} "
+                              f"at bytes {_ranges(set(bad))[:8]}")
+        if list(launch["grid"]) != list(run["grid"]):
+            raise LayoutError(f"{spec.entry}: grid {launch['grid']} != CUTLASS's {run['grid']} for {shape}")
+        if not run["can_implement"] or run["workspace"]:
+            raise LayoutError(f"{spec.entry}: CUTLASS cannot run {shape} without a workspace")
+    return layout
+
+
+def _ranges(idx: set[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for i in sorted(idx):
+        if out and out[-1][1] == i:
+            out[-1][1] = i + 1
+        else:
+            out.append([i, i + 1])
+    return out
+
+
+def params_layout(spec: KernelSpec, use_cache: bool = True) -> dict[str, Any]:
+    """The spec's Params layout (probe built and run on this machine, cached by content like the cubin)."""
+    key = hashlib.sha256("\0".join([_probe_source(spec), *_probe_options(spec), str(nvcc_version()),
+                                    f"layout-v{LAYOUT_VERSION}", repr(PROBE_SHAPES)]).encode()).hexdigest()
+    path = cache_dir() / key[:2] / f"{key}.layout.json"
+    if use_cache and path.is_file():
+        return json.loads(path.read_text())
+    layout = derive_layout(spec, _probe(spec))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(layout, f)
+    os.replace(tmp, path)
+    return layout
+
+
+def build_linear(spec: KernelSpec, use_cache: bool = True) -> tuple[CompiledKernel, dict[str, Any]]:
+    """The cubin and the Params layout of a generic spec, built side by side (two nvcc runs)."""
+    if not cutlass_available():
+        raise CompileError("CUTLASS kernels need nvcc and the nvidia-cutlass wheel's headers")
+    with ThreadPoolExecutor(2) as pool:
+        cubin = pool.submit(compile_cutlass, spec, use_cache)
+        layout = pool.submit(params_layout, spec, use_cache)
+        return cubin.result(), layout.result()
+
+
+# -- launch time: the blob --------------------------------------------------------------------------
+
+
+Encoder = Callable[[Mapping[str, Any], int, list[int], list[int]], bytes]
+
+
+def _marker_encoder(t: Mapping[str, Any], address: int, dims: list[int], strides: list[int]) -> bytes:
+    return struct.pack("<Q", _MARKER | (int(t["probe_index"]) + 1)) + bytes(TMA_BYTES - 8)
+
+
+def tma_encoder() -> Encoder:
+    """Encodes descriptors with the driver's ``cuTensorMapEncodeTiled`` (cuda.bindings)."""
+    from cuda.bindings import driver as drv
+
+    def encode(t: Mapping[str, Any], address: int, dims: list[int], strides: list[int]) -> bytes:
+        err, tmap = drv.cuTensorMapEncodeTiled(
+            drv.CUtensorMapDataType(t["dtype"]), t["rank"], address, dims, strides, t["box"], t["elem_strides"],
+            drv.CUtensorMapInterleave(t["interleave"]), drv.CUtensorMapSwizzle(t["swizzle"]),
+            drv.CUtensorMapL2promotion(t["l2"]), drv.CUtensorMapFloatOOBfill(t["oob"]))
+        if err != drv.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuTensorMapEncodeTiled({t['tensor']}, dims {dims}, strides {strides}) failed: {err}")
+        return ctypes.string_at(tmap.getPtr(), TMA_BYTES)
+
+    return encode
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _ceil(a, b) * b
+
+
+def _sm100_schedule(s: Mapping[str, Any], m: int, n: int) -> tuple[int, int, int, tuple[int, int, int]]:
+    """(tiles_m, tiles_n, raster order, grid) of PersistentTileSchedulerSm100 (Heuristic rasterization)."""
+    tm, tn = s["tile"]
+    cm, cn = s["cluster"]
+    blocks_m = _round_up(_ceil(m, tm) * s["atom_m"], cm)
+    blocks_n = _round_up(_ceil(n, tn), cn)
+    tiles_m, tiles_n = blocks_m // cm, blocks_n // cn
+    raster = 0 if tiles_n > tiles_m else 1  # AlongM : AlongN
+    if raster == 1 and tiles_m * cn > (1 << 16) - 1:
+        raster = 0
+    grid = (blocks_m, blocks_n, 1) if raster == 0 else (blocks_n // cn * cm, blocks_m // cm * cn, 1)
+    return tiles_m, tiles_n, raster, grid
+
+
+def build_params(layout: Mapping[str, Any], pointers: Mapping[str, int], m: int, n: int, k: int, sm_count: int,
+                 encode: Encoder | None = None) -> tuple[bytes, dict[str, Any]]:
+    """The Params blob and launch config (grid, block, cluster, smem) for buffers ``pointers`` (names from
+    ``POINTERS``; missing ones are null) and an ``m x n x k`` problem. ``encode`` defaults to the driver's."""
+    if layout.get("version") != LAYOUT_VERSION:
+        raise LayoutError(f"Params layout version {layout.get('version')}, this ingot reads {LAYOUT_VERSION}")
+    if m < 1:
+        raise ValueError(f"M must be positive, got {m}")
+    encode = encode or tma_encoder()
+    blob = bytearray.fromhex(layout["template"])
+    struct.pack_into("<4i", blob, layout["problem_shape"], m, n, k, 1)
+    struct.pack_into("<i", blob, layout["sm_count"], sm_count)
+    for off, name in layout["pointers"]:
+        struct.pack_into("<Q", blob, off, int(pointers.get(name) or 0))
+    for t in layout["tma"]:
+        address = int(pointers.get(t["tensor"]) or 0)
+        if not address:
+            raise ValueError(f"the {t['tensor']} pointer is needed (a TMA descriptor reads it)")
+        dims = [c * _eval_sym(s, m, n, k) for c, s in t["dims"]]
+        strides = [c * _eval_sym(s, m, n, k) for c, s in t["strides"]]
+        blob[t["offset"]:t["offset"] + TMA_BYTES] = encode(t, address, dims, strides)
+    s = layout["scheduler"]
+    tiles_m, tiles_n, raster, grid = _sm100_schedule(s, m, n)
+    base = s["offset"]
+    struct.pack_into("<3I", blob, base + _SM100_SCHED["tiles_m"], tiles_m, tiles_n, 1)
+    struct.pack_into("<i", blob, base + _SM100_SCHED["raster"], raster)
+    return bytes(blob), {"grid": grid, "block": tuple(layout["block"]), "cluster": tuple(layout["cluster"]),
+                         "smem": int(layout["smem"])}
+
+
+def launch(function: Any, blob: bytes, config: Mapping[str, Any], stream: Any = 0) -> None:
+    """``cuLaunchKernelEx`` of a CUTLASS kernel with its Params blob and cluster dimension (the function's
+    max dynamic shared memory must already allow ``config["smem"]``)."""
+    from cuda.bindings import driver as drv
+
+    cfg = drv.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = config["grid"]
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = config["block"]
+    cfg.sharedMemBytes = int(config["smem"])
+    cfg.hStream = stream if isinstance(stream, drv.CUstream) else drv.CUstream(int(stream))
+    attr = drv.CUlaunchAttribute()
+    attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = config["cluster"]
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    buf = ctypes.create_string_buffer(bytes(blob), len(blob))
+    args = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+    err, = drv.cuLaunchKernelEx(cfg, function, ctypes.addressof(args), 0)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuLaunchKernelEx (CUTLASS, grid {config['grid']}, cluster {config['cluster']}): {err}")
+
