@@ -130,11 +130,11 @@ def _int_div(a: Any, b: Any) -> Any:
 
 def _mod(a: Any, b: Any, floored: bool) -> Any:
     if _f(a):
-        r = tirx.fmod(a, b)
+        r = a - tirx.trunc(a / b) * b  # C fmod (tirx.fmod has no CPU lowering for the llvm checks)
         if not floored:
             return r
         zero = const(0, dt(a))
-        return select((r != zero) & ((r < zero) != (b < zero)), r + b, r)
+        return select(tirx.Or(tirx.And(r < zero, b > zero), tirx.And(r > zero, b < zero)), r + b, r)
     zero = const(0, dt(b))
     safe = select(b == zero, const(1, dt(b)), b)
     r = tirx.floormod(a, safe) if floored else tirx.truncmod(a, safe)

@@ -127,16 +127,16 @@ def cumulative(op, ins, in_types, out_types):
     k = te.reduce_axis((0, n), name="k")
 
     def f(*i: Any) -> Any:
-        j = i[ax]
+        j, kv = i[ax], k.var
         if op.reverse:
-            cond = k > j if op.exclusive else k >= j
+            cond = kv > j if op.exclusive else kv >= j
         else:
-            cond = k < j if op.exclusive else k <= j
+            cond = kv < j if op.exclusive else kv <= j
         src = list(i)
         src[ax] = k
         if op.fn == "sum":
-            return te.sum(x(*src), axis=k, where=cond)
-        return _prod(x(*src), axis=k, where=cond)
+            return te.sum(tirx.Select(cond, x(*src), const(0, x.dtype)), axis=k)
+        return _prod(tirx.Select(cond, x(*src), const(1, x.dtype)), axis=k)
 
     return [te.compute(shape, f, name="out0")]
 

@@ -41,7 +41,7 @@ from ..kernel import GridDim, KernelSpec
 from ..target import Target
 
 #: bump when a builder's output changes (invalidates the cache)
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 FAMILY_NAME = "tvm"
 #: op-class modules holding the builders
 MODULES = ("elementwise", "reduce", "layout", "nn")
