@@ -1,13 +1,24 @@
 """The engine's host time per step with 256 running sequences, the model excluded.
 
-    python bench/bench_engine_step.py [--seqs 256] [--steps 300] [--vocab 259 49152]
+    python bench/bench_engine_step.py [--seqs 256] [--steps 300] [--tokens text|repeat] [--metrics]
 
 One `LLMEngine.step()` = schedule (token budget, blocks, step inputs) + the executor + sampling +
 scheduler update + incremental detokenization + building the request outputs. The executor is
 replaced by one that returns precomputed logits (the model excluded), so what is timed is the
 engine's own host work. Sequences are in steady greedy decode. The figure is printed beside the
 issue's budget (2 ms); the sampler's argmax over the vocabulary is reported separately because it
-grows with the vocabulary size (SmolLM2: 49152) while the rest does not.
+grows with the vocabulary size (SmolLM2: 49152) while the rest does not. ``--metrics`` attaches the
+server's Prometheus metrics (``EngineMetrics``), which the engine then updates every step.
+
+What the sequences generate (``--tokens``):
+
+- ``text`` (default): the logits make every sequence generate a multilingual sample text's byte
+  tokens in a cycle (ASCII words, accented letters, CJK, emoji), each sequence at its own offset:
+  valid UTF-8 split across tokens, as a model writes it.
+- ``repeat``: one fixed logits matrix, so each sequence repeats one random token forever. About
+  half of those tokens are bytes >= 0x80, i.e. an endless invalid UTF-8 run: the detokenizer holds
+  the run back (its text ends in U+FFFD) and re-decodes a window that grows by a token per step, so
+  this measures that degenerate case (its cost grows with ``--steps``), not a steady state.
 """
 
 from __future__ import annotations
@@ -25,30 +36,44 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ingot.runtime.engine import EngineArgs, LLMEngine  # noqa: E402
+from ingot.runtime.metrics import EngineMetrics  # noqa: E402
 from ingot.runtime.sampling import SamplingParams  # noqa: E402
 from tests.runtime.serving_models import TINY, compile_tiny  # noqa: E402
 
+SAMPLE_TEXT = ("The café serves crème brûlée; naïve résumés, ½ → ∞. 日本語のテキストも少し。 Emoji 🎉🚀 👍🏽 and "
+               "plain ASCII: the quick brown fox jumps over the lazy dog 12345.\n")
+
 
 class ReplayExecutor:
-    """Returns fixed random logits [S, vocab]: the model is not part of what is timed."""
+    """Returns precomputed logits [S, vocab], one matrix per step in a cycle: the model is not part of what
+    is timed. ``cycle`` None: one random matrix (each row's argmax fixed). Else a list of token ids: at
+    step k row r's argmax is ``cycle[(k + r) % len(cycle)]``."""
 
-    def __init__(self, vocab: int, rows: int, seed: int = 0) -> None:
-        self.logits = np.random.default_rng(seed).standard_normal((rows, vocab)).astype(np.float32)
-        self.seconds = 0.0
+    def __init__(self, vocab: int, rows: int, cycle: list[int] | None = None, seed: int = 0) -> None:
+        noise = np.random.default_rng(seed).standard_normal((rows, vocab)).astype(np.float32)
+        if cycle is None:
+            self.logits = noise[None]
+        else:
+            self.logits = np.repeat(noise[None], len(cycle), axis=0)
+            r = np.arange(rows)
+            for k in range(len(cycle)):
+                self.logits[k, r, np.asarray(cycle)[(k + r) % len(cycle)]] += 100.0
+        self.step = 0
 
     def run(self, feeds, check: bool = False):
-        t0 = time.perf_counter()
         s = len(feeds["logits_indices"])
-        out = {"logits": self.logits[:s]}
-        self.seconds += time.perf_counter() - t0
+        out = {"logits": self.logits[self.step % len(self.logits), :s]}
+        self.step += 1
         return out
 
 
-def bench(artifact: Path, seqs: int, steps: int) -> dict[str, float]:
+def bench(artifact: Path, seqs: int, steps: int, tokens: str = "text", metrics: bool = False) -> dict[str, float]:
     engine = LLMEngine(artifact, EngineArgs(num_blocks=seqs * 40 + 1, max_num_seqs=seqs,
-                                            max_num_batched_tokens=max(2048, seqs * 8)))
+                                            max_num_batched_tokens=max(2048, seqs * 8)),
+                       metrics=EngineMetrics() if metrics else None)
     model_vocab = engine.vocab_size
-    engine.executor = ReplayExecutor(model_vocab, seqs)
+    cycle = engine.tokenizer.encode(SAMPLE_TEXT) if tokens == "text" else None
+    engine.executor = ReplayExecutor(model_vocab, seqs, cycle)
     rng = np.random.default_rng(1)
     params = SamplingParams(max_tokens=steps + 50, temperature=0.0, ignore_eos=True)
     for _ in range(seqs):
@@ -79,12 +104,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seqs", type=int, default=256)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--tokens", choices=("text", "repeat"), default="text",
+                    help="what the sequences generate (see above)")
+    ap.add_argument("--metrics", action="store_true", help="with the server's Prometheus metrics attached")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         artifact = compile_tiny(Path(tmp), TINY)
-        r = bench(artifact, args.seqs, args.steps)
-        print(f"engine host time per step, {args.seqs} running sequences in decode "
-              f"(model excluded, vocabulary {TINY['vocab_size']}), {args.steps} steps:")
+        r = bench(artifact, args.seqs, args.steps, args.tokens, args.metrics)
+        print(f"engine host time per step, {args.seqs} running sequences in decode (model excluded, vocabulary "
+              f"{TINY['vocab_size']}, --tokens {args.tokens}, metrics {'on' if args.metrics else 'off'}), "
+              f"{args.steps} steps:")
         print(f"  wall clock: median {r['median']:.2f} ms, p99 {r['p99']:.2f} ms")
         print(f"  thread CPU: median {r['cpu_median']:.2f} ms, p99 {r['cpu_p99']:.2f} ms")
         print(f"  budget (issue 4): 2.00 ms -> median at {r['median'] / 2:.0%} of it")

@@ -25,12 +25,27 @@ it, so a stop string split across tokens is found. The output is cut before the 
 is not included) and the detokenizer reports ``finish_reason == "stop"``. While stop strings are
 set, the last ``max_stop_len - 1`` characters are held back, so no streamed text is ever
 withdrawn; ``finish()`` releases them.
+
+Speed: with a HF ``tokenizers.Tokenizer`` (or ``ingot.runtime.tokenizer.Tokenizer``, which wraps
+one) the window lives on the Rust side in a ``tokenizers.decoders.DecodeStream``, which runs this
+same algorithm: one Python->Rust call per token instead of two ``decode`` calls that each convert
+the window. The Python offsets mirror it. Where the Python path's state is not one
+``DecodeStream`` can start from (a prefix text ending in U+FFFD, e.g. a prompt context that ends
+inside a character) or where it refuses a step (``InvalidPrefix``: the window's new text does not
+start with its old text, e.g. an invalid byte-fallback run), the Python path runs the step and
+hands the window back to a new ``DecodeStream`` after its next emission.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
+
+try:
+    from tokenizers import Tokenizer as _HFTokenizer
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # without it only the Python path (any object with ``decode``)
+    _HFTokenizer = DecodeStream = None
 
 # prompt tokens decoded as context before the first output token (vLLM uses the same number)
 PROMPT_CONTEXT_TOKENS = 5
@@ -60,12 +75,16 @@ class IncrementalDetokenizer:
         self._ids: list[int] = context  # window context + every output token
         self._prefix_offset = 0
         self._read_offset = len(context)
-        self._prefix_text = self._decode(context)
+        self._prefix_text: str | None = self._decode(context)  # None while a DecodeStream holds the window
         self._n_context = len(context)
+        hf = getattr(tokenizer, "_tok", tokenizer)  # ingot's Tokenizer wraps a HF one
+        self._hf = hf if DecodeStream is not None and isinstance(hf, _HFTokenizer) else None
+        self._stream: Any = None
         self._text = ""  # decoded output text so far (cut at a stop string once found)
         self._emitted = 0  # characters of _text handed out
         self.finish_reason: str | None = None
         self.stop_reason: str | None = None  # the stop string that matched
+        self._resume_stream()
 
     @classmethod
     def from_params(cls, tokenizer: Decoder, params: object, prompt_token_ids: Sequence[int] = ()
@@ -96,25 +115,58 @@ class IncrementalDetokenizer:
 
         After a stop string is found, the rest is ignored and "" returned: check :attr:`finished`.
         """
-        if self.finished:
+        if self.finish_reason is not None:
             return ""
-        self._ids.extend([int(token_ids)] if isinstance(token_ids, int) else (int(t) for t in token_ids))
-        new_text = self._decode(self._ids[self._prefix_offset:])
+        ids = self._ids
+        if isinstance(token_ids, int):
+            new: int | list[int] = int(token_ids)
+            ids.append(new)
+        else:
+            new = [int(t) for t in token_ids]
+            ids.extend(new)
+        if self._stream is not None:
+            try:
+                delta = self._stream.step(self._hf, new)
+            except Exception:  # InvalidPrefix: this step on the Python path
+                self._stream = None
+                self._prefix_text = self._decode(ids[self._prefix_offset:self._read_offset])
+            else:
+                if delta is None:  # nothing new (held back)
+                    return ""
+                self._prefix_offset, self._read_offset = self._read_offset, len(ids)
+                if not self.stop:  # nothing held back: the delta streams as it is
+                    self._text += delta
+                    self._emitted = len(self._text)
+                    return delta
+                self._append(delta)
+                return self._release(final=self.finish_reason is not None)
+        new_text = self._decode(ids[self._prefix_offset:])
         if len(new_text) > len(self._prefix_text) and not new_text.endswith(_REPLACEMENT):
             self._append(new_text[len(self._prefix_text):])
-            self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-            self._prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        return self._release(final=self.finished)
+            self._prefix_offset, self._read_offset = self._read_offset, len(ids)
+            self._prefix_text = self._decode(ids[self._prefix_offset:self._read_offset])
+            self._resume_stream()
+        return self._release(final=self.finish_reason is not None)
 
     def finish(self) -> str:
         """The sequence has ended (EOS, length, abort): returns the text still held back."""
         if not self.finished:
+            if self._stream is not None:
+                self._stream = None
+                self._prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
             new_text = self._decode(self._ids[self._prefix_offset:])
             if len(new_text) > len(self._prefix_text):
                 self._append(new_text[len(self._prefix_text):])
             self._prefix_offset = self._read_offset = len(self._ids)
             self._prefix_text = ""
         return self._release(final=True)
+
+    def _resume_stream(self) -> None:
+        """Hand the window to a ``DecodeStream`` (HF tokenizer, the Python path's state after an emission)."""
+        if self._hf is not None and not self._prefix_text.endswith(_REPLACEMENT):
+            self._stream = DecodeStream(ids=self._ids[self._prefix_offset:],
+                                        skip_special_tokens=self.skip_special_tokens)
+            self._prefix_text = None
 
     def _append(self, delta: str) -> None:
         start = max(0, len(self._text) - self._hold)
@@ -131,3 +183,4 @@ class IncrementalDetokenizer:
         end = len(self._text) if final else max(self._emitted, len(self._text) - self._hold)
         delta, self._emitted = self._text[self._emitted:end], end
         return delta
+

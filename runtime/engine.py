@@ -18,18 +18,24 @@ this step's delta.
 its own thread and hands outputs to per-request asyncio queues through ``loop.call_soon_threadsafe``;
 adds and aborts reach the engine thread through a command list, so the scheduler is only ever
 touched by that thread.
+
+Host time per step (bench/bench_engine_step.py, docs/PERF.md): ~1 ms for 256 decoding sequences,
+the model excluded. Per request and step: one ``DecodeStream`` call (detokenizer.py), one
+``CompletionOutput`` and ``RequestOutput`` that share the sequence's token list instead of copying
+it, and the inter-token latencies go to the metrics as one batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +50,19 @@ from .scheduler import CacheConfig, Scheduler, SchedulerConfig
 log = logging.getLogger("ingot.engine")
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30  # CPU backend: at most this much (and half the available memory)
+
+_gc_frozen = False
+
+
+def freeze_gc() -> None:
+    """``gc.collect(); gc.freeze()``, once per process: the objects alive now (the engine's graph, cache and
+    block pool, the server) leave the collector's generations, so a full collection no longer walks them in the
+    middle of a step (tens of ms; docs/PERF.md). ``AsyncEngine`` calls it after its first step (the warm-up)."""
+    global _gc_frozen
+    if not _gc_frozen:
+        _gc_frozen = True
+        gc.collect()
+        gc.freeze()
 
 
 class EngineRequestError(ValueError):
@@ -73,23 +92,73 @@ class EngineArgs:
     block_size: int | None = None  # None: the artifact's; the CPU backend takes any (its cache shape says it)
 
 
-@dataclass
 class CompletionOutput:
-    """One of a request's ``n`` completions: totals so far and this step's delta."""
+    """One of a request's ``n`` completions: totals so far and this step's delta.
 
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprobs] | None = None
-    finish_reason: str | None = None  # "stop", "length", "abort"; None while running
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-    delta_text: str = ""
-    delta_token_ids: list[int] = field(default_factory=list)
-    delta_logprobs: list[TokenLogprobs] | None = None
+    The engine does not copy a sequence's whole token (and logprob) list into every step's output: it hands
+    out the list with its length at this step, copied on first read of ``token_ids`` (``logprobs``). Those
+    lists only grow, so a later read, from any thread, still gives this step's totals.
+    """
+
+    __slots__ = ("index", "text", "_token_ids", "_num_token_ids", "_logprobs", "_num_logprobs", "finish_reason",
+                 "stop_reason", "delta_text", "delta_token_ids", "delta_logprobs")
+    _FIELDS = ("index", "text", "token_ids", "logprobs", "finish_reason", "stop_reason", "delta_text",
+               "delta_token_ids", "delta_logprobs")
+
+    def __init__(self, index: int, text: str = "", token_ids: list[int] | None = None,
+                 logprobs: list[TokenLogprobs] | None = None,
+                 finish_reason: str | None = None,  # "stop", "length", "abort"; None while running
+                 stop_reason: int | str | None = None,  # the stop token id or stop string that ended it
+                 delta_text: str = "", delta_token_ids: list[int] | None = None,
+                 delta_logprobs: list[TokenLogprobs] | None = None, *,
+                 num_token_ids: int | None = None, num_logprobs: int | None = None) -> None:
+        """``num_token_ids`` (``num_logprobs``): the totals are the first that many of ``token_ids``
+        (``logprobs``), a list that may grow meanwhile; None: all of it."""
+        self.index = index
+        self.text = text
+        self._token_ids = [] if token_ids is None else token_ids
+        self._num_token_ids = num_token_ids
+        self._logprobs = logprobs
+        self._num_logprobs = num_logprobs
+        self.finish_reason = finish_reason
+        self.stop_reason = stop_reason
+        self.delta_text = delta_text
+        self.delta_token_ids = [] if delta_token_ids is None else delta_token_ids
+        self.delta_logprobs = delta_logprobs
+
+    @property
+    def token_ids(self) -> list[int]:
+        if self._num_token_ids is not None:
+            self._token_ids, self._num_token_ids = self._token_ids[: self._num_token_ids], None
+        return self._token_ids
+
+    @token_ids.setter
+    def token_ids(self, value: list[int]) -> None:
+        self._token_ids, self._num_token_ids = value, None
+
+    @property
+    def logprobs(self) -> list[TokenLogprobs] | None:
+        if self._num_logprobs is not None:
+            self._logprobs, self._num_logprobs = self._logprobs[: self._num_logprobs], None
+        return self._logprobs
+
+    @logprobs.setter
+    def logprobs(self, value: list[TokenLogprobs] | None) -> None:
+        self._logprobs, self._num_logprobs = value, None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not CompletionOutput:
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in self._FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a dataclass
+
+    def __repr__(self) -> str:
+        return f"CompletionOutput({', '.join(f'{f}={getattr(self, f)!r}' for f in self._FIELDS)})"
 
 
 @dataclass
@@ -473,30 +542,30 @@ class LLMEngine:
         tokens = np.zeros(len(out.req_ids), np.int64)
         logprobs: list[TokenLogprobs | None] = []
         if len(rows):
-            seqs = [self._seqs[out.req_ids[r]] for r in rows]
+            seqs = [self._seqs[out.req_ids[r]] for r in rows.tolist()]
             sampled = self.sampler(logits[rows] if len(rows) < len(out.req_ids) else logits, seqs)
             tokens[rows] = sampled.token_ids
             logprobs = sampled.logprobs
-        lp_by_id = {out.req_ids[r]: lp for r, lp in zip(rows.tolist(), logprobs)}
+        lp_by_id = ({out.req_ids[r]: lp for r, lp in zip(rows.tolist(), logprobs) if lp is not None}
+                    if any(lp is not None for lp in logprobs) else {})
         updated = sched.update_from_output(out, tokens)
         now = time.monotonic()
+        live = self._seqs
         touched: dict[str, _Group] = {}
         itl: list[float] = []
         ttft: list[float] = []
         for req in updated:
-            seq = self._seqs.get(req.request_id)
+            seq = live.get(req.request_id)
             if seq is None:
                 continue
-            token = req.output_token_ids[-1]
-            lp = lp_by_id.get(req.request_id)
-            if seq.logprobs is not None and lp is not None:
+            if lp_by_id and seq.logprobs is not None and (lp := lp_by_id.get(req.request_id)) is not None:
                 seq.logprobs.append(lp)
             if len(req.output_token_ids) > 1:
                 itl.append(now - seq.last_token_time)
             seq.last_token_time = now
             detok = seq.detok
             if detok is not None:
-                seq.pending_text += detok.push(token)
+                seq.pending_text += detok.push(req.output_token_ids[-1])
             if req.is_finished:
                 seq.finish_reason, seq.stop_reason = req.finish_reason, req.stop_reason
                 if detok is not None:
@@ -518,22 +587,19 @@ class LLMEngine:
         outputs = []
         for seq in group.seqs:
             req = seq.request
-            final = seq.finish_reason is not None
-            if final and seq.request.request_id in self._seqs:
+            if seq.finish_reason is not None and req.request_id in self._seqs:
                 del self._seqs[req.request_id]
                 group.num_unfinished -= 1
-            ids = req.output_token_ids
-            lps = seq.logprobs
+            ids, lps = req.output_token_ids, seq.logprobs
+            n_ids, n_lps = len(ids), None if lps is None else len(lps)
             outputs.append(CompletionOutput(
-                index=seq.index, text=seq.detok.output_text if seq.detok is not None else "",
-                token_ids=list(ids),
-                logprobs=list(lps) if lps is not None else None, finish_reason=seq.finish_reason,
-                stop_reason=seq.stop_reason, delta_text=seq.pending_text, delta_token_ids=ids[seq.delta_start :],
-                delta_logprobs=lps[seq.delta_logprobs_start :] if lps is not None else None,
-            ))
-            seq.delta_start = len(ids)
+                seq.index, seq.detok.output_text if seq.detok is not None else "", ids, lps, seq.finish_reason,
+                seq.stop_reason, seq.pending_text, ids[seq.delta_start:],
+                None if lps is None else lps[seq.delta_logprobs_start:], num_token_ids=n_ids, num_logprobs=n_lps))
+            seq.delta_start = n_ids
             seq.pending_text = ""
-            seq.delta_logprobs_start = len(lps) if lps is not None else 0
+            if lps is not None:
+                seq.delta_logprobs_start = n_lps
         finished = group.num_unfinished == 0
         if finished:
             del self._groups[group.request_id]
@@ -643,6 +709,7 @@ class AsyncEngine:
                 outputs = self.on_outputs(outputs)
             if outputs:
                 self._deliver(outputs)
+            freeze_gc()  # once, after the first (warm-up) step
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}

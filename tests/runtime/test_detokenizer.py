@@ -178,3 +178,37 @@ def test_ingot_tokenizer_wrapper_decodes_too(byte_level, tmp_path):
     wrapped = Tokenizer(tmp_path)
     ids = byte_level.encode(SENTENCES[2]).ids
     assert "".join(stream(wrapped, ids)[1]) == byte_level.decode(ids)
+
+
+class _PythonOnly:
+    """A decoder that is not a HF tokenizer: the detokenizer takes its Python path."""
+
+    def __init__(self, tok):
+        self.decode = tok.decode
+
+
+@pytest.mark.parametrize("fixture", ["byte_level", "byte_fallback"])
+def test_decode_stream_path_matches_python_path(fixture, request):
+    # random ids (invalid UTF-8 runs, special tokens, DecodeStream's InvalidPrefix), prompt contexts that end
+    # inside a character, chunked pushes and stop strings: both paths stream exactly the same deltas
+    tok = request.getfixturevalue(fixture)
+    g = np.random.default_rng(2)
+    vocab = tok.get_vocab_size()
+    for trial in range(400):
+        ids = g.integers(0, vocab, g.integers(1, 24)).tolist()
+        context = g.integers(0, vocab, g.integers(0, 8)).tolist()
+        kw = {"prompt_token_ids": context, "skip_special_tokens": trial % 3 != 0}
+        if trial % 4 == 0:
+            full = tok.decode(ids)
+            kw["stop"] = [full[len(full) // 2:][:2] or "x", "zz"]
+        fast, slow = IncrementalDetokenizer(tok, **kw), IncrementalDetokenizer(_PythonOnly(tok), **kw)
+        assert fast._hf is not None and slow._hf is None
+        i = 0
+        while i < len(ids):
+            k = 1 if trial % 2 else int(g.integers(1, 4))
+            chunk = ids[i] if k == 1 else ids[i:i + k]
+            assert fast.push(chunk) == slow.push(chunk), (ids, context, kw)
+            i += k
+        assert fast.finish() == slow.finish()
+        assert (fast.output_text, fast.finish_reason, fast.stop_reason, fast.token_ids) == \
+            (slow.output_text, slow.finish_reason, slow.stop_reason, slow.token_ids)

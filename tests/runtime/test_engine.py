@@ -141,3 +141,25 @@ def test_llm_api(artifact):
     assert text_out.token_ids == greedy_generate(llm.engine.graph, llm.tokenizer.encode("hello there"), 4)
     with pytest.raises(ValueError):
         llm.generate(max_tokens=4)
+
+
+def test_streamed_outputs_keep_their_step_totals(artifact):
+    """Outputs share the sequence's growing token and logprob lists (no copy per step): an output read after
+    later steps still gives its own step's totals, consistent with the deltas streamed up to it."""
+    engine = LLMEngine(artifact, num_blocks=64)
+    engine.add_request(_prompts(1, seed=5, max_len=20)[0],
+                       SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1, stop=["\x00\x01"]))
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [o.outputs[0] for o in engine.step()]
+    toks: list[int] = []
+    text, lps = "", []
+    for c in outs:  # read only now, after the request finished
+        toks += c.delta_token_ids
+        text += c.delta_text
+        lps += c.delta_logprobs
+        assert c.token_ids == toks and c.text == text and c.logprobs == lps
+    final = outs[-1]
+    assert final.finished and len(final.token_ids) == 8 and final.text == engine.tokenizer.decode(final.token_ids)
+    final.token_ids = [1, 2]  # the totals stay assignable, as dataclass fields were
+    assert final.token_ids == [1, 2] and final != outs[0] and "token_ids=[1, 2]" in repr(final)
