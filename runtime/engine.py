@@ -19,7 +19,7 @@ its own thread and hands outputs to per-request asyncio queues through ``loop.ca
 adds and aborts reach the engine thread through a command list, so the scheduler is only ever
 touched by that thread.
 
-Host time per step (bench/bench_engine_step.py, docs/PERF.md): ~1 ms for 256 decoding sequences,
+Host time per step (bench/bench_engine_step.py, docs/PERF.md): ~1.2 ms for 256 decoding sequences,
 the model excluded. Per request and step: one ``DecodeStream`` call (detokenizer.py), one
 ``CompletionOutput`` and ``RequestOutput`` that share the sequence's token list instead of copying
 it, and the inter-token latencies go to the metrics as one batch.
