@@ -172,6 +172,11 @@ def test_graph_mode_with_kernels_compiles(tmp_path):
 
 
 def test_graph_mode_without_kernels_names_the_ops(tmp_path):
+    """Without TVM (the long-tail fallback) a conv net has ops no template covers: one error lists them."""
+    from ingot.codegen.tvm.rule import available
+
+    if available():
+        pytest.skip("apache-tvm is installed: the TVM fallback compiles every op (tests/codegen/test_tvm.py)")
     light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_squeezenet.onnx"
     if not light.is_file():
         pytest.skip("onnx's light models are not installed")
