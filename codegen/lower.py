@@ -34,7 +34,8 @@ On tcgen05 targets (b200) a bf16 ``linear``'s ``kernel`` is a shape-generic CUTL
 gemm_cutlass/cutlass_params.py``): its kernel entry has ``"cutlass"``, the layout of its Params blob, which the
 runtime fills in Python (TMA descriptors through ``cuTensorMapEncodeTiled``; no shipped host code), and the
 launch has ``"alternatives": [{"kernel": entry}]``, the plain template GEMM taking the same arguments, which a
-runtime without the CUTLASS launch path runs instead. ``INGOT_NO_CUTLASS=1`` at compile time leaves CUTLASS out.
+runtime without the CUTLASS launch path runs instead (listed under ``alternative_kernels``, same entry format).
+``INGOT_NO_CUTLASS=1`` at compile time leaves CUTLASS out.
 
 An argument is ``{"buffer": value name}`` (a device pointer: the value's offset in the arena),
 ``{"null": true}`` (an absent optional input), ``{"dim": expression}`` (an integer evaluated from the
@@ -291,9 +292,10 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
     for _, _, spec, _ in launches:
         if spec.entry not in kernels:
             kernels[spec.entry] = compile_kernel(spec)
+    alternative_kernels: dict[str, Any] = {}
     for spec in alternatives.values():
-        if spec.entry not in kernels:
-            kernels[spec.entry] = compile_kernel(spec)
+        if spec.entry not in alternative_kernels:
+            alternative_kernels[spec.entry] = compile_kernel(spec)
     variant_kernels: dict[str, Any] = {}
     launch_variants: dict[int, list[dict[str, Any]]] = {}
     if os.environ.get("INGOT_NO_GEMV", "") in ("", "0"):
@@ -322,6 +324,7 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         "limits": {**({k: bindings[k] for k in ("T", "S", "max_blocks")} if serving else {}), **limits},
         "kernels": kernels,
         "variant_kernels": variant_kernels,
+        **({"alternative_kernels": alternative_kernels} if alternative_kernels else {}),
         "launches": [{"kernel": spec.entry, "node": i, "op": node.op.name, "source": node.source, "args": args,
                       **({"variants": launch_variants[j]} if j in launch_variants else {}),
                       **({"alternatives": [{"kernel": alternatives[j].entry}]} if j in alternatives else {})}

@@ -211,7 +211,8 @@ class CudaExecutor:
         self.modules: dict[str, cd.Module] = {}
         self.launches: list[_Launch] = []
         functions = {}
-        for entry, k in {**cuda["kernels"], **cuda.get("variant_kernels", {})}.items():
+        tables = (cuda["kernels"], cuda.get("variant_kernels", {}), cuda.get("alternative_kernels", {}))
+        for entry, k in {key: v for table in tables for key, v in table.items()}.items():
             module = cd.Module((self.path / k["cubin"]).read_bytes(), entry)
             self.modules[entry] = module
             fn, kspec = module.function(entry), KernelSpec.from_dict(k["spec"])

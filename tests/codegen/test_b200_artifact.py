@@ -14,6 +14,7 @@ two cores) go to the kernel cache (``$INGOT_CACHE_DIR``); reruns take seconds.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -32,10 +33,17 @@ needs_cutlass = pytest.mark.skipif(not cutlass_available(),
 needs_cuobjdump = pytest.mark.skipif(find_cuobjdump() is None, reason="no cuobjdump: pip install nvidia-cuda-cuobjdump")
 
 
+def _cache(tmp_path_factory) -> str:
+    """The kernel cache test_lower.py uses, so a session builds each CUTLASS config once."""
+    return os.environ.get("INGOT_TEST_KERNEL_CACHE") or str(tmp_path_factory.getbasetemp() / "kernel-cache")
+
+
 @pytest.fixture(scope="module")
 def b200_artifact(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("b200") / "tiny.ingot"
-    return ingot.compile(FIXTURES / "tiny_llama_kv.onnx", target="b200", out=out, mode="llm")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("INGOT_CACHE_DIR", _cache(tmp_path_factory))
+        return ingot.compile(FIXTURES / "tiny_llama_kv.onnx", target="b200", out=out, mode="llm")
 
 
 def test_generic_spec_is_shape_free():
@@ -49,9 +57,10 @@ def test_generic_spec_is_shape_free():
 
 @pytest.mark.slow
 @needs_cutlass
-def test_params_layout_reproduces_cutlass():
+def test_params_layout_reproduces_cutlass(tmp_path_factory, monkeypatch):
     """The layout is derived and checked against every probe shape (``derive_layout`` raises otherwise);
     here: what it holds, and a blob built from it for one more shape."""
+    monkeypatch.setenv("INGOT_CACHE_DIR", _cache(tmp_path_factory))
     spec = cp.generic_linear_spec("bf16", get_target("b200"))
     layout = cp.params_layout(spec)
     assert layout["version"] == cp.LAYOUT_VERSION and layout["cluster"] == [2, 1, 1]
@@ -83,7 +92,7 @@ def test_b200_artifact_has_tcgen05_gemms(b200_artifact):
     manifest = json.loads((b200_artifact / "manifest.json").read_text())
     cuda = manifest["cuda"]
     assert cuda["arch"] == "sm_100a"
-    kernels = {**cuda["kernels"], **cuda.get("variant_kernels", {})}
+    kernels = {**cuda["kernels"], **cuda.get("variant_kernels", {}), **cuda["alternative_kernels"]}
     for entry, k in kernels.items():
         sass = disassemble((b200_artifact / k["cubin"]).read_bytes())
         assert sass_arch(sass) == "sm_100a", f"{entry}: {sass_arch(sass)}"
@@ -95,8 +104,8 @@ def test_b200_artifact_has_tcgen05_gemms(b200_artifact):
         assert k["spec"]["family"] == "gemm_cutlass" and "cutlass" in k, ln["kernel"]
         cutlass_entries.add(ln["kernel"])
         (alt,) = ln["alternatives"]
-        assert cuda["kernels"][alt["kernel"]]["spec"]["family"] == "gemm"
-        assert cuda["kernels"][alt["kernel"]]["params"] == k["params"]
+        assert cuda["alternative_kernels"][alt["kernel"]]["spec"]["family"] == "gemm"
+        assert cuda["alternative_kernels"][alt["kernel"]]["params"] == k["params"]
     # shape-generic: one kernel per epilogue (plain, + residual) for all the model's linears
     assert len(cutlass_entries) == 2
     for entry in cutlass_entries:

@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from ....ir.graph import Node
-from ...compile import CompiledKernel, CompileError, cache_dir, nvcc_path, nvcc_version
+from ...compile import CompiledKernel, CompileError, cache_dir, compile_source, nvcc_path, nvcc_version
 from ...kernel import KernelSpec
 from ...target import Target
-from .build import _jobs, compile_cutlass, cutlass_available, cutlass_options
+from .build import _jobs, cutlass_available, cutlass_options
 from .rule import linear_cutlass_spec, plan, variant_config
 
 LAYOUT_VERSION = 1
@@ -57,6 +57,9 @@ ABI = "cutlass-layout-v1"
 #: (M, N, K) the probe runs: the first derives the layout, all check it (M spans both raster orders)
 PROBE_SHAPES = ((37, 424, 472), (1000, 136, 4104), (1, 2048, 64), (4096, 8, 8), (300, 1064, 200))
 PROBE_SMS = 148
+#: stack fills of the further runs of each shape (each its own process): bytes that differ between a shape's
+#: runs are indeterminate (padding, or members CUTLASS leaves unset) and left 0
+PROBE_FILLS = (255, 0, 90, 165)
 TMA_BYTES = 128
 _MARKER = 0x494E474F54000000  # "INGOT" + descriptor index, written by the probe's recorder
 _SYMBOLS = ("", "M", "N", "K", "M*N", "M*K", "N*K")
@@ -130,8 +133,8 @@ def _run_probe(exe: Path, m: int, n: int, k: int, fill: int) -> dict[str, Any]:
     return out
 
 
-def _probe(spec: KernelSpec) -> list[tuple[tuple[int, int, int], dict, dict]]:
-    """Builds and runs the probe: per PROBE_SHAPES entry, runs with the stack filled with 0x00 and 0xff."""
+def _probe(spec: KernelSpec) -> list[tuple[Any, ...]]:
+    """Builds and runs the probe: per PROBE_SHAPES entry, runs with the stack filled with 0 and PROBE_FILLS."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise CompileError("nvcc not found: the CUTLASS Params probe needs it")
@@ -143,7 +146,8 @@ def _probe(spec: KernelSpec) -> list[tuple[tuple[int, int, int], dict, dict]]:
                            timeout=900)
         if r.returncode != 0:
             raise CompileError(f"nvcc failed to build the Params probe of {spec.entry}", r.stdout + r.stderr, source)
-        return [(shape, _run_probe(exe, *shape, 0), _run_probe(exe, *shape, 255)) for shape in PROBE_SHAPES]
+        return [(shape, _run_probe(exe, *shape, 0), *(_run_probe(exe, *shape, f) for f in PROBE_FILLS))
+                for shape in PROBE_SHAPES]
 
 
 def _symbolic(values: Sequence[int], shapes: Sequence[tuple[int, int, int]]) -> list[int | str]:
@@ -162,11 +166,11 @@ def _eval_sym(sym: str, m: int, n: int, k: int) -> int:
     return out
 
 
-def derive_layout(spec: KernelSpec, runs: Sequence[tuple[tuple[int, int, int], dict, dict]]) -> dict[str, Any]:
+def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
     """The layout (module docstring) from the probe's runs; raises ``LayoutError`` when it does not
     reproduce every run."""
-    shapes = [s for s, _, _ in runs]
-    first, first_ff = runs[0][1], runs[0][2]
+    shapes = [r[0] for r in runs]
+    first = runs[0][1]
     size = int(first["size"])
     if not first["can_implement"] or first["workspace"]:
         raise LayoutError(f"{spec.entry}: CUTLASS cannot run the probe shape {shapes[0]} without a workspace")
@@ -213,8 +217,9 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[tuple[int, int, int], d
         "scheduler": {"kind": "sm100", "offset": sched, "tile": list(cfg_tile),
                       "atom_m": 2 if spec.value("TWO_SM") else 1, "cluster": list(cluster)},
     }
-    # padding: bytes that differ between the two stack fills; variable: everything we fill
-    padding = {i for i in range(size) if blob[i] != first_ff["blob"][i]}
+    # padding: bytes that differ between any shape's runs (all shapes: a byte left unset is unset in every run);
+    # variable: everything build_params fills
+    padding = {i for _, run, *others in runs for o in others for i in range(size) if run["blob"][i] != o["blob"][i]}
     variable = set(tma_bytes) | {o + j for o, _ in pointers for j in range(8)}
     variable |= set(range(layout["problem_shape"], layout["problem_shape"] + 16))
     variable |= set(range(layout["sm_count"], layout["sm_count"] + 4))
@@ -225,8 +230,8 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[tuple[int, int, int], d
     layout["template"] = template.hex()
     layout["padding"] = _ranges(padding)
     # check: the layout reproduces every run
-    for shape, run, run_ff in runs:
-        pad = padding | {i for i in range(size) if run["blob"][i] != run_ff["blob"][i]}
+    for shape, run, *_ in runs:
+        pad = padding
         ptrs = {name: sentinel + ((i + 1) << 32) for i, name in enumerate(POINTERS)}
         mine, launch = build_params(layout, ptrs, *shape, PROBE_SMS, encode=_marker_encoder)
         bad = [i for i in range(size) if i not in pad and mine[i] != run["blob"][i]]
@@ -252,8 +257,9 @@ def _ranges(idx: set[int]) -> list[list[int]]:
 
 def params_layout(spec: KernelSpec, use_cache: bool = True) -> dict[str, Any]:
     """The spec's Params layout (probe built and run on this machine, cached by content like the cubin)."""
-    key = hashlib.sha256("\0".join([_probe_source(spec), *_probe_options(spec), str(nvcc_version()),
-                                    f"layout-v{LAYOUT_VERSION}", repr(PROBE_SHAPES)]).encode()).hexdigest()
+    parts = [_probe_source(spec), *_probe_options(spec), str(nvcc_version()), f"layout-v{LAYOUT_VERSION}",
+             repr(PROBE_SHAPES), repr(PROBE_FILLS)]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     path = cache_dir() / key[:2] / f"{key}.layout.json"
     if use_cache and path.is_file():
         return json.loads(path.read_text())
@@ -267,11 +273,16 @@ def params_layout(spec: KernelSpec, use_cache: bool = True) -> dict[str, Any]:
 
 
 def build_linear(spec: KernelSpec, use_cache: bool = True) -> tuple[CompiledKernel, dict[str, Any]]:
-    """The cubin and the Params layout of a generic spec, built side by side (two nvcc runs)."""
+    """The cubin (+ PTX) and the Params layout of a generic spec, built side by side."""
     if not cutlass_available():
         raise CompileError("CUTLASS kernels need nvcc and the nvidia-cutlass wheel's headers")
+    def kernel() -> CompiledKernel:  # cubin, and the PTX the artifact keeps beside it (while the probe builds)
+        with _jobs():
+            return compile_source(spec.source(), spec.arch, name=f"{spec.entry}.cu", options=cutlass_options(),
+                                  compiler="nvcc", use_cache=use_cache, ptx=True)
+
     with ThreadPoolExecutor(2) as pool:
-        cubin = pool.submit(compile_cutlass, spec, use_cache)
+        cubin = pool.submit(kernel)
         layout = pool.submit(params_layout, spec, use_cache)
         return cubin.result(), layout.result()
 

@@ -11,6 +11,15 @@
 #include <cstdlib>
 #include <cstring>
 
+// the recorder only stores (printing inside to_underlying_arguments would leave shape-dependent bytes on the
+// stack, which CUTLASS may copy into padding of the Params)
+struct IngotProbeTma {
+  int dtype, interleave, swizzle, l2, oob;
+  unsigned rank;
+  unsigned long long address, dims[5], strides[5];
+  unsigned box[5], elem_strides[5];
+};
+static IngotProbeTma ingot_probe_tmas[64];
 static int ingot_probe_tma_count = 0;
 
 extern "C" CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank,
@@ -18,22 +27,37 @@ extern "C" CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType
                                            const cuuint32_t* box, const cuuint32_t* elem_strides,
                                            CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
                                            CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  if (ingot_probe_tma_count >= 64 || rank > 5) return CUDA_ERROR_INVALID_VALUE;
   int i = ingot_probe_tma_count++;
+  IngotProbeTma& t = ingot_probe_tmas[i];
+  t.dtype = int(dtype), t.interleave = int(interleave), t.swizzle = int(swizzle), t.l2 = int(l2), t.oob = int(oob);
+  t.rank = rank;
+  t.address = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(address));
+  for (unsigned r = 0; r < rank; ++r) {
+    t.dims[r] = dims[r], t.box[r] = box[r], t.elem_strides[r] = elem_strides[r];
+    t.strides[r] = r + 1 < rank ? strides[r] : 0;
+  }
   std::memset(map, 0, sizeof(CUtensorMap));
   unsigned long long marker = 0x494E474F54000000ull | static_cast<unsigned>(i + 1);
   std::memcpy(map, &marker, sizeof(marker));
-  std::printf("{\"tma\": %d, \"dtype\": %d, \"rank\": %u, \"address\": %llu, \"dims\": [", i, int(dtype), rank,
-              static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(address)));
-  for (unsigned r = 0; r < rank; ++r) std::printf("%s%llu", r ? ", " : "", (unsigned long long)dims[r]);
-  std::printf("], \"strides\": [");
-  for (unsigned r = 0; r + 1 < rank; ++r) std::printf("%s%llu", r ? ", " : "", (unsigned long long)strides[r]);
-  std::printf("], \"box\": [");
-  for (unsigned r = 0; r < rank; ++r) std::printf("%s%u", r ? ", " : "", box[r]);
-  std::printf("], \"elem_strides\": [");
-  for (unsigned r = 0; r < rank; ++r) std::printf("%s%u", r ? ", " : "", elem_strides[r]);
-  std::printf("], \"interleave\": %d, \"swizzle\": %d, \"l2\": %d, \"oob\": %d}\n", int(interleave), int(swizzle),
-              int(l2), int(oob));
   return CUDA_SUCCESS;
+}
+
+static void ingot_probe_print_tmas() {
+  for (int i = 0; i < ingot_probe_tma_count; ++i) {
+    const IngotProbeTma& t = ingot_probe_tmas[i];
+    std::printf("{\"tma\": %d, \"dtype\": %d, \"rank\": %u, \"address\": %llu, \"dims\": [", i, t.dtype, t.rank,
+                t.address);
+    for (unsigned r = 0; r < t.rank; ++r) std::printf("%s%llu", r ? ", " : "", t.dims[r]);
+    std::printf("], \"strides\": [");
+    for (unsigned r = 0; r + 1 < t.rank; ++r) std::printf("%s%llu", r ? ", " : "", t.strides[r]);
+    std::printf("], \"box\": [");
+    for (unsigned r = 0; r < t.rank; ++r) std::printf("%s%u", r ? ", " : "", t.box[r]);
+    std::printf("], \"elem_strides\": [");
+    for (unsigned r = 0; r < t.rank; ++r) std::printf("%s%u", r ? ", " : "", t.elem_strides[r]);
+    std::printf("], \"interleave\": %d, \"swizzle\": %d, \"l2\": %d, \"oob\": %d}\n", t.interleave, t.swizzle, t.l2,
+                t.oob);
+  }
 }
 
 static typename GemmKernel::Arguments ingot_probe_arguments(const void* const* p, int M, int N, int K,
@@ -73,6 +97,7 @@ __attribute__((noinline)) static int ingot_probe_run(char** argv) {
   Params params = GemmKernel::to_underlying_arguments(args, nullptr);
   dim3 grid = GemmKernel::get_grid_shape(params), block = GemmKernel::get_block_shape();
   using Cluster = typename GemmKernel::DispatchPolicy::ClusterShape;
+  ingot_probe_print_tmas();
   std::printf("{\"size\": %zu, \"align\": %zu, \"can_implement\": %s, \"workspace\": %zu, \"sentinel\": %llu,\n",
               sizeof(Params), alignof(Params), ok ? "true" : "false", workspace, 0x00007A0000000000ull);
   std::printf(" \"offsets\": {\"mode\": %zu, \"problem_shape\": %zu, \"mainloop\": %zu, \"epilogue\": %zu, "
