@@ -262,7 +262,14 @@ class Router:
             tid = uuid.uuid4().hex
             body = {"request_id": rid, "prompt_token_ids": ids, "params": params_to_json(params), "priority": priority,
                     "transfer_id": tid}
-            first = await self._prefill(prefill, {**body, "kv_addr": decode.kv_addr})
+            try:
+                first = await self._prefill(prefill, {**body, "kv_addr": decode.kv_addr})
+            except WorkerError as e:
+                # the prefill worker could not hand the KV to the decode worker: that is the decode
+                # worker's failure, and the client should hear its name
+                if decode.kv_addr and decode.kv_addr in str(e):
+                    raise WorkerError(f"decode worker {decode.url} did not take the KV transfer: {e}") from None
+                raise
             out = acc.add(first["output"], time.monotonic())
             yield out
             if out.finished:
