@@ -92,6 +92,29 @@ class EngineArgs:
     block_size: int | None = None  # None: the artifact's; the CPU backend takes any (its cache shape says it)
 
 
+def check_prompt_length(prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int,
+                        max_model_len: int) -> int:
+    """A request's prompt ids and length against the model; returns its ``max_tokens``.
+
+    Shared by the engine and the disaggregation router, which answer bad requests the same way.
+    """
+    n = len(prompt_token_ids)
+    if n == 0:
+        raise EngineRequestError("the prompt is empty", "prompt")
+    if any(not 0 <= int(t) < vocab_size for t in prompt_token_ids):
+        raise EngineRequestError(f"prompt token ids must be in [0, {vocab_size})", "prompt")
+    if n >= max_model_len:
+        raise EngineRequestError(
+            f"this model's maximum context length is {max_model_len} tokens; the prompt has {n} tokens "
+            "(at least one must be left to generate)", "prompt")
+    max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - n
+    if n + max_tokens > max_model_len:
+        raise EngineRequestError(
+            f"this model's maximum context length is {max_model_len} tokens; you requested "
+            f"{n + max_tokens} tokens ({n} in the prompt, {max_tokens} for the completion)", "max_tokens")
+    return max_tokens
+
+
 class CompletionOutput:
     """One of a request's ``n`` completions: totals so far and this step's delta.
 
@@ -355,19 +378,7 @@ class LLMEngine:
         """Validate a request against the model and the cache; returns its ``max_tokens``. Reads no
         mutable state, so any thread may call it."""
         n = len(prompt_token_ids)
-        if n == 0:
-            raise EngineRequestError("the prompt is empty", "prompt")
-        if any(not 0 <= int(t) < self.vocab_size for t in prompt_token_ids):
-            raise EngineRequestError(f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
-        if n >= self.max_model_len:
-            raise EngineRequestError(
-                f"this model's maximum context length is {self.max_model_len} tokens; the prompt has {n} tokens "
-                "(at least one must be left to generate)", "prompt")
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
-        if n + max_tokens > self.max_model_len:
-            raise EngineRequestError(
-                f"this model's maximum context length is {self.max_model_len} tokens; you requested "
-                f"{n + max_tokens} tokens ({n} in the prompt, {max_tokens} for the completion)", "max_tokens")
+        max_tokens = check_prompt_length(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         if params.n > self.args.max_num_seqs:
             raise EngineRequestError(f"n must be at most max_num_seqs ({self.args.max_num_seqs})", "n")
         if -(-(n + max_tokens - 1) // self.block_size) > self.num_blocks:

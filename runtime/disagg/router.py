@@ -33,7 +33,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from ..engine import EngineRequestError, QueueFullError, RequestOutput
+from ..engine import EngineRequestError, QueueFullError, RequestOutput, check_prompt_length
 from ..sampling import SamplingParams
 from ..server import MAX_BODY_BYTES, ApiError, create_app
 from .protocol import OutputAccumulator, params_to_json
@@ -111,20 +111,7 @@ class RouterModel:
         return self.tokenizer.encode(prompt)
 
     def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise EngineRequestError("the prompt is empty", "prompt")
-        if any(not 0 <= int(t) < self.vocab_size for t in prompt_token_ids):
-            raise EngineRequestError(f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
-        if n >= self.max_model_len:
-            raise EngineRequestError(
-                f"this model's maximum context length is {self.max_model_len} tokens; the prompt has {n} tokens "
-                "(at least one must be left to generate)", "prompt")
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
-        if n + max_tokens > self.max_model_len:
-            raise EngineRequestError(
-                f"this model's maximum context length is {self.max_model_len} tokens; you requested "
-                f"{n + max_tokens} tokens ({n} in the prompt, {max_tokens} for the completion)", "max_tokens")
+        max_tokens = check_prompt_length(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         if params.n != 1:
             raise EngineRequestError("n > 1 is not supported by disaggregated serving; send n requests", "n")
         return max_tokens
