@@ -58,18 +58,6 @@ def test_cuda_device_without_gpu_is_a_clear_error(tmp_path):
 # -- on the GPU -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def gpu_target():
-    if not _has_gpu():
-        pytest.skip("needs an NVIDIA GPU and driver")
-    from ingot.runtime.cuda_driver import Context
-
-    sm = Context(0).sm
-    if sm not in (90, 100):
-        pytest.skip(f"kernels are built for sm_90a / sm_100a; this GPU is sm_{sm}")
-    return "h200" if sm == 90 else "b200"
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _report():
     yield

@@ -64,28 +64,6 @@ def _compile_or_skip(src: Path, target: str, out: Path, dims: dict[str, int] | N
         raise
 
 
-def _has_gpu() -> bool:
-    try:
-        from ingot.runtime import cuda_driver
-
-        cuda_driver.init()
-        return True
-    except Exception:
-        return False
-
-
-@pytest.fixture(scope="module")
-def gpu_target():
-    if not _has_gpu():
-        pytest.skip("needs an NVIDIA GPU and driver")
-    from ingot.runtime.cuda_driver import Context
-
-    sm = Context(0).sm
-    if sm not in (90, 100):
-        pytest.skip(f"kernels are built for sm_90a / sm_100a; this GPU is sm_{sm}")
-    return "h200" if sm == 90 else "b200"
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _report():
     yield

