@@ -418,9 +418,11 @@ def _assert_no_blocks_held(workers: list[Proc]) -> None:
 def test_killing_a_decode_worker_fails_only_its_streams(cluster, tiny):
     router, dec, dec2 = cluster["router"], cluster["decode"], cluster["decode2"]
     prompts = _prompts(8, seed=6)
-    want = _reference(tiny, prompts, [150] * len(prompts))
+    # long streams, so that the second decode worker is still busy when the poll below sees it
+    # (on a loaded 2-core machine 150-token streams could all end between two polls)
+    want = _reference(tiny, prompts, [400] * len(prompts))
     with ThreadPoolExecutor(len(prompts)) as pool:
-        futures = [pool.submit(_complete, router.url, p, 150, True) for p in prompts]
+        futures = [pool.submit(_complete, router.url, p, 400, True) for p in prompts]
         deadline = time.monotonic() + 30
         while _workers(router)[dec2.url]["in_flight"] < 2:
             assert time.monotonic() < deadline, "the second decode worker never got work"

@@ -75,7 +75,9 @@ def test_stop_strings_logprobs_and_text(artifact):
 
 def test_abort_frees_blocks_and_bad_requests_raise(artifact):
     engine = LLMEngine(artifact, num_blocks=64)
-    rid = engine.add_request(list(range(3, 100)), SamplingParams(max_tokens=50))
+    # greedy and ignoring EOS: the request must still be running after one step (a sampled EOS
+    # would finish it and free its blocks before the abort)
+    rid = engine.add_request(list(range(3, 100)), SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))
     engine.step()
     assert engine.scheduler.kv.num_used_blocks > 0
     assert engine.abort(rid) and not engine.abort(rid)
