@@ -66,9 +66,28 @@ def make_model(node: onnx.NodeProto, inputs: list[onnx.ValueInfoProto], outputs:
     return m
 
 
+#: Per-test seed sequence, reset by the autouse fixture in tests/conftest.py from the session seed
+#: (``INGOT_TEST_SEED``: an integer, default 0, or ``random``) and the test's node id.
+_SEEDS: np.random.SeedSequence = np.random.SeedSequence(0)
+
+
+def reset_seeds(session_seed: int, nodeid: str) -> None:
+    import zlib
+
+    global _SEEDS
+    _SEEDS = np.random.SeedSequence([session_seed, zlib.crc32(nodeid.encode())])
+
+
 def rng(seed: int | None = None) -> np.random.Generator:
-    """Fresh random draws: seeded from the OS unless a test pins a seed to reproduce a failure."""
-    return np.random.default_rng(seed)
+    """A generator for one test's random inputs.
+
+    Each call in a test draws a new stream from that test's seed sequence, so every run with the same
+    ``INGOT_TEST_SEED`` reproduces the same inputs (CI is deterministic); ``INGOT_TEST_SEED=random``
+    explores fresh draws and prints the seed to reproduce a failure with.
+    """
+    if seed is not None:
+        return np.random.default_rng(seed)
+    return np.random.default_rng(_SEEDS.spawn(1)[0])
 
 
 def assert_text_roundtrip(graph) -> None:

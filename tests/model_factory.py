@@ -9,11 +9,13 @@ import onnx
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
+from tests.helpers import rng
+
 
 def cast_model(weight: np.ndarray | None = None) -> onnx.ModelProto:
     """y = cast(x, f16); w_out = identity(w): a graph with one input, one weight, two outputs."""
     if weight is None:
-        weight = np.random.default_rng().standard_normal((4, 3)).astype(np.float32)
+        weight = rng().standard_normal((4, 3)).astype(np.float32)
     x = helper.make_tensor_value_info("x", T.FLOAT, ["B", 3])
     nodes = [
         helper.make_node("Cast", ["x"], ["y"], to=T.FLOAT16, name="cast_x"),

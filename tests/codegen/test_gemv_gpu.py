@@ -14,6 +14,7 @@ import pytest
 
 from ingot.codegen.kernels.gemv.rule import gemv_spec
 from ingot.codegen.target import get_target
+from tests.helpers import rng
 
 pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
@@ -50,7 +51,7 @@ def _launch(gpu, spec, **args) -> None:
 ])
 @pytest.mark.parametrize("epilogue", ["plain", "bias+residual"])
 def test_gemv_matches_numpy(gpu, n, k, mb, ms, epilogue):
-    r = np.random.default_rng()
+    r = rng()
     tgt = get_target("h200" if gpu.arch == "sm_90a" else "b200")
     has = epilogue != "plain"
     spec = gemv_spec(n, k, mb, tgt, bias=has, residual=has)

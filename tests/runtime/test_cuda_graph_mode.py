@@ -23,6 +23,7 @@ import pytest
 import ingot
 from ingot.api import CompileError
 from ingot.passes import PassContext
+from tests.helpers import rng
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -106,7 +107,7 @@ def test_light_model_matches_cpu(gpu_target, name, tmp_path):
 @pytest.mark.gpu
 def test_tiny_llama_graph_mode_matches_cpu(gpu_target, tmp_path):
     path = _compile_or_skip(FIXTURES / "tiny_llama.onnx", gpu_target, tmp_path / "tiny.ingot", LLAMA_DIMS)
-    r = np.random.default_rng()
+    r = rng()
     model = ingot.load(path, device="cuda")
     cpu = ingot.load(path, device="cpu")
     for trial in range(3):
