@@ -67,7 +67,7 @@ def make_model(node: onnx.NodeProto, inputs: list[onnx.ValueInfoProto], outputs:
 
 
 #: Per-test seed sequence, reset by the autouse fixture in tests/conftest.py from the session seed
-#: (``INGOT_TEST_SEED``: an integer, default 0, or ``random``) and the test's node id.
+#: (fresh each run unless ``INGOT_TEST_SEED`` pins it) and the test's node id.
 _SEEDS: np.random.SeedSequence = np.random.SeedSequence(0)
 
 
@@ -81,9 +81,9 @@ def reset_seeds(session_seed: int, nodeid: str) -> None:
 def rng(seed: int | None = None) -> np.random.Generator:
     """A generator for one test's random inputs.
 
-    Each call in a test draws a new stream from that test's seed sequence, so every run with the same
-    ``INGOT_TEST_SEED`` reproduces the same inputs (CI is deterministic); ``INGOT_TEST_SEED=random``
-    explores fresh draws and prints the seed to reproduce a failure with.
+    Each call in a test draws a new stream from that test's seed sequence. The session seed is fresh
+    every run (printed in the pytest header); ``INGOT_TEST_SEED=<that seed>`` replays a failing run's
+    inputs exactly.
     """
     if seed is not None:
         return np.random.default_rng(seed)
