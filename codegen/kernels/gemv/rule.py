@@ -19,6 +19,11 @@ of it), picked from a sweep on the H200 (``bench/bench_gemv.py --sweep``, docs/P
 split-K slices that give at least ``CTAS_PER_SM[bucket] x num_sms`` CTAs, with slices of at least 256
 columns and the CTA's x slice in at most ``SMEM_BUDGET`` bytes of shared memory. At 32+ tokens the
 split-K reduction costs more (its partials grow with M), so those buckets split less.
+
+**Quantized weights** (``quant.cu``, ``quant_rule.py``): ``quantized_linear`` with FP8 (per-channel) or NVFP4
+weights, bf16 or per-token FP8 activations, through the same two entry points (``variants`` per bucket, ``plan``
+for any M). ``codegen/registry.py`` consults ``plan`` only for families in ``FAMILY_NAMES`` (this one is a
+variant family there), and ``codegen/lower.py`` binds ``quantized_linear``'s arguments by the op's input names.
 """
 
 from __future__ import annotations
@@ -122,7 +127,12 @@ def applies(inputs: Sequence[TensorType | None], target: Target) -> tuple[int, i
 
 
 def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[tuple[int, KernelSpec]]:
-    """(max rows, spec) per token bucket, smallest first; empty when the family does not apply."""
+    """(max rows, spec) per token bucket, smallest first; empty when the family does not apply.
+    ``quantized_linear`` (FP8 / NVFP4 weights): ``quant_rule.quant_variants``."""
+    if op.name == "quantized_linear":
+        from .quant_rule import quant_variants
+
+        return quant_variants(op, inputs, target)
     if op.name != "linear":
         return []
     a = applies(inputs, target)
@@ -133,7 +143,12 @@ def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> lis
 
 
 def plan(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[KernelSpec] | None:
-    """A single launch when x's row count is static and within the largest bucket (graph mode)."""
+    """A single launch when x's row count is static and within the largest bucket (graph mode).
+    ``quantized_linear``: the any-M kernel of ``quant_rule.quant_plan`` (its variants take small M)."""
+    if op.name == "quantized_linear":
+        from .quant_rule import quant_plan
+
+        return quant_plan(op, inputs, target)
     if op.name != "linear" or applies(inputs, target) is None:
         return None
     x = inputs[0]
@@ -149,4 +164,4 @@ def plan(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[Ke
     return None
 
 
-FAMILY = Family(name="gemv", ops=("linear",), plan=plan)
+FAMILY = Family(name="gemv", ops=("linear", "quantized_linear"), plan=plan)

@@ -1,0 +1,372 @@
+#include "../common.cuh"
+
+// Decode GEMV / skinny GEMM for ``quantized_linear`` (codegen/kernels/gemv/quant_rule.py):
+// out[M, N] = quant(x)[M, K] @ dequant(w)[N, K]^T (+ bias[N]) (+ residual[M, N]), bf16 x and out, f32 accumulate.
+//
+//   WFMT 0: fp8 e4m3 weights w[N, K], f32 scale per output channel (weight_scale[N]);
+//   WFMT 1: nvfp4 weights u8[N, K/2] (E2M1 pairs, element 2j in the low nibble), one e4m3 scale per 16 along K
+//           (weight_scale u8[N, K/16], linear layout), f32 global scale weight_scale_2[1];
+//   AFMT 0: bf16 activations (weight-only): the weights are dequantized to bf16 in registers (exactly: e4m3 and
+//           e2m1 x e4m3 fit bf16) and multiplied on bf16 tensor cores (mma.sync m16n8k16);
+//   AFMT 1: fp8 activations, per token: scale_t = amax_t / 448 (1 if zero), q = e4m3(x / scale_t), computed by
+//           each CTA for its tokens (the row amax over all of K) exactly as ir/quant/formats.py does; fp8 x fp8
+//           products on tensor cores (mma.sync m16n8k32 e4m3, exact), scales applied in the epilogue;
+//   AFMT 2: fp8 activations with the static per-tensor scale input_scale[1].
+//
+// Memory-bound design as kernel.cu's: a warp owns 16 x ${MT} weight rows and one K slice; each lane loads 16 B of
+// rows g and g+8 of each 16-row tile per step (ld.global.nc.L1::no_allocate; a step is 64 columns of fp8 or 128 of
+// nvfp4), ${U} steps per stage, two stages in flight; the CTA's x slice sits in shared memory in the order the
+// fragments read it (16-byte chunks transposed so that the 4 lanes of a row read 64 contiguous bytes); the K
+// order inside a step is permuted identically for w and x, so both load as whole 16-byte vectors; split-K over
+// CTAs (grid.y = ${SPLITK}) with the last CTA of a row block summing the partials in a fixed order.
+// ANY_M: grid.z = ceil(M / ${MB}) token chunks (no split-K): the launch for any M (prefill), weights re-read per chunk.
+struct u32x4 { unsigned x, y, z, w; };
+
+__device__ __forceinline__ u32x4 qg_ld_stream(const void* p) {
+  u32x4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ unsigned short qg_ld_u16(const void* p) {
+  unsigned short v;
+  asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ u32x4 qg_ld_x(const void* p) {
+  u32x4 v;
+  asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void qg_mma_bf16(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                            unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void qg_mma_e4m3(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                            unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// d = a * b + (-0) per bf16 half (subnormal inputs are kept: fma.bf16x2 does not flush)
+__device__ __forceinline__ unsigned qg_bmul(unsigned a, unsigned b) {
+  unsigned d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+// 4 e4m3 codes (bytes of v) -> bf16x2 (b0, b1) and (b2, b3), exactly. The code's 7 magnitude bits shifted into a
+// bf16's exponent/mantissa give the value times 2^-120 (subnormals included), then one exact multiply by 2^120.
+__device__ __forceinline__ void qg_e4m3x4_bf16(unsigned v, unsigned& lo, unsigned& hi) {
+  const unsigned a = __byte_perm(v, 0u, 0x1404u), b = __byte_perm(v, 0u, 0x3424u);  // (0, b0, 0, b1), (0, b2, 0, b3)
+  lo = qg_bmul((a & 0x80008000u) | ((a >> 4) & 0x07F007F0u), 0x7B807B80u);
+  hi = qg_bmul((b & 0x80008000u) | ((b >> 4) & 0x07F007F0u), 0x7B807B80u);
+}
+// 8 e2m1 codes (nibbles n0..n7 of v) -> bf16x2 (n0, n4), (n1, n5), (n2, n6), (n3, n7) times 2^-126 each (exact,
+// subnormal for n = 0.5), then times c = {sf * 2^118, sf * 2^118}: the products e2m1 * sf * 2^-8 are exact bf16.
+__device__ __forceinline__ void qg_e2m1x8_bf16(unsigned v, unsigned c, unsigned* p) {
+  p[0] = qg_bmul(((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u), c);
+  p[1] = qg_bmul(((v << 2) & 0x01C001C0u) | ((v << 8) & 0x80008000u), c);
+  p[2] = qg_bmul(((v >> 2) & 0x01C001C0u) | ((v << 4) & 0x80008000u), c);
+  p[3] = qg_bmul(((v >> 6) & 0x01C001C0u) | (v & 0x80008000u), c);
+}
+__device__ __forceinline__ unsigned qg_sf_bf16x2(unsigned char code) {  // e4m3 code -> {sf * 2^118} x 2 (exact)
+  const unsigned h = __float_as_uint(to_f32(fp8e4m3{code}) * __int_as_float((118 + 127) << 23)) >> 16;
+  return h | (h << 16);
+}
+__device__ __forceinline__ float qg_div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ unsigned short qg_e4m3x2(float lo, float hi) {
+  unsigned short pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+  return pair;
+}
+
+namespace {
+constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, BN = 16 * MT * WARPS;
+constexpr int WFMT = ${WFMT}, AFMT = ${AFMT};
+constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U};
+constexpr bool ANY_M = ${ANY_M};
+constexpr int SW = WFMT == 0 ? 64 : 128;            // K columns per step (16 B of weights per lane)
+constexpr int STEPS = KS / SW, NS = STEPS / U;
+constexpr int WROW = WFMT == 0 ? K : K / 2;         // weight row stride (bytes)
+constexpr int XB = AFMT == 0 ? 2 : 1;               // bytes per x element in shared memory
+constexpr int LDX = KS * XB + 64;                   // x row stride in shared memory (bytes)
+constexpr int GX = (N + BN - 1) / BN;
+static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
+static_assert(KS % (SW * U) == 0 && K % SW == 0, "K slices are whole stages of whole steps");
+static_assert(ANY_M || (SPLITK * KS >= K && (SPLITK - 1) * KS < K), "SPLITK slices cover K");
+static_assert(!ANY_M || SPLITK == 1, "the any-M launch walks its K slices in one CTA");
+static_assert(WFMT == 0 || AFMT == 0, "nvfp4 weights take bf16 activations");
+}  // namespace
+
+__device__ float ${KERNEL}_ws[SPLITK > 1 ? SPLITK * GX * BN * MB : 1];
+__device__ unsigned ${KERNEL}_cnt[GX];
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
+    const bf16* __restrict__ x, const unsigned char* __restrict__ w, const void* __restrict__ weight_scale,
+    const float* __restrict__ weight_scale_2, const float* __restrict__ input_scale, const bf16* __restrict__ bias,
+    const bf16* __restrict__ residual, bf16* __restrict__ out, long long M) {
+  extern __shared__ __align__(16) unsigned char xs[];  // [MB][LDX] in fragment order
+  __shared__ float tok_scale[MB];
+  __shared__ unsigned is_last;
+  if (M > (long long)MB * gridDim.z) __trap();  // the executor launches this variant only for M <= MB
+  const int tok0 = blockIdx.z * MB;
+  const int rows = (int)min((long long)MB, M - tok0);
+  if (rows <= 0) return;
+  x += (i64)tok0 * K;
+  out += (i64)tok0 * N;
+  if (${HAS_RESIDUAL}) residual += (i64)tok0 * N;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+  const int row0 = blockIdx.x * BN + warp * 16 * MT + g;  // tile mt: rows row0 + 16 mt (+ 8)
+  // activation scales (fp8 activations): per token over all of K, or the static one
+  if (AFMT == 1) {
+    for (int t = warp; t < rows; t += WARPS) {
+      float amax = 0.0f;
+      for (int c = lane * 8; c < K; c += 256) {
+        const u32x4 v = qg_ld_x(x + (i64)t * K + c);
+        const unsigned vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(vv[i] << 16)), fabsf(__uint_as_float(vv[i] & 0xffff0000u))));
+      }
+      amax = warp_max(amax);
+      const float s = qg_div(amax, 448.0f);
+      if (lane == 0) tok_scale[t] = s > 0.0f ? s : 1.0f;
+    }
+  } else if (AFMT == 2) {
+    if (threadIdx.x < MB) tok_scale[threadIdx.x] = input_scale[0];
+  }
+  if (AFMT != 0) __syncthreads();
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
+
+  // ANY_M: the CTA walks all K slices itself (x restaged per slice); otherwise its one slice blockIdx.y
+  for (int slice = 0; slice < (ANY_M ? (K + KS - 1) / KS : 1); ++slice) {
+    if (slice > 0) __syncthreads();  // every warp is done with the previous x slice
+    const int kb = ANY_M ? slice * KS : blockIdx.y * KS;
+    const unsigned char* p[MT][2];
+    const unsigned char* ps[MT][2];  // nvfp4: the row's scale bytes for this lane (2 per step)
+    const unsigned char* sfb = reinterpret_cast<const unsigned char*>(weight_scale);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + 16 * mt + 8 * h, rr = r < N ? r : N - 1;
+        p[mt][h] = w + (i64)rr * WROW + (WFMT == 0 ? kb : kb / 2) + 16 * q;
+        ps[mt][h] = sfb + (i64)rr * (K / 16) + kb / 16 + 2 * q;
+      }
+
+    u32x4 buf[2][U][MT][2];
+    unsigned short sbuf[2][U][MT][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool ok = (K % KS == 0) || kb + SW * u < K;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          buf[0][u][mt][h] = ok ? qg_ld_stream(p[mt][h] + 64 * u) : u32x4{0, 0, 0, 0};
+          if (WFMT == 1) sbuf[0][u][mt][h] = ok ? qg_ld_u16(ps[mt][h] + 8 * u) : (unsigned short)0;
+        }
+    }
+
+    // x[tokens, kb:kb+KS] -> shared memory (tokens >= rows and columns >= K are zeros), chunk by 16-byte chunk
+    if (AFMT == 0) {
+      constexpr int CPS = SW / 8;  // 8-column chunks per step
+      for (int i = threadIdx.x; i < MB * (KS / 8); i += WARPS * 32) {
+        const int t = i / (KS / 8), c = i % (KS / 8), s = c / CPS, j = c % CPS;
+        u32x4 v = {0, 0, 0, 0};
+        if (t < rows && kb + 8 * c < K) v = qg_ld_x(x + (i64)t * K + kb + 8 * c);
+        int slot;
+        if (WFMT == 0) {
+          slot = (j & 1) * 4 + (j >> 1);  // lane q's chunks 2q, 2q+1 -> slots q, 4 + q
+        } else {
+          slot = (j & 3) * 4 + (j >> 2);  // lane q's chunks 4q + w -> slot 4w + q; columns (c0,c4,c1,c5,..)
+          const u32x4 o = {__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                           __byte_perm(v.y, v.w, 0x7632)};
+          v = o;
+        }
+        *reinterpret_cast<u32x4*>(&xs[t * LDX + (s * CPS + slot) * 16]) = v;
+      }
+    } else {
+      for (int i = threadIdx.x; i < MB * (KS / 16); i += WARPS * 32) {
+        const int t = i / (KS / 16), c = i % (KS / 16);
+        u32x4 v = {0, 0, 0, 0};
+        if (t < rows && kb + 16 * c < K) {
+          const float sc = tok_scale[t];
+          const u32x4 a = qg_ld_x(x + (i64)t * K + kb + 16 * c), b = qg_ld_x(x + (i64)t * K + kb + 16 * c + 8);
+          const unsigned in[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+          unsigned o[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const unsigned short p0 = qg_e4m3x2(qg_div(__uint_as_float(in[2 * e] << 16), sc),
+                                                qg_div(__uint_as_float(in[2 * e] & 0xffff0000u), sc));
+            const unsigned short p1 = qg_e4m3x2(qg_div(__uint_as_float(in[2 * e + 1] << 16), sc),
+                                                qg_div(__uint_as_float(in[2 * e + 1] & 0xffff0000u), sc));
+            o[e] = (unsigned)p0 | ((unsigned)p1 << 16);
+          }
+          v = u32x4{o[0], o[1], o[2], o[3]};
+        }
+        *reinterpret_cast<u32x4*>(&xs[t * LDX + 16 * c]) = v;
+      }
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+      if (s + 1 < NS) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int step = (s + 1) * U + u;
+          const bool ok = (K % KS == 0) || kb + SW * step < K;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              buf[(s + 1) & 1][u][mt][h] = ok ? qg_ld_stream(p[mt][h] + 64 * step) : u32x4{0, 0, 0, 0};
+              if (WFMT == 1) sbuf[(s + 1) & 1][u][mt][h] = ok ? qg_ld_u16(ps[mt][h] + 8 * step) : (unsigned short)0;
+            }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int step = s * U + u;
+        if (AFMT != 0) {  // fp8 x fp8: 2 x k32 per step; lane q holds columns 16q..16q+15 of rows g, g+8
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const u32x4 xv = *reinterpret_cast<const u32x4*>(&xs[(8 * j + g) * LDX + step * 64 + 16 * q]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              const u32x4 a = buf[s & 1][u][mt][0], b = buf[s & 1][u][mt][1];
+              qg_mma_e4m3(acc[mt][j], a.x, b.x, a.y, b.y, xv.x, xv.y);
+              qg_mma_e4m3(acc[mt][j], a.z, b.z, a.w, b.w, xv.z, xv.w);
+            }
+          }
+        } else if (WFMT == 0) {  // fp8 -> bf16: 4 x k16 per step, one 4-column word of rows g, g+8 each
+          unsigned wa[MT][4][2], wb[MT][4][2];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const u32x4 a = buf[s & 1][u][mt][0], b = buf[s & 1][u][mt][1];
+            const unsigned av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              qg_e4m3x4_bf16(av[e], wa[mt][e][0], wa[mt][e][1]);
+              qg_e4m3x4_bf16(bv[e], wb[mt][e][0], wb[mt][e][1]);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const unsigned char* xr = &xs[(8 * j + g) * LDX + step * 128];
+            const u32x4 x0 = *reinterpret_cast<const u32x4*>(xr + 16 * q);
+            const u32x4 x1 = *reinterpret_cast<const u32x4*>(xr + 64 + 16 * q);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              qg_mma_bf16(acc[mt][j], wa[mt][0][0], wb[mt][0][0], wa[mt][0][1], wb[mt][0][1], x0.x, x0.y);
+              qg_mma_bf16(acc[mt][j], wa[mt][1][0], wb[mt][1][0], wa[mt][1][1], wb[mt][1][1], x0.z, x0.w);
+              qg_mma_bf16(acc[mt][j], wa[mt][2][0], wb[mt][2][0], wa[mt][2][1], wb[mt][2][1], x1.x, x1.y);
+              qg_mma_bf16(acc[mt][j], wa[mt][3][0], wb[mt][3][0], wa[mt][3][1], wb[mt][3][1], x1.z, x1.w);
+            }
+          }
+        } else {  // nvfp4 -> bf16: per 8-column word 2 x k16; words 0,1 share scale byte 0, words 2,3 byte 1
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            unsigned wa[MT][4], wb[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              const u32x4 a = buf[s & 1][u][mt][0], b = buf[s & 1][u][mt][1];
+              const unsigned av = e == 0 ? a.x : e == 1 ? a.y : e == 2 ? a.z : a.w;
+              const unsigned bv = e == 0 ? b.x : e == 1 ? b.y : e == 2 ? b.z : b.w;
+              const unsigned short sa = sbuf[s & 1][u][mt][0], sb = sbuf[s & 1][u][mt][1];
+              qg_e2m1x8_bf16(av, qg_sf_bf16x2((unsigned char)(e < 2 ? sa & 0xff : sa >> 8)), wa[mt]);
+              qg_e2m1x8_bf16(bv, qg_sf_bf16x2((unsigned char)(e < 2 ? sb & 0xff : sb >> 8)), wb[mt]);
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              const u32x4 xv =
+                  *reinterpret_cast<const u32x4*>(&xs[(8 * j + g) * LDX + step * 256 + (4 * e + q) * 16]);
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) {
+                qg_mma_bf16(acc[mt][j], wa[mt][0], wb[mt][0], wa[mt][1], wb[mt][1], xv.x, xv.y);
+                qg_mma_bf16(acc[mt][j], wa[mt][2], wb[mt][2], wa[mt][3], wb[mt][3], xv.z, xv.w);
+              }
+            }
+          }
+        }
+      }
+    }
+
+  }
+
+  if (SPLITK > 1) {
+    // partial tile -> workspace [split][row block][warp][mt][j][reg][lane]; the row block's last CTA sums them
+    float* ws = ${KERNEL}_ws + (i64)blockIdx.x * BN * MB + warp * (MT * NT * 4 * 32) + lane;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if (8 * j + 2 * q + (r & 1) < rows) {
+            float* pw = ws + (i64)blockIdx.y * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
+            asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(acc[mt][j][r]) : "memory");
+          }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned prev;
+      asm volatile("atom.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(&${KERNEL}_cnt[blockIdx.x]) : "memory");
+      is_last = prev == SPLITK - 1;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if (8 * j + 2 * q + (r & 1) < rows) {
+            float sum = 0.0f;
+            for (int sk = 0; sk < SPLITK; ++sk) {
+              const float* pw = ws + (i64)sk * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
+              float v;
+              asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(pw) : "memory");
+              sum += v;
+            }
+            acc[mt][j][r] = sum;
+          }
+    if (threadIdx.x == 0) ${KERNEL}_cnt[blockIdx.x] = 0u;  // ready for the next launch
+  }
+
+  // epilogue: acc * (row scale) * (token scale) (+ bias) (+ residual); c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = row g+8
+  const float gscale = WFMT == 1 ? weight_scale_2[0] * 256.0f : 1.0f;  // e2m1 * sf * 2^-8 above
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r2 = 0; r2 < 2; ++r2) {
+      const int n = row0 + 16 * mt + 8 * r2;
+      if (n >= N) continue;
+      const float rs = WFMT == 0 ? reinterpret_cast<const float*>(weight_scale)[n] : gscale;
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r1 = 0; r1 < 2; ++r1) {
+          const int t = 8 * j + 2 * q + r1;
+          if (t < rows) {
+            float y = acc[mt][j][2 * r2 + r1] * rs;
+            if (AFMT != 0) y *= tok_scale[t];
+            if (${HAS_BIAS}) y += to_f32(bias[n]);
+            if (${HAS_RESIDUAL}) y += to_f32(residual[(i64)t * N + n]);
+            out[(i64)t * N + n] = from_f32<bf16>(y);
+          }
+        }
+    }
+}

@@ -1,0 +1,199 @@
+"""Decode GEMV / skinny GEMM for ``quantized_linear`` (``quant.cu``): FP8 and NVFP4 weights, bf16 or FP8 activations.
+
+What the template computes, exactly as ``ir/ops/quantized.py``'s reference (up to f32 summation order):
+
+==========================  ========================  ====================================================
+``weight_format``           ``act_format``            kernel
+==========================  ========================  ====================================================
+``fp8`` (channel scales)    ``none``                  e4m3 -> bf16 in registers (exact), bf16 ``mma.sync``
+``fp8`` (channel scales)    ``fp8`` token / tensor    x quantized per token in the CTA (amax over all of K),
+                                                      e4m3 x e4m3 ``mma.sync`` m16n8k32, scales in the epilogue
+``nvfp4`` (linear scales)   ``none``                  e2m1 x e4m3 scale -> bf16 in registers (exact)
+==========================  ========================  ====================================================
+
+Other combinations (per-tensor/block FP8 scales, MXFP4, NVFP4 activations, the sm100 scale swizzle) are
+not taken (``quant_applies`` returns None).
+
+**Selection**, as for the bf16 GEMV (``rule.py``): ``quant_variants`` gives one variant per token bucket
+(``BUCKETS``, each correct for ``M <= MB``, split-K sized for that bucket); ``quant_plan`` gives the launch for
+any M (``ANY_M``: MB = 64 token chunks on grid.z, no split-K, the weights re-read per chunk), which is the node's
+own kernel: the executor runs the first variant whose ``max_rows`` covers the step's M, else that.
+
+**Configuration** (``quant_config``): a step is 16 bytes of weights per lane (64 FP8 or 128 NVFP4 columns);
+warps, tiles and steps per stage per bucket from the bf16 GEMV's table (same bytes per load); split-K doubles
+until ``CTAS_PER_SM x num_sms`` CTAs, slices of at least ``MIN_SLICE_BYTES`` bytes of weights per row, and the
+x slice within ``SMEM_BUDGET``; the stage depth shrinks to fit the slice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ....ir.op import Op
+from ....ir.types import DType, TensorType
+from ...family import static_dim
+from ...kernel import GridDim, KernelSpec
+from ...target import Target
+from .rule import BUCKETS, CTAS_PER_SM, LARGE_N_SHAPE, SHAPE_BY_BUCKET, SMEM_BUDGET
+
+PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("weight_scale_2", "ptr"), ("input_scale", "ptr"),
+          ("bias", "ptr"), ("residual", "ptr"), ("out", "ptr"), ("M", "i64")]
+WEIGHT_FORMATS = {"fp8": 0, "nvfp4": 1}
+#: (act_format, act_granularity) -> AFMT
+ACT_MODES = {("none", "token"): 0, ("none", "tensor"): 0, ("fp8", "token"): 1, ("fp8", "tensor"): 2}
+#: K columns per step (16 bytes of weights per lane)
+STEP_COLS = {"fp8": 64, "nvfp4": 128}
+MIN_SLICE_BYTES = 256
+#: the any-M launch's token chunk
+ANY_M_CHUNK = 64
+
+
+@dataclass(frozen=True)
+class QuantGemvConfig:
+    warps: int = 4
+    tiles: int = 1  # MT: 16-row tiles per warp
+    splitk: int = 1  # CTAs along K (grid.y); the any-M launch keeps 1 and walks ceil(K / slice_k) slices itself
+    stage_steps: int = 4  # U: steps per load stage
+    slice_k: int = 0  # KS (columns)
+
+
+def weight_bytes_per_row(fmt: str, k: int) -> int:
+    return k if fmt == "fp8" else k // 2 + k // 16
+
+
+def smem_bytes(mb: int, slice_k: int, act: str) -> int:
+    """The CTA's x slice in shared memory: bf16 (weight-only) or e4m3 codes, rows padded by 64 bytes."""
+    return mb * (slice_k * (2 if act == "none" else 1) + 64)
+
+
+def quant_config(n: int, k: int, mb: int, wfmt: str, act: str, num_sms: int, *, any_m: bool = False,
+                 splitk: int | None = None, warps: int | None = None, tiles: int | None = None,
+                 stage_steps: int | None = None) -> QuantGemvConfig:
+    """The launch configuration for ``w[n, k]`` in ``wfmt`` and ``M <= mb`` (see the module docstring)."""
+    sw = STEP_COLS[wfmt]
+    if k % sw:
+        raise ValueError(f"quantized gemv: K={k} must be a multiple of {sw} for {wfmt} weights")
+    dw, dt, du = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
+    if mb in LARGE_N_SHAPE:
+        lw, lt, lu = LARGE_N_SHAPE[mb]
+        if -(-n // (16 * lw * lt)) >= 2 * num_sms:
+            dw, dt, du = lw, lt, lu
+    warps, tiles, u_max = warps or dw, tiles or dt, stage_steps or du
+    steps = k // sw
+    blocks = -(-n // (16 * warps * tiles))
+    min_steps = max(1, MIN_SLICE_BYTES // 64)  # a step is 64 B of a row (16 B per lane, 4 lanes per row)
+    if any_m:
+        splitk = 1
+    elif splitk is None:
+        splitk = 1
+        while (blocks * splitk < CTAS_PER_SM.get(mb, 1.0) * num_sms and -(-steps // (splitk * 2)) >= min_steps
+               and splitk * 2 <= steps):
+            splitk *= 2
+
+    def slice_steps(sk: int) -> tuple[int, int]:
+        per = -(-steps // sk)
+        u = max(1, min(u_max, per))
+        return -(-per // u) * u, u
+
+    slices = splitk
+    per, u = slice_steps(slices)
+    while smem_bytes(mb, per * sw, act) > SMEM_BUDGET and per > u:  # more (or, any-M, in-CTA) slices until x fits
+        slices *= 2
+        per, u = slice_steps(slices)
+    if smem_bytes(mb, per * sw, act) > SMEM_BUDGET:
+        raise ValueError(f"quantized gemv: an x slice of {per * sw} columns for {mb} tokens exceeds shared memory")
+    splitk = 1 if any_m else -(-steps // per)
+    return QuantGemvConfig(warps=warps, tiles=tiles, splitk=splitk, stage_steps=u, slice_k=per * sw)
+
+
+def quant_gemv_spec(n: int, k: int, mb: int, target: Target, weight_format: str = "fp8", act: str = "none",
+                    act_granularity: str = "token", bias: bool = False, residual: bool = False,
+                    any_m: bool = False, config: QuantGemvConfig | None = None) -> KernelSpec:
+    """The kernel for ``M <= mb`` (``any_m``: any M, in chunks of ``mb``) of a ``quantized_linear`` with
+    ``weight_format`` weights [n, k] and ``act`` activations; params ``PARAMS`` (the op's inputs by name)."""
+    if weight_format not in WEIGHT_FORMATS or (act, act_granularity) not in ACT_MODES:
+        raise ValueError(f"quantized gemv: unsupported formats {weight_format}/{act}:{act_granularity}")
+    if weight_format == "nvfp4" and act != "none":
+        raise ValueError("quantized gemv: nvfp4 weights take bf16 activations (weight-only)")
+    if mb not in BUCKETS:
+        raise ValueError(f"quantized gemv: mb must be one of {BUCKETS}, got {mb}")
+    cfg = config or quant_config(n, k, mb, weight_format, act, target.num_sms or 132, any_m=any_m)
+    afmt = ACT_MODES[(act, act_granularity)]
+    values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
+              "U": cfg.stage_steps, "WFMT": WEIGHT_FORMATS[weight_format], "AFMT": afmt, "ANY_M": any_m,
+              "HAS_BIAS": bias, "HAS_RESIDUAL": residual}
+    a = "a16" if afmt == 0 else "a8"
+    tag = f"gemv_{weight_format}_{a}_n{n}_k{k}_m{mb}{'_any' if any_m else ''}"
+    grid = [GridDim(const=-(-n // (16 * cfg.warps * cfg.tiles))), GridDim(const=cfg.splitk),
+            GridDim("M", mb) if any_m else GridDim(const=1)]
+    return KernelSpec.make("gemv", "quant.cu", tag, target.arch or "", values, PARAMS, 32 * cfg.warps, grid,
+                           smem=smem_bytes(mb, cfg.slice_k, act),
+                           doc=f"{weight_format} weights, {act} activations, M <= {'any' if any_m else mb}, "
+                               f"split-K {cfg.splitk} x {cfg.slice_k}")
+
+
+def workspace_floats(spec: KernelSpec) -> int:
+    """The split-K workspace (module-scope f32) that a spec's kernel declares."""
+    v = dict(spec.values)
+    gx = spec.grid[0].const
+    bn = 16 * int(v["MT"]) * int(v["WARPS"])
+    return int(v["SPLITK"]) * gx * bn * int(v["MB"]) if int(v["SPLITK"]) > 1 else 1
+
+
+@dataclass(frozen=True)
+class QuantLinearShape:
+    n: int
+    k: int
+    weight_format: str
+    act: str
+    act_granularity: str
+    bias: bool
+    residual: bool
+
+
+def quant_applies(op: Op, inputs: Sequence[TensorType | None], target: Target) -> QuantLinearShape | None:
+    """The shape and formats when ``quant.cu`` implements this ``quantized_linear`` on ``target``."""
+    if op.name != "quantized_linear" or not target.is_gpu:
+        return None
+    fmt, gran = getattr(op, "weight_format", ""), getattr(op, "weight_granularity", "")
+    act, agran = getattr(op, "act_format", ""), getattr(op, "act_granularity", "token")
+    ins = list(inputs) + [None] * (7 - len(inputs))
+    x, w, s, s2, xs, bias, res = ins[:7]
+    k = int(getattr(op, "in_features", 0))
+    n = static_dim(w, 0)
+    if x is None or w is None or s is None or n is None or k <= 0 or static_dim(x, -1) != k or n < 16:
+        return None
+    if x.dtype is not DType.bf16 or any(t is not None and t.dtype is not DType.bf16 for t in (bias, res)):
+        return None
+    if fmt == "fp8":
+        if gran != "channel" or w.dtype is not DType.f8e4m3fn or s.dtype is not DType.f32:
+            return None
+        if (act, agran) not in ACT_MODES or (act == "fp8" and agran == "tensor" and xs is None):
+            return None
+    elif fmt == "nvfp4":
+        if act != "none" or getattr(op, "scale_layout", "linear") != "linear" or s2 is None:
+            return None
+    else:
+        return None
+    if k % STEP_COLS[fmt]:
+        return None
+    return QuantLinearShape(n, k, fmt, act, agran, bias is not None, res is not None)
+
+
+def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[tuple[int, KernelSpec]]:
+    """(max rows, spec) per token bucket, smallest first; empty when ``quant.cu`` does not apply."""
+    a = quant_applies(op, inputs, target)
+    if a is None:
+        return []
+    return [(mb, quant_gemv_spec(a.n, a.k, mb, target, a.weight_format, a.act, a.act_granularity, a.bias,
+                                 a.residual)) for mb in BUCKETS]
+
+
+def quant_plan(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[KernelSpec] | None:
+    """The node's own launch: the any-M kernel (its small-M variants come from ``quant_variants``)."""
+    a = quant_applies(op, inputs, target)
+    if a is None:
+        return None
+    return [quant_gemv_spec(a.n, a.k, ANY_M_CHUNK, target, a.weight_format, a.act, a.act_granularity, a.bias,
+                            a.residual, any_m=True)]
