@@ -183,13 +183,20 @@ def bind_args(node: Node, specs: list[KernelSpec]) -> list[dict[str, dict[str, A
     raise LoweringError(f"{op}: the CUDA lowering does not know how to bind this op's kernel arguments")
 
 
-def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelSpec, dict[str, Any]]]:
+def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelSpec | None, dict[str, Any]]]:
     """(node index, node, spec, arguments) per launch, in order; raises ``LoweringError`` naming every
-    op without a kernel for ``target``."""
+    op without a kernel for ``target``. An ``all_reduce`` (a tensor-parallel rank's graph) has spec None:
+    its launch entry is ``{"collective": "all_reduce", "dtype", "args": {x, out, count}}``, run by NCCL."""
     launches = []
     missing: dict[str, list[str]] = {}
     for i, node in enumerate(graph.nodes):
         specs = None
+        if node.op.name == "all_reduce":  # tensor parallelism: NCCL, not a kernel (runtime/tp/nccl.py)
+            x = node.inputs[0]
+            assert x is not None
+            launches.append((i, node, None, {"x": _buf(x), "out": _buf(node.outputs[0]),
+                                             "count": _dim(shape_numel(x.type.shape or ()))}))
+            continue
         if node.op.name in ("split", "gather", "cast"):
             specs = plan_copy(node.op, [v.type if v is not None else None for v in node.inputs], target)
             if specs is None:  # the generated fallback (codegen/tvm)
@@ -259,6 +266,8 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
     launches = plan_launches(graph, tgt)
     alternatives: dict[int, KernelSpec] = {}  # b200 bf16 linears: CUTLASS first, the plain GEMM kept beside it
     for j, (i, node, spec, args) in enumerate(launches):
+        if spec is None:
+            continue
         primary = cutlass_params.plan_linear(node, spec, tgt)
         if primary is not None:
             alternatives[j], launches[j] = spec, (i, node, primary, args)
@@ -290,7 +299,7 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         }
 
     for _, _, spec, _ in launches:
-        if spec.entry not in kernels:
+        if spec is not None and spec.entry not in kernels:
             kernels[spec.entry] = compile_kernel(spec)
     alternative_kernels: dict[str, Any] = {}
     for spec in alternatives.values():
@@ -303,7 +312,7 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         for i, _, _, _ in launches:
             per_node[i] = per_node.get(i, 0) + 1
         for j, (i, node, _, args) in enumerate(launches):
-            if per_node[i] != 1 or "M" not in args:
+            if per_node[i] != 1 or "M" not in args or node.op.name == "all_reduce":
                 continue
             found = [(mr, v) for mr, v in plan_variants(node, tgt) if {p.name for p in v.params} == set(args)]
             rows = args["M"].get("dim")
@@ -328,6 +337,9 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         "launches": [{"kernel": spec.entry, "node": i, "op": node.op.name, "source": node.source, "args": args,
                       **({"variants": launch_variants[j]} if j in launch_variants else {}),
                       **({"alternatives": [{"kernel": alternatives[j].entry}]} if j in alternatives else {})}
+                     if spec is not None else
+                     {"collective": node.op.name, "node": i, "op": node.op.name, "source": node.source, "args": args,
+                      "dtype": node.inputs[0].type.dtype.value, "group_size": node.op.group_size}  # type: ignore
                      for j, (i, node, spec, args) in enumerate(launches)],
         "memory_plan": plan.to_dict(),
     }

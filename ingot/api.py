@@ -111,6 +111,7 @@ def compile(
     calib: str | os.PathLike | None = None,
     accuracy_budget: str | Mapping[str, float] | None = None,
     quant_log: Callable[[str], None] | None = None,
+    tp: int = 1,
 ) -> Path:
     """Compile ``src`` into an artifact directory and return its path.
 
@@ -128,6 +129,10 @@ def compile(
     .jsonl), ``accuracy_budget`` ``"top1=0.95,kl=0.01"``; layers fall back until the budget holds, or
     the compile fails and writes nothing. ``quant_log`` receives the gate's progress lines. The
     artifact gets ``quant_report.json`` (and ``quant_report.png`` with matplotlib).
+
+    ``tp``: tensor parallelism over ``tp`` ranks (LLMs in the serving form; docs/SCALE_OUT.md): the
+    graph is sharded Megatron-style (``passes/tp_shard.py``) and the artifact holds one shard per rank
+    (``runtime/tp/artifact.py``); ``tp`` must divide the model's attention and KV heads.
     """
     from .ir.verify import verify
     from .runtime.artifact import write_artifact
@@ -138,6 +143,13 @@ def compile(
         raise CompileError(f"unknown mode {mode!r}; known modes: {', '.join(MODES)}")
     if quant not in QUANTS:
         raise CompileError(f"unknown quantization {quant!r}; known: fp8, nvfp4, mxfp4")
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise CompileError(f"tp (tensor-parallel size) must be a positive integer, got {tp!r}")
+    if tp > 1 and (quant is not None or quant_config is not None):
+        raise CompileError(f"tensor parallelism (tp={tp}) with quantization is not supported yet: compile with "
+                           "tp=1 to quantize, or without quant to shard")
+    if tp > 1 and mode == "graph":
+        raise CompileError(f"tensor parallelism (tp={tp}) shards the LLM serving form; it needs mode 'llm' or 'auto'")
     src_path = resolve_model(src)
     checkpoint = src_path.suffix == ".gguf" or src_path.is_dir()
     if checkpoint and mode == "graph":
@@ -182,6 +194,8 @@ def compile(
         quant_tmp = tempfile.TemporaryDirectory(prefix="ingot-quant-")  # removed when compile returns
         graph, quant_files, quant_manifest = _quantize(graph, src_path, quant, target, Path(quant_tmp.name),
                                                        quant_config, calib, accuracy_budget, quant_log, progress)
+    if tp > 1:
+        return _compile_tp(graph, tp, src_path, out_path, target, ctx, progress, checkpoint)
     with tempfile.TemporaryDirectory(prefix="ingot-kernels-") as ktmp:
         gpu_files, gpu_manifest = _lower_gpu(graph, target, Path(ktmp), ctx, progress) if target != "cpu" else ({}, {})
         if not checkpoint:
@@ -197,6 +211,34 @@ def compile(
                 extra_manifest={"kv_cache": graph.meta["kv_cache"], "llm": graph.meta["llm"], **gpu_manifest,
                                 **quant_manifest},
             )
+
+
+def _compile_tp(graph: Graph, tp: int, src: Path, out: Path, target: str, ctx: PassContext,
+                progress: Progress | None, checkpoint: bool) -> Path:
+    """Shard the serving form ``graph`` over ``tp`` ranks, lower each rank for ``target``, write one TP artifact."""
+    import tempfile
+
+    from .passes.tp_shard import TpShardError, shard
+    from .runtime.tp.artifact import write_tp_artifact
+
+    if not checkpoint:
+        raise CompileError(f"{src}: tensor parallelism (tp={tp}) needs a decoder LLM compiled to the serving form; "
+                           "this model compiles in graph mode")
+    try:
+        graphs = shard(graph, tp)
+    except TpShardError as e:
+        raise CompileError(f"{src}: {e}") from None
+    with tempfile.TemporaryDirectory(prefix="ingot-tp-") as tmp:
+        rank_files: list[dict[str, Path]] = []
+        rank_manifests: list[dict[str, Any]] = []
+        for r, g in enumerate(graphs):
+            files, manifest = ({}, {}) if target == "cpu" else _lower_gpu(g, target, Path(tmp) / f"rank{r}", ctx,
+                                                                          progress)
+            rank_files.append(files)
+            rank_manifests.append(manifest)
+        files = _tokenizer_files(src if src.suffix != ".onnx" else src.parent, Path(tmp) / "tokenizer")
+        return write_tp_artifact(graphs, out, target=target, source=_source_info(src), files=files,
+                                 rank_files=rank_files, rank_manifests=rank_manifests, progress=progress)
 
 
 def _quantize(graph: Graph, src: Path, quant: str | None, target: str, workdir: Path,
@@ -302,22 +344,88 @@ class Model:
         return f"Model({self.path}, inputs={self.inputs}, outputs={self.outputs})"
 
 
-def load(path: str | os.PathLike, device: str = "cpu") -> Model:
+def load(path: str | os.PathLike, device: str = "cpu", **options: Any) -> Model:
     """Load an artifact; checks its format version and every file's checksum.
 
     ``device="cuda"``: a GPU artifact (target h100/h200/b200) on the first GPU (``runtime/cuda_backend.py``);
     without a GPU or driver that raises ``CudaUnavailable`` saying so (``device="cpu"`` still works).
+
+    A tensor-parallel artifact (``compile(..., tp=N)``) loads as a ``TpModel``: rank 0 in this process,
+    ranks 1..N-1 in worker processes (GPU r for ``device="cuda"``), each holding its KV heads' cache;
+    ``options``: ``num_blocks`` (per rank; default 256), ``timeout``. ``close()`` stops the workers.
     """
     from .runtime.artifact import load_graph
+    from .runtime.tp.artifact import is_tp_artifact
+
+    if is_tp_artifact(path):
+        return TpModel(path, device=device, **options)  # type: ignore[return-value]
 
     if device == "cuda":
         from .runtime.cuda_backend import CudaModel
 
-        return CudaModel(path)  # type: ignore[return-value]
+        return CudaModel(path, **options)  # type: ignore[return-value]
     if device != "cpu":
         raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
+    if options:
+        raise TypeError(f"load(device='cpu') of an ordinary artifact takes no options, got {sorted(options)}")
     graph, manifest = load_graph(path)
     return Model(graph, manifest, Path(path))
+
+
+class TpModel:
+    """A tensor-parallel artifact loaded with ``ingot.load``: ``run`` takes the serving form's step inputs
+    (``kv_cache.*`` feeds are ignored: each rank owns the cache of its KV heads, ``num_blocks`` blocks)
+    and returns rank 0's outputs; ``paged()`` drives it like ``runtime/paged.PagedModel``."""
+
+    def __init__(self, path: str | os.PathLike, device: str = "cpu", num_blocks: int | None = None,
+                 **options: Any) -> None:
+        from .runtime.tp.executor import TpExecutor
+
+        self.path = Path(path)
+        self.executor = TpExecutor(self.path, device=device, num_blocks=num_blocks or (256 if device == "cpu" else
+                                                                                        None), **options)
+        self.graph, self.manifest = self.executor.graph, self.executor.manifest
+        self.tp = self.executor.size
+
+    @property
+    def inputs(self) -> list[tuple[str, str]]:
+        return [(v.name, str(v.type)) for v in self.graph.inputs]
+
+    @property
+    def outputs(self) -> list[tuple[str, str]]:
+        return [(n, str(v.type)) for v, n in zip(self.graph.outputs, self.graph.output_names)]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.executor.run(feeds)
+
+    def paged(self, num_blocks: int | None = None) -> Any:
+        """A ``PagedModel`` driver (sequences, block tables, ``step``) over the ranks' caches."""
+        from .runtime.paged import PagedModel
+
+        if num_blocks is not None and num_blocks > self.executor.num_blocks:
+            raise ValueError(f"num_blocks {num_blocks} > the ranks' caches ({self.executor.num_blocks} blocks)")
+        model = PagedModel.__new__(PagedModel)
+        model.graph = self.graph
+        model.block_size = self.executor.block_size
+        model.num_blocks = num_blocks or self.executor.num_blocks
+        model.caches = {}
+        model._free = list(range(model.num_blocks - 1, -1, -1))
+        model.sequences = {}
+        model._next_id = 0
+        model._executor = self.executor  # type: ignore[assignment]
+        return model
+
+    def close(self) -> None:
+        self.executor.close()
+
+    def __enter__(self) -> TpModel:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TpModel({self.path}, tp={self.tp}, device={self.executor.device})"
 
 
 class Completion:

@@ -117,7 +117,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                        progress=progress, passes=pipeline, disable_passes=args.disable_pass or (),
                        pass_context=PassContext(target=args.target, instruments=instruments),
                        quant_config=args.quant_config, calib=args.calib, accuracy_budget=args.accuracy_budget,
-                       quant_log=lambda line: console.print(line, markup=False))
+                       quant_log=lambda line: console.print(line, markup=False), tp=args.tp)
     if args.verbose:
         _print_pass_times(timing)
     _print_quant_report(Path(path))
@@ -334,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--passes", help="pipeline to run: a name (O0, O1, O2, llm) or a comma-separated list of passes "
                    "(default: O1; decoders in llm/auto mode: llm)")
     s.add_argument("--disable-pass", action="append", metavar="NAME", help="leave a pass out (repeatable)")
+    s.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallelism: shard the LLM over N ranks (GPUs), one artifact holding N shards "
+                        "(docs/SCALE_OUT.md); N must divide the attention and KV heads")
     s.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass into DIR")
     s.add_argument("-v", "--verbose", action="store_true", help="print each pass's time, node counts and rule hits")
     s.set_defaults(fn=cmd_compile)

@@ -193,6 +193,11 @@ def load_graph(path: str | os.PathLike, check: bool = True) -> tuple[Graph, dict
     """Load an artifact's graph with lazily memory-mapped weights."""
     path = Path(path)
     manifest = read_manifest(path)
+    tp = manifest.get("tp")
+    if isinstance(tp, dict) and int(tp.get("size", 1)) > 1 and "rank" not in tp:
+        raise ArtifactError(
+            f"{path}: a tensor-parallel artifact (tp={tp['size']}): its ranks run together through ingot.load, "
+            f"ingot.LLM or ingot serve (runtime/tp); rank r alone is the artifact {path}/rank<r>")
     if check:
         verify_files(path, manifest)
     st = safetensors_io.SafetensorsFile(path / WEIGHTS)

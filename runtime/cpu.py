@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -56,10 +56,16 @@ def check_feeds(g: Graph, feeds: Mapping[str, np.ndarray]) -> dict[Value, np.nda
 
 
 class CpuExecutor:
-    """Executes a graph node by node, freeing each intermediate after its last use."""
+    """Executes a graph node by node, freeing each intermediate after its last use.
 
-    def __init__(self, graph: Graph) -> None:
+    ``overrides``: op name -> ``fn(op, *inputs) -> outputs`` run instead of the op's reference (the
+    tensor-parallel runtime routes ``all_reduce`` to its transport this way: ``runtime/tp/comm.py``).
+    """
+
+    def __init__(self, graph: Graph,
+                 overrides: Mapping[str, Callable[..., Sequence[np.ndarray]]] | None = None) -> None:
         self.graph = graph
+        self.overrides = dict(overrides or {})
         last_use: dict[Value, int] = {}
         for i, n in enumerate(graph.nodes):
             for v in n.inputs:
@@ -81,7 +87,8 @@ class CpuExecutor:
         for i, n in enumerate(g.nodes):
             args = [None if v is None else env[v] for v in n.inputs]
             try:
-                outs = n.op.run(*args)
+                fn = self.overrides.get(n.op.name) if self.overrides else None
+                outs = n.op.run(*args) if fn is None else fn(n.op, *args)
             except Exception as e:
                 where = f" (node {n.source!r})" if n.source else ""
                 raise RuntimeError(f"{n.op.name}{where} failed: {type(e).__name__}: {e}") from e

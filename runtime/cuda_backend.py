@@ -157,6 +157,27 @@ class _CutlassLaunch(_Launch):
         cutlass_params.launch(self.fn, blob, config, stream.handle)
 
 
+class _CollectiveLaunch:
+    """An ``all_reduce`` node of a tensor-parallel rank's kernel table (``codegen/lower.py``): ``ncclAllReduce``
+    of the ``x`` buffer into ``out`` on the executor's stream (captured into the decode graphs like a kernel).
+    The communicator (``runtime/tp/nccl.py``) is attached by the TP runtime (``CudaExecutor.set_communicator``)."""
+
+    def __init__(self, entry: Mapping[str, Any], address: Any) -> None:
+        args = entry["args"]
+        self.send, self.recv = address(args["x"]["buffer"]), address(args["out"]["buffer"])
+        self.count = args["count"]["dim"]
+        self.dtype = str(entry["dtype"])
+        self.what = f"all_reduce {entry.get('source', '')}".strip()
+        self.communicator: Any = None
+        self.variant_launches = 0
+
+    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> None:
+        if self.communicator is None:
+            raise CudaArtifactError(f"{self.what}: this artifact is one rank of a tensor-parallel group; run it "
+                                    "through the TP runtime (ingot.LLM / ingot.load on the TP artifact)")
+        self.communicator.all_reduce(self.send, self.recv, int(dims[self.count]), self.dtype, int(stream.handle))
+
+
 class CudaExecutor:
     """A GPU artifact's graph on one device; ``run`` has ``CpuExecutor.run``'s interface (module docstring)."""
 
@@ -221,7 +242,12 @@ class CudaExecutor:
                 cd.check(cd.driver().cuFuncSetAttribute(fn, attr, kspec.smem), f"cuFuncSetAttribute({entry})")
             functions[entry] = (fn, kspec)
         use_cutlass = os.environ.get("INGOT_NO_CUTLASS", "") in ("", "0")
+        self.collectives: list[_CollectiveLaunch] = []
         for ln in cuda["launches"]:
+            if "collective" in ln:  # tensor parallelism: an all_reduce between the ranks (runtime/tp)
+                self.collectives.append(_CollectiveLaunch(ln, self.address))
+                self.launches.append(self.collectives[-1])  # type: ignore[arg-type]
+                continue
             fn, kspec = functions[ln["kernel"]]
             variants = [(int(v["max_rows"]), *functions[v["kernel"]]) for v in ln.get("variants", ())]
             layout = cuda["kernels"].get(ln["kernel"], {}).get("cutlass")
@@ -244,6 +270,11 @@ class CudaExecutor:
         self.graphs: dict[int, cd.CudaGraph] = {}
         self.stats = {"graph_steps": 0, "eager_steps": 0, "captures": 0}
         self.ctx.synchronize()
+
+    def set_communicator(self, communicator: Any) -> None:
+        """The tensor-parallel group's all-reduce (``runtime/tp/nccl.py``) for this rank's ``all_reduce`` launches."""
+        for c in self.collectives:
+            c.communicator = communicator
 
     @classmethod
     def from_artifact(cls, path: str | os.PathLike, **kwargs: Any) -> CudaExecutor:

@@ -279,7 +279,11 @@ class LLMEngine:
         args = args or EngineArgs(**kwargs)
         self.device = device
         self.path = Path(artifact)
-        self.graph, self.manifest = load_graph(self.path)
+        from .tp.artifact import is_tp_artifact, load_tp
+
+        #: a tensor-parallel artifact: ``self.executor`` is a ``TpExecutor`` (runtime/tp) owning the ranks' caches
+        self.tp = is_tp_artifact(self.path)
+        self.graph, self.manifest = load_tp(self.path) if self.tp else load_graph(self.path)
         spec = self.manifest.get("kv_cache") or self.graph.meta.get("kv_cache")
         info = self.manifest.get("llm") or self.graph.meta.get("llm") or {}
         if self.manifest.get("mode") != "llm" or not isinstance(spec, dict):
@@ -305,7 +309,12 @@ class LLMEngine:
         self.max_model_len = min(args.max_model_len or context, context, num_blocks * self.block_size)
         shape = (num_blocks, 2, self.block_size, int(spec["num_kv_heads"]), int(spec["head_dim"]))
         dtype = DType(spec["dtype"]).np
-        self.kv_caches = {} if device == "cuda" else {name: np.zeros(shape, dtype) for name in spec["inputs"]}
+        if self.tp and device == "cpu":
+            from .tp.executor import TpExecutor
+
+            self.executor = TpExecutor(self.path, device="cpu", num_blocks=num_blocks, block_size=self.block_size)
+        owned = device == "cuda" or self.tp  # the executor owns the KV cache
+        self.kv_caches = {} if owned else {name: np.zeros(shape, dtype) for name in spec["inputs"]}
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                             max_model_len=self.max_model_len,
@@ -349,14 +358,21 @@ class LLMEngine:
 
             free = Context(0).mem_info()[0]
             num_blocks = max(1, min(want, int(free * 0.5) // max(per_block, 1)))
-        self.executor = CudaExecutor(self.graph, self.manifest, self.path, num_blocks=num_blocks,
-                                     kv_cache_bytes=args.kv_cache_bytes)
+        if self.tp:
+            from .tp.executor import TpExecutor
+
+            self.executor = TpExecutor(self.path, device="cuda", num_blocks=num_blocks,
+                                       kv_cache_bytes=args.kv_cache_bytes)
+        else:
+            self.executor = CudaExecutor(self.graph, self.manifest, self.path, num_blocks=num_blocks,
+                                         kv_cache_bytes=args.kv_cache_bytes)
         return dataclasses.replace(args, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
                                    max_model_len=max_len)
 
     def close(self) -> None:
-        """Free the GPU executor's memory (``device="cuda"``); the engine is unusable afterwards."""
-        if self.device == "cuda" and self.executor is not None:
+        """Free the GPU executor's memory (``device="cuda"``) and stop a tensor-parallel model's worker
+        processes; the engine is unusable afterwards."""
+        if (self.device == "cuda" or self.tp) and self.executor is not None:
             self.executor.close()
             self.executor = None
 
@@ -451,7 +467,7 @@ class LLMEngine:
             sched._check_fits(req)
         except ValueError as e:
             raise EngineRequestError(str(e), "max_tokens") from None
-        kv = pre.kv if self.device == "cpu" else None  # GPU cache: recompute the prompt here
+        kv = pre.kv if self.device == "cpu" and not self.tp else None  # GPU / TP cache: recompute the prompt here
         admitted = False
         if kv is not None and len(sched.running) < sched.config.max_num_seqs:
             if kv.shape[2] != n:
@@ -501,6 +517,8 @@ class LLMEngine:
         req = self.scheduler.get_request(request_id)
         if req is None:
             raise KeyError(f"no unfinished request {request_id!r}")
+        if self.tp:
+            raise NotImplementedError("export_kv of a tensor-parallel model: its KV cache is split over the ranks")
         n = req.num_computed_tokens if num_tokens is None else num_tokens
         ids = np.asarray(self.scheduler.kv.get_block_ids(request_id)[: -(-n // self.block_size)], np.intp)
         if self.device == "cuda":
