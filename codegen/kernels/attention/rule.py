@@ -4,8 +4,13 @@
 2. ``paged_attention.cu``: every token (prefill chunk or decode, mixed in one batch) attends causally to
    its sequence's cached positions through ``block_tables``, with GQA, softcap and a sliding window.
 
-One kernel serves prefill and decode because the serving form mixes them in one step; split-KV
-decode and tensor-core prefill are the performance issue's, in per-arch templates.
+One kernel serves prefill and decode because the serving form mixes them in one step.
+
+**Split-KV decode** (``decode_split.cu``, ``split_rule.py``): for bf16 queries the attention launch is the
+split-KV (flash-decoding) kernel, GQA-aware, wherever ``split_rule.use_split`` says so (long or symbolic contexts,
+batches that do not fill the GPU by themselves); ``paged_attention.cu`` stays the other choice.
+``paged_attention_fp8`` (e4m3 cache, ``kv_scale`` f32[2, num_kv_heads]) lowers to ``cache_write_fp8.cu`` and the
+split kernel with its ``kv_scale`` parameter.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from ....ir.types import DType, TensorType
 from ...family import ACTIVATION_DTYPES, CTYPES, Family, ctype, static_dim, threads_for
 from ...kernel import GridDim, KernelSpec
 from ...target import Target
+from .split_rule import cache_write_fp8_spec, decode_split_spec, use_split
 
 WRITE_PARAMS = [("k", "ptr"), ("v", "ptr"), ("kv_cache", "ptr"), ("slot_mapping", "ptr"), ("num_tokens", "i64")]
 ATTEND_PARAMS = [("q", "ptr"), ("kv_cache", "ptr"), ("block_tables", "ptr"), ("seq_lens", "ptr"),
@@ -53,19 +59,32 @@ def paged_attention_specs(dtype: DType, cache_dtype: DType, num_heads: int, num_
 
 def plan(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[KernelSpec] | None:
     q, k, v, cache = inputs[:4]
+    fp8_op = op.name == "paged_attention_fp8"
     if not target.is_gpu or q is None or k is None or v is None or cache is None or cache.rank != 5:
         return None
     if q.dtype not in ACTIVATION_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or cache.dtype not in CTYPES:
         return None
     block_size = static_dim(cache, 2)
-    if block_size is None or any(t is None or t.dtype not in (DType.i32, DType.i64) for t in inputs[4:8]):
+    if block_size is None or len(inputs) < 8 or any(t is None or t.dtype not in (DType.i32, DType.i64)
+                                                    for t in inputs[4:8]):
         return None
     if inputs[4].dtype is not DType.i32 or inputs[5].dtype is not DType.i32 or inputs[6].dtype is not DType.i32:
         return None
     if inputs[7].dtype is not DType.i64:
         return None
-    return paged_attention_specs(q.dtype, cache.dtype, op.num_heads, op.num_kv_heads, op.head_dim, block_size,
-                                 op.scale, target, op.softcap, op.sliding_window)
+    shape = (q.dtype, cache.dtype, op.num_heads, op.num_kv_heads, op.head_dim, block_size)
+    if fp8_op:
+        scale = inputs[8] if len(inputs) > 8 else None
+        if scale is None or scale.dtype is not DType.f32 or cache.dtype is not DType.f8e4m3fn:
+            return None
+        if not use_split(*shape, None, None, target):
+            return None
+        return [cache_write_fp8_spec(q.dtype, op.num_kv_heads, op.head_dim, block_size, target),
+                decode_split_spec(*shape, op.scale, target, op.softcap, op.sliding_window, kv_scale=True)]
+    specs = paged_attention_specs(*shape, op.scale, target, op.softcap, op.sliding_window)
+    if use_split(*shape, static_dim(q, 0), static_dim(inputs[4], 1), target):
+        specs[1] = decode_split_spec(*shape, op.scale, target, op.softcap, op.sliding_window)
+    return specs
 
 
-FAMILY = Family(name="attention", ops=("paged_attention",), plan=plan)
+FAMILY = Family(name="attention", ops=("paged_attention", "paged_attention_fp8"), plan=plan)
