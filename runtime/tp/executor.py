@@ -186,8 +186,13 @@ class TpExecutor:
             if self._broken is not None:
                 raise TpError(f"the tensor-parallel group failed earlier and cannot run: {self._broken}")
             step = {k: np.asarray(v) for k, v in feeds.items() if k not in self.kv_inputs}
-            for conn in self._conns:
-                conn.send(("step", step, check))
+            for rank, conn in enumerate(self._conns, 1):
+                try:
+                    conn.send(("step", step, check))
+                except (OSError, EOFError, ValueError) as e:
+                    self._abort()
+                    code = self._procs[rank - 1].exitcode
+                    raise self._fail(f"rank {rank} is gone (exit code {code}): {type(e).__name__}: {e}") from None
             try:
                 out = self.executor.run({**step, **self.caches} if self.device == "cpu" else step, check=check)
             except BaseException as e:
