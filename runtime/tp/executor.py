@@ -61,6 +61,10 @@ class TpExecutor:
                  timeout: float = DEFAULT_TIMEOUT, slot_bytes: int = DEFAULT_SLOT_BYTES) -> None:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
+        import os
+
+        # INGOT_TP_CUDA_GRAPHS=0: plain launches only (a fallback should NCCL inside the decode graphs misbehave)
+        cuda_graphs = cuda_graphs and os.environ.get("INGOT_TP_CUDA_GRAPHS", "1") != "0"
         self.path = Path(path)
         self.device = device
         self.graph, self.manifest = load_tp(self.path)
