@@ -1,0 +1,225 @@
+"""Quantized decode GEMV (``codegen/kernels/gemv/quant.cu``) against cuBLASLt FP8 and cuBLAS bf16, on the H200.
+
+    python bench/bench_gemv_quant.py                       # Llama-3.2-1B layer shapes, M = 1, 8, 32
+    python bench/bench_gemv_quant.py --json out.json       # also one JSON object per line on stdout
+
+Formats: ``fp8-w8a16`` (FP8 weights, per-channel scales, bf16 activations), ``fp8-w8a8`` (plus per-token
+dynamic FP8 activations, quantized inside the kernel), ``nvfp4-w4a16`` (NVFP4 weights, bf16 activations).
+Timing as ``bench_gemv.py``: ``--launches`` back-to-back launches captured in one CUDA graph, median over
+``--reps`` replays, weights rotating over copies totalling >= 400 MB (every launch reads HBM). Weight bytes
+count codes and scales. References measured in the same run and the same way: ``torch._scaled_mm`` (FP8 e4m3,
+per-row activation x per-column weight scales, bf16 out; M padded to 16, cuBLASLt's minimum) and
+``torch.matmul`` in bf16 on the same [N, K]. Each configuration is checked first against a float32 product of the
+dequantized operands (outputs poisoned, launched twice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_gemv import COPY_TBPS, ROTATE_BYTES, _cu, check, time_graph  # noqa: E402
+
+SHAPES = [(3072, 2048, "qkv"), (2048, 2048, "o"), (16384, 2048, "gate_up"), (2048, 8192, "down"),
+          (128256, 2048, "lm_head")]
+FORMATS = {"fp8-w8a16": ("fp8", "none"), "fp8-w8a8": ("fp8", "fp8"), "nvfp4-w4a16": ("nvfp4", "none")}
+
+
+class SpecKernel:
+    """A compiled spec launched on torch's current stream with arguments by parameter name (tensors, None, ints)."""
+
+    def __init__(self, spec) -> None:
+        from ingot.codegen.compile import compile_spec
+
+        cu = _cu()
+        self.spec = spec
+        self.module = check(cu.cuModuleLoadData(compile_spec(spec).cubin))
+        self.fn = check(cu.cuModuleGetFunction(self.module, spec.entry.encode()))
+        if spec.smem > 48 * 1024:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(cu.cuFuncSetAttribute(self.fn, attr, spec.smem))
+
+    def launch(self, **args) -> None:
+        import torch
+
+        vals = []
+        for p in self.spec.params:
+            a = args[p.name]
+            if p.ctype == "ptr":
+                vals.append(ctypes.c_uint64(0 if a is None else a.data_ptr()))
+            elif p.ctype == "i32":
+                vals.append(ctypes.c_int32(int(a)))
+            elif p.ctype == "i64":
+                vals.append(ctypes.c_int64(int(a)))
+            else:
+                vals.append(ctypes.c_float(float(a)))
+        ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+        ints = {p.name: int(args[p.name]) for p in self.spec.params if p.ctype in ("i32", "i64")}
+        grid = self.spec.grid_dims(ints)
+        s = torch.cuda.current_stream().cuda_stream
+        check(_cu().cuLaunchKernel(self.fn, *grid, *self.spec.block, self.spec.smem, s, ctypes.addressof(ptrs), 0))
+
+
+def make_weights(fmt: str, n: int, k: int, copies: int, gen):
+    """Device copies of a random quantized weight: (list of {weight, weight_scale, weight_scale_2}, f32 dequant of
+    copy 0). Codes and scales are drawn directly (uniform codes, positive scales), then dequantized in torch."""
+    import torch
+
+    out = []
+    for _ in range(copies):
+        if fmt == "fp8":
+            w = (torch.randn(n, k, device="cuda", generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+            s = torch.rand(n, device="cuda", generator=gen) * 1e-3 + 1e-4
+            out.append({"weight": w, "weight_scale": s, "weight_scale_2": None})
+        else:
+            w = torch.randint(0, 256, (n, k // 2), device="cuda", generator=gen, dtype=torch.uint8)
+            sf = (torch.rand(n, k // 16, device="cuda", generator=gen) * 400 + 1).to(torch.float8_e4m3fn)
+            gs = torch.tensor([1e-4], device="cuda")
+            out.append({"weight": w, "weight_scale": sf, "weight_scale_2": gs})
+    return out, dequant(fmt, out[0], k)
+
+
+def dequant(fmt: str, wq: dict, k: int):
+    import torch
+
+    if fmt == "fp8":
+        return wq["weight"].float() * wq["weight_scale"][:, None]
+    lut = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], device="cuda")
+    b = wq["weight"].long()
+    codes = torch.stack([b & 15, b >> 4], dim=-1).reshape(b.shape[0], k)
+    v = lut[codes].reshape(b.shape[0], k // 16, 16) * wq["weight_scale"].float()[..., None]
+    return v.reshape(b.shape[0], k) * wq["weight_scale_2"]
+
+
+def quantize_x(x):
+    """Per-token FP8 as quantized_linear's reference: scale = amax / 448 (1 if zero), q = e4m3(x / scale)."""
+    import torch
+
+    xf = x.float()
+    s = xf.abs().amax(dim=1, keepdim=True) / 448.0
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return (xf / s).clamp(-448, 448).to(torch.float8_e4m3fn), s
+
+
+def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launches: int, reps: int, gen, tgt,
+                emit) -> list[dict]:
+    import torch
+
+    from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec, weight_bytes_per_row
+    from ingot.codegen.kernels.gemv.rule import BUCKETS
+
+    rows = []
+    # the references: bf16 matmul and FP8 _scaled_mm (row/col scales), over rotating copies
+    bf_copies = max(1, -(-ROTATE_BYTES // (n * k * 2)))
+    wbf = [(torch.randn(n, k, device="cuda", generator=gen) * 0.05).to(torch.bfloat16) for _ in range(bf_copies)]
+    f8_copies = max(1, -(-ROTATE_BYTES // (n * k)))
+    w8 = [(torch.randn(n, k, device="cuda", generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+          for _ in range(f8_copies)]
+    wscale = torch.rand(1, n, device="cuda", generator=gen) + 0.5
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        t_bf16 = time_graph(lambda i, x=x: torch.matmul(x, wbf[i % bf_copies].t()), launches, reps)
+        m16 = max(16, -(-m // 16) * 16)
+        x8 = torch.randn(m16, k, device="cuda", generator=gen).clamp(-448, 448).to(torch.float8_e4m3fn)
+        xs = torch.rand(m16, 1, device="cuda", generator=gen) + 0.5
+        t_fp8 = None
+        try:
+            t_fp8 = time_graph(lambda i, x8=x8, xs=xs: torch._scaled_mm(
+                x8, w8[i % f8_copies].t(), scale_a=xs, scale_b=wscale, out_dtype=torch.bfloat16), launches, reps)
+        except Exception as e:  # noqa: BLE001 - the reference missing is reported, not fatal
+            print(f"  torch._scaled_mm failed for {n}x{k} M={m16}: {e}", flush=True)
+        for label in fmts:
+            wfmt, act = FORMATS[label]
+            nbytes = n * weight_bytes_per_row(wfmt, k)
+            copies = max(1, -(-ROTATE_BYTES // nbytes))
+            wq, wf = make_weights(wfmt, n, k, copies, gen)
+            mb = next(b for b in BUCKETS if b >= m)
+            spec = quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token")
+            kern = SpecKernel(spec)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            if act == "fp8":
+                q, s = quantize_x(x)
+                ref = (q.float() * s) @ wf.t()
+            else:
+                ref = x.float() @ wf.t()
+            err = 0.0
+            for _ in range(2):
+                out.fill_(float("nan"))
+                kern.launch(x=x, weight=wq[0]["weight"], weight_scale=wq[0]["weight_scale"],
+                            weight_scale_2=wq[0]["weight_scale_2"], input_scale=None, bias=None, residual=None,
+                            out=out, M=m)
+                torch.cuda.synchronize()
+                err = max(err, float((out.float() - ref).abs().max() / ref.abs().max()))
+
+            def ours(i: int, kern=kern, x=x, out=out, m=m, wq=wq, copies=copies) -> None:
+                c = wq[i % copies]
+                kern.launch(x=x, weight=c["weight"], weight_scale=c["weight_scale"],
+                            weight_scale_2=c["weight_scale_2"], input_scale=None, bias=None, residual=None,
+                            out=out, M=m)
+
+            t = time_graph(ours, launches, reps)
+            tbps = nbytes / t / 1e12
+            row = {"bench": "gemv_quant", "shape": name, "n": n, "k": k, "m": m, "format": label, "mb": mb,
+                   "splitk": spec.value("SPLITK"), "weight_mb": nbytes / 1e6, "us": t * 1e6, "tbps": tbps,
+                   "frac_of_4.19": tbps / COPY_TBPS, "rel_err": err,
+                   "bf16_matmul_us": t_bf16 * 1e6, "bf16_matmul_tbps": n * k * 2 / t_bf16 / 1e12,
+                   "scaled_mm_m": m16, "scaled_mm_us": None if t_fp8 is None else t_fp8 * 1e6,
+                   "scaled_mm_tbps": None if t_fp8 is None else n * k / t_fp8 / 1e12,
+                   "speedup_vs_scaled_mm": None if t_fp8 is None else t_fp8 / t, "speedup_vs_bf16": t_bf16 / t}
+            rows.append(row)
+            emit(row)
+            if not err < 1e-2:
+                print(f"  ** {label} {n}x{k} M={m}: relative error {err:.3e}", flush=True)
+            del wq, wf
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
+    ap.add_argument("--shapes", default="", help="N,K;N,K (default: the 1B model's)")
+    ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    import torch
+
+    from ingot.codegen.target import get_target
+
+    os.environ.setdefault("INGOT_CACHE_DIR", "/tmp/ingot-kernel-cache")
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    check(_cu().cuInit(0))
+    tgt = get_target("h200")
+    shapes = ([(*(int(v) for v in s.split(",")), s) for s in a.shapes.split(";")] if a.shapes else SHAPES)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        print(json.dumps(row), flush=True)
+
+    for n, k, name in shapes:
+        rows += bench_shape(n, k, name, a.m, a.formats, a.launches, a.reps, gen, tgt, emit)
+        torch.cuda.empty_cache()
+    print("\nsummary: ingot TB/s of weight bytes (fraction of 4.19) | _scaled_mm fp8 TB/s | bf16 matmul TB/s")
+    for r in rows:
+        ref = "n/a" if r["scaled_mm_tbps"] is None else f"{r['scaled_mm_tbps']:.2f}"
+        print(f"{r['shape']:>8} {r['n']:>6}x{r['k']:<5} M={r['m']:<3} {r['format']:<12} {r['tbps']:5.2f} "
+              f"({r['frac_of_4.19']:5.1%}) | {ref:>5} | {r['bf16_matmul_tbps']:5.2f}  err {r['rel_err']:.1e}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
