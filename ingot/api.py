@@ -112,6 +112,7 @@ def compile(
     accuracy_budget: str | Mapping[str, float] | None = None,
     quant_log: Callable[[str], None] | None = None,
     tp: int = 1,
+    quant_rounding: str | None = None,
 ) -> Path:
     """Compile ``src`` into an artifact directory and return its path.
 
@@ -127,8 +128,9 @@ def compile(
     Quantization (LLMs in the serving form; docs/QUANTIZATION.md): ``quant_config`` is a per-layer
     config (a JSON/YAML path or a mapping), ``calib`` a calibration file (.npz/.npy token ids, .txt,
     .jsonl), ``accuracy_budget`` ``"top1=0.95,kl=0.01"``; layers fall back until the budget holds, or
-    the compile fails and writes nothing. ``quant_log`` receives the gate's progress lines. The
-    artifact gets ``quant_report.json`` (and ``quant_report.png`` with matplotlib).
+    the compile fails and writes nothing. ``quant_rounding``: ``nearest`` (default) or ``gptq``
+    (error-compensating rounding from the calibration data). ``quant_log`` receives the gate's progress
+    lines. The artifact gets ``quant_report.json`` (and ``quant_report.png`` with matplotlib).
 
     ``tp``: tensor parallelism over ``tp`` ranks (LLMs in the serving form; docs/SCALE_OUT.md): the
     graph is sharded Megatron-style (``passes/tp_shard.py``) and the artifact holds one shard per rank
@@ -193,7 +195,8 @@ def compile(
             raise CompileError(f"{src_path}: quantization needs an LLM compiled to the serving form (mode llm)")
         quant_tmp = tempfile.TemporaryDirectory(prefix="ingot-quant-")  # removed when compile returns
         graph, quant_files, quant_manifest = _quantize(graph, src_path, quant, target, Path(quant_tmp.name),
-                                                       quant_config, calib, accuracy_budget, quant_log, progress)
+                                                       quant_config, calib, accuracy_budget, quant_log, progress,
+                                                       quant_rounding)
     if tp > 1:
         return _compile_tp(graph, tp, src_path, out_path, target, ctx, progress, checkpoint)
     with tempfile.TemporaryDirectory(prefix="ingot-kernels-") as ktmp:
@@ -243,7 +246,7 @@ def _compile_tp(graph: Graph, tp: int, src: Path, out: Path, target: str, ctx: P
 
 def _quantize(graph: Graph, src: Path, quant: str | None, target: str, workdir: Path,
               config: Any, calib: Any, budget: Any, log: Callable[[str], None] | None,
-              progress: Progress | None) -> tuple[Graph, dict[str, Path], dict[str, Any]]:
+              progress: Progress | None, rounding: str | None = None) -> tuple[Graph, dict[str, Path], dict[str, Any]]:
     """The quantization step (``ingot.quant.compile``), with the source's tokenizer for its data."""
     from .quant.compile import quantize_for_compile
     from .quant.gate import QuantizationError
@@ -252,7 +255,8 @@ def _quantize(graph: Graph, src: Path, quant: str | None, target: str, workdir: 
     files = _tokenizer_files(src if src.suffix != ".onnx" else src.parent, tok)
     try:
         return quantize_for_compile(graph, quant, target=target, tokenizer_dir=tok if files else None,
-                                    config=config, calib=calib, accuracy_budget=budget, workdir=workdir / "report",
+                                    config=config, calib=calib, accuracy_budget=budget, rounding=rounding,
+                                    workdir=workdir / "report",
                                     log=log, progress=progress)
     except QuantizationError as e:
         raise CompileError(f"{src}: {e}") from None

@@ -117,7 +117,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                        progress=progress, passes=pipeline, disable_passes=args.disable_pass or (),
                        pass_context=PassContext(target=args.target, instruments=instruments),
                        quant_config=args.quant_config, calib=args.calib, accuracy_budget=args.accuracy_budget,
-                       quant_log=lambda line: console.print(line, markup=False), tp=args.tp)
+                       quant_log=lambda line: console.print(line, markup=False), tp=args.tp,
+                       quant_rounding=args.quant_rounding)
     if args.verbose:
         _print_pass_times(timing)
     _print_quant_report(Path(path))
@@ -329,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quant-config", metavar="FILE", help="per-layer quantization config (JSON or YAML)")
     s.add_argument("--calib", metavar="FILE", help="calibration data: token ids (.npz/.npy) or prompts (.txt/.jsonl); "
                    "default: built-in stdlib-docstring text")
+    s.add_argument("--quant-rounding", default=None, choices=["nearest", "gptq"],
+                   help="how weights land on the grid: nearest (default) or gptq (error-compensating, uses the "
+                        "calibration data; docs/QUANTIZATION.md)")
     s.add_argument("--accuracy-budget", metavar="BUDGET", help="e.g. top1=0.95,kl=0.01: fall back layers until the "
                    "quantized model agrees this well with the unquantized one, or fail")
     s.add_argument("--passes", help="pipeline to run: a name (O0, O1, O2, llm) or a comma-separated list of passes "

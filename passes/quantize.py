@@ -12,6 +12,8 @@ Options (``ctx.option("quantize", ...)``):
   the default spec when no config says one (``fp8``).
 - ``plan``: ``{node name: spec}`` overriding the config (the accuracy gate's fallbacks).
 - ``kv_cache``: ``fp8``, ``fp8:head`` or ``fp8:tensor`` (overrides the config's).
+- ``weight_quantizer``: ``fn(weight_name, w, spec) -> stored arrays`` replacing round-to-nearest
+  (the accuracy gate passes GPTQ rounding here, ``ingot.quant.gptq``).
 
 Weights stay lazy: the stored codes and scales are computed from the original weight when first
 loaded. Names follow ModelOpt's checkpoints: ``<base>.weight``, ``.weight_scale``,
@@ -32,6 +34,9 @@ from ..ir.types import DType, TensorType
 from ..quant.config import LayerQuant, QuantConfig, QuantConfigError, load_config, parse_kv_spec, parse_spec
 from ..quant.linear import make_op, quantize_weight, static_input_scale, weight_nbytes
 from .manager import Pass, PassContext, PassError, register_pass
+
+#: (weight name, f32 weight [N, K], spec) -> the stored arrays (``quantize_weight``'s layout)
+WeightQuantizer = Callable[[str, np.ndarray, LayerQuant], dict[str, np.ndarray]]
 
 
 class _Memo:
@@ -80,9 +85,14 @@ def _replace_weight(g: Graph, old: Value, users: int, name: str) -> str:
     return name
 
 
+def _nearest(weight_name: str, w: np.ndarray, q: LayerQuant) -> dict[str, np.ndarray]:
+    return quantize_weight(w, q)
+
+
 def quantize_linear_node(g: Graph, node: Node, q: LayerQuant, calib: dict[str, Any] | None,
-                         users: dict[Value, list[Node]]) -> dict[str, Any]:
-    """Rewrite one ``linear`` node as ``q`` says; returns its ``meta["quantization"]`` entry."""
+                         users: dict[Value, list[Node]], quantizer: WeightQuantizer = _nearest) -> dict[str, Any]:
+    """Rewrite one ``linear`` node as ``q`` says; returns its ``meta["quantization"]`` entry.
+    ``quantizer(weight_name, w, q)`` makes the stored arrays (default: round-to-nearest)."""
     x, w = node.inputs[0], node.inputs[1]
     assert x is not None and w is not None
     n, k = (int(d) for d in w.type.shape)  # type: ignore[union-attr]
@@ -100,7 +110,7 @@ def quantize_linear_node(g: Graph, node: Node, q: LayerQuant, calib: dict[str, A
         scale = static_input_scale(q, float(clip))
         entry["input_amax"] = float(clip)
     orig = g.weights[w.name]
-    memo = _Memo(lambda: quantize_weight(orig.load(), q))
+    memo = _Memo(lambda: quantizer(w.name, orig.load(), q))
     base = w.name[: -len(".weight")] if w.name.endswith(".weight") else w.name
     if len(users.get(w, [])) > 1:
         base = out_name
@@ -172,6 +182,7 @@ class Quantize(Pass):
         calib = graph.meta.get("quant_calibration")
         calib = calib if isinstance(calib, dict) else None
         users = graph.users()
+        quantizer = ctx.option("quantize", "weight_quantizer") or _nearest
         layers: dict[str, Any] = {}
         for node in list(graph.nodes):
             if node.op.name != "linear" or len(node.inputs) < 2:
@@ -183,7 +194,7 @@ class Quantize(Pass):
             q = plan.get(names[0]) if names[0] in plan else cfg.spec_for(names)
             if q is None or q.weight == "none":
                 continue
-            layers[names[0]] = quantize_linear_node(graph, node, q, calib, users)
+            layers[names[0]] = quantize_linear_node(graph, node, q, calib, users, quantizer)
             self.stats[q.label] = self.stats.get(q.label, 0) + 1
         meta: dict[str, Any] = {"layers": layers}
         if kv_gran is not None:

@@ -32,6 +32,7 @@ class LinearStats:
     shape: tuple[int, int]  # [N, K]
     amax: float = 0.0
     rows: list[np.ndarray] = dataclasses.field(default_factory=list)
+    gram: np.ndarray | None = None  # X^T X over every calibration token (f64 [K, K]); only when asked for
 
     def sample(self) -> np.ndarray:
         return np.concatenate(self.rows, axis=0) if self.rows else np.zeros((0, self.shape[1]), np.float32)
@@ -80,8 +81,9 @@ def load_calibration_file(path: str | Path, encode: Callable[[str], Sequence[int
 
 
 def collect(graph: Graph, sequences: Sequence[np.ndarray], seq_len: int = 512, rows_per_layer: int = 256,
-            tokens_per_step: int = 1024, seed: int = 0) -> CalibStats:
-    """Run ``graph`` (serving form, unquantized) over ``sequences`` and gather ``CalibStats``."""
+            tokens_per_step: int = 1024, seed: int = 0, gram: bool = False) -> CalibStats:
+    """Run ``graph`` (serving form, unquantized) over ``sequences`` and gather ``CalibStats``;
+    ``gram``: also each linear's input Gram matrix (for GPTQ rounding, ``ingot.quant.gptq``)."""
     seqs = [s for seq in sequences for s in split_sequences(seq, seq_len)]
     if not seqs:
         raise ValueError("no calibration sequence has two or more tokens")
@@ -104,6 +106,9 @@ def collect(graph: Graph, sequences: Sequence[np.ndarray], seq_len: int = 512, r
             want = step_rows[name]
             idx = np.sort(rng.choice(len(x), size=min(want, len(x)), replace=False))
             st.rows.append(x[idx].copy())
+            if gram:
+                x64 = x.astype(np.float64)
+                st.gram = x64.T @ x64 if st.gram is None else st.gram + x64.T @ x64
         elif node.op.name in ("paged_attention", "paged_attention_fp8"):
             heads, d = node.op.num_kv_heads, node.op.head_dim
             k = np.abs(np.asarray(args[1], np.float32).reshape(-1, heads, d)).max(axis=(0, 2))

@@ -40,6 +40,7 @@ def quantize_for_compile(
     config: str | os.PathLike | Mapping[str, Any] | None = None,
     calib: str | os.PathLike | None = None,
     accuracy_budget: str | Mapping[str, float] | None = None,
+    rounding: str | None = None,
     eval_tokens: int | None = None,
     workdir: Path | None = None,
     log: Callable[[str], None] | None = None,
@@ -55,6 +56,9 @@ def quantize_for_compile(
                           target=target)
         if accuracy_budget is not None:
             cfg.budget = parse_budget(accuracy_budget)
+        if rounding is not None:
+            cfg.rounding = rounding
+            cfg.validate()
     except QuantConfigError as e:
         raise QuantizationError(str(e)) from None
     encode = _encoder(tokenizer_dir)

@@ -186,6 +186,10 @@ class QuantConfig:
     budget: Budget | None = None
     eval_tokens: int | None = None
     target: str = "cpu"
+    #: how weights land on the grid: ``nearest`` (round-to-nearest-even) or ``gptq`` (error-compensating,
+    #: needs calibration data; options in ``gptq``: damp, block, act_order)
+    rounding: str = "nearest"
+    gptq: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def spec_for(self, names: Sequence[str]) -> LayerQuant | None:
         """The spec of the linear known by ``names`` (node name, weight name); None when skipped."""
@@ -202,6 +206,18 @@ class QuantConfig:
             parse_spec(spec, self.target)
         if self.kv_cache is not None:
             parse_kv_spec(self.kv_cache)
+        if self.rounding not in ROUNDINGS:
+            raise QuantConfigError(f"rounding {self.rounding!r}: expected one of {', '.join(ROUNDINGS)}")
+        unknown = set(self.gptq) - {"damp", "block", "act_order"}
+        if unknown:
+            raise QuantConfigError(f"quantization config: unknown 'gptq' option(s) {sorted(unknown)}; "
+                                   "known: act_order, block, damp")
+        damp = self.gptq.get("damp", 0.01)
+        if not isinstance(damp, (int, float)) or not damp > 0:
+            raise QuantConfigError(f"gptq damp must be a positive number, got {damp!r}")
+        block = self.gptq.get("block", 128)
+        if not isinstance(block, int) or block < 1:
+            raise QuantConfigError(f"gptq block must be a positive integer, got {block!r}")
 
 
 def parse_kv_spec(spec: str) -> str:
@@ -212,7 +228,8 @@ def parse_kv_spec(spec: str) -> str:
     return parts[1] if len(parts) == 2 else "head"
 
 
-_KEYS = {"default", "layers", "skip", "kv_cache", "calibration", "accuracy_budget", "eval_tokens"}
+_KEYS = {"default", "layers", "skip", "kv_cache", "calibration", "accuracy_budget", "eval_tokens", "rounding", "gptq"}
+ROUNDINGS = ("nearest", "gptq")
 
 
 def load_config(source: str | Path | Mapping[str, Any] | None, *, default: str | None = None,
@@ -260,6 +277,8 @@ def load_config(source: str | Path | Mapping[str, Any] | None, *, default: str |
         budget=parse_budget(data.get("accuracy_budget")),
         eval_tokens=data.get("eval_tokens"),
         target=target,
+        rounding=str(data.get("rounding") or "nearest"),
+        gptq=dict(data.get("gptq") or {}),
     )
     if default is not None and "default" not in data:
         cfg.default = default

@@ -156,13 +156,18 @@ def quantize_model(
             q = fallback(q)
     snr: dict[str, dict[str, float]] = {}
     calib_meta: dict[str, Any] | None = None
+    gptq = cfg.rounding == "gptq"
+    quantizer = None
     if calib_sequences:
         say(f"calibrating on {sum(len(s) for s in calib_sequences)} tokens ({calib_method})")
-        stats = C.collect(reference, calib_sequences, seq_len=seq_len)
+        stats = C.collect(reference, calib_sequences, seq_len=seq_len, gram=gptq)
         calib_meta = C.summary(stats, list(ladder.values()), calib_method)
         snr = C.sensitivity(reference, stats, list(ladder.values()), calib_method)
-    elif kv or any(q.needs_static_scale() for q in ladder.values()):
-        raise QuantizationError("static activation scales and an FP8 KV cache need calibration data (--calib)")
+        if gptq:
+            quantizer = _gptq_quantizer(stats, cfg, say)
+    elif kv or gptq or any(q.needs_static_scale() for q in ladder.values()):
+        raise QuantizationError("static activation scales, GPTQ rounding and an FP8 KV cache need calibration "
+                                "data (--calib)")
 
     def build(plan: dict[str, LayerQuant], with_kv: bool) -> Graph:
         g = clone_graph(reference)
@@ -170,7 +175,7 @@ def quantize_model(
             g.meta["quant_calibration"] = calib_meta
         ctx = PassContext(target=cfg.target, options={"quantize": {
             "config": dataclasses.replace(cfg, kv_cache=None, layers={}, default="none"),
-            "plan": plan, "kv_cache": cfg.kv_cache if with_kv else None}})
+            "plan": plan, "kv_cache": cfg.kv_cache if with_kv else None, "weight_quantizer": quantizer}})
         try:
             run_passes(g, ["quantize"], ctx)
         except PassError as e:
@@ -210,6 +215,34 @@ def quantize_model(
     report = _report(reference, cfg, layers, plan, with_kv, steps[:chosen], snr, final, budget, history,
                      calib_meta, graph)
     return QuantResult(graph, report)
+
+
+def _gptq_quantizer(stats: C.CalibStats, cfg: QuantConfig, say: Log) -> Callable[..., dict[str, np.ndarray]]:
+    """GPTQ rounding per (weight, spec), computed once and kept: fallback searches rebuild the graph
+    many times, and the same layer in the same format is asked for again."""
+    from .gptq import gptq_quantize_weight
+    from .linear import quantize_weight
+
+    grams = {st.weight: st.gram for st in stats.linears.values() if st.gram is not None}
+    opts = {"damp": float(cfg.gptq.get("damp", 0.01)), "block": int(cfg.gptq.get("block", 128)),
+            "act_order": bool(cfg.gptq.get("act_order", True))}
+    cache: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    done: set[str] = set()
+
+    def quantize(weight: str, w: np.ndarray, q: LayerQuant) -> dict[str, np.ndarray]:
+        key = (weight, q.label)
+        if key not in cache:
+            gram = grams.get(weight)
+            if gram is None or q.weight == "bf16":
+                cache[key] = quantize_weight(w, q)
+            else:
+                cache[key] = gptq_quantize_weight(w, q, gram, **opts)
+                if q.label not in done:
+                    done.add(q.label)
+                    say(f"GPTQ rounding ({q.label}, damp {opts['damp']})")
+        return cache[key]
+
+    return quantize
 
 
 def _search(budget: Budget, steps: list[Step], search: Evaluator, full: Evaluator,
@@ -289,6 +322,7 @@ def _report(reference: Graph, cfg: QuantConfig, layers: list[Layer], plan: dict[
         "met": None if budget is None or final is None else budget.met(final.top1, final.kl),
         "eval": None if final is None else {**final.as_dict(), "data": "stdlib docstrings (ingot.quant.eval_data)"},
         "calibration": None if calib is None else {"tokens": calib["tokens"], "method": calib["method"]},
+        "rounding": cfg.rounding,
         "kv_cache": graph.meta.get("quantization", {}).get("kv_cache") if with_kv else None,  # type: ignore
         "bytes": {"linear_f32": 4 * params, "linear_quantized": qbytes, "linear_by_format": by_format,
                   "fp4_param_fraction": fp4 / params if params else 0.0,
