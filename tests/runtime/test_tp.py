@@ -209,7 +209,8 @@ def two_gpus(gpu_target) -> str:
 
 @pytest.mark.gpu
 def test_cuda_tp2_greedy_equals_tp1(two_gpus, tmp_path):
-    ckpt = write_checkpoint(tmp_path / "ckpt", TINY, random_weights(TINY, rng()))
+    cfg = {**TINY, "hidden_size": 64, "head_dim": 16, "intermediate_size": 128}  # the GPU-tested tiny Llama's dims
+    ckpt = write_checkpoint(tmp_path / "ckpt", cfg, random_weights(cfg, rng()))
     tp1 = ingot.compile(ckpt, target=two_gpus, out=tmp_path / "g1.ingot")
     tp2 = ingot.compile(ckpt, target=two_gpus, out=tmp_path / "g2.ingot", tp=2)
     prompts = _prompts(6, (5, 12, 23, 40, 9))
