@@ -175,7 +175,15 @@ class _CollectiveLaunch:
         if self.communicator is None:
             raise CudaArtifactError(f"{self.what}: this artifact is one rank of a tensor-parallel group; run it "
                                     "through the TP runtime (ingot.LLM / ingot.load on the TP artifact)")
-        self.communicator.all_reduce(self.send, self.recv, int(dims[self.count]), self.dtype, int(stream.handle))
+        self.communicator.all_reduce(self.send, self.recv, int(dims[self.count]), self.dtype, _address(stream.handle))
+
+
+def _address(handle: Any) -> int:
+    """A driver handle's (CUstream's) value as an integer, for C APIs called through ctypes (NCCL)."""
+    try:
+        return int(handle)
+    except TypeError:
+        return int(ctypes.c_void_p.from_address(int(handle.getPtr())).value or 0)
 
 
 class CudaExecutor:
