@@ -123,9 +123,17 @@ def parse_spec(spec: str, target: str = "cpu") -> LayerQuant:
 
 
 def fallback(q: LayerQuant) -> LayerQuant | None:
-    """The next, more precise format on the ladder NVFP4/MXFP4 -> FP8 (W8A8) -> BF16; None at the end."""
+    """The next, more precise format on the ladder NVFP4/MXFP4 -> FP8 -> BF16; None at the end.
+
+    The activations keep their class: a weight-only layer falls back to weight-only FP8 (quantizing
+    its activations on the way would add error, not remove it), a layer with quantized activations
+    (W4A4) to W8A8 FP8 with per-token activations."""
     nxt = FALLBACK.get(q.weight)
-    return None if nxt is None else parse_spec(nxt)
+    if nxt is None:
+        return None
+    if nxt == "fp8" and q.act == "none":
+        return parse_spec("fp8:wo")
+    return parse_spec(nxt)
 
 
 @dataclasses.dataclass(frozen=True)
