@@ -3,9 +3,12 @@
 ``lower_for_target(graph, target, workdir)`` does, in order:
 
 1. **Types** (serving form only): weights, activations and the KV cache become bf16 (kernels
-   accumulate in f32); RoPE tables stay f32 (the rope kernel reads them as f32); a final ``cast``
-   keeps the ``logits`` output f32, so the graph still satisfies docs/SERVING_FORM.md and the CPU
-   backend can run it too. Graph mode keeps the model's own types.
+   accumulate in f32); f32 inputs that kernels read as f32 stay f32 (``F32_INPUTS``: RoPE tables, the
+   quantization scales ``weight_scale``/``weight_scale_2``/``input_scale`` of ``quantized_linear`` and
+   ``kv_scale`` of ``paged_attention_fp8``); quantized codes (f8e4m3fn, packed u8 E2M1) and an FP8 KV
+   cache keep their types; a final ``cast`` keeps the ``logits`` output f32, so the graph still
+   satisfies docs/SERVING_FORM.md and the CPU backend can run it too. Graph mode keeps the model's own
+   types.
 2. **Kernels**: one or more launches per node, from the family rules (``codegen/registry.py``;
    ``split``/``gather``/``cast`` through ``codegen/kernels/copy``). Nodes no family takes are
    collected and reported together (``LoweringError`` names every op without a kernel).
@@ -87,6 +90,19 @@ def _bf16_loader(w: Weight) -> Callable[[], np.ndarray]:
     return load
 
 
+#: op -> input positions that kernels read as f32 (kept f32 by ``to_device_dtypes``): RoPE tables (accurate
+#: angles); ``quantized_linear``'s weight_scale (FP8), weight_scale_2 (NVFP4 global) and input_scale (static
+#: activation scale); ``paged_attention_fp8``'s kv_scale. The formats define these scales as float32
+#: (docs/QUANTIZATION.md), and the ops' type inference refuses anything else.
+F32_INPUTS: dict[str, tuple[int, ...]] = {"rope": (2, 3), "quantized_linear": (2, 3, 4), "paged_attention_fp8": (8,)}
+
+
+def _read_as_f32(v: Value, users: list[Node]) -> bool:
+    """Whether every use of ``v`` is at a position ``F32_INPUTS`` keeps f32."""
+    return bool(users) and all(i in F32_INPUTS.get(n.op.name, ()) for n in users
+                               for i, u in enumerate(n.inputs) if u is v)
+
+
 def to_device_dtypes(graph: Graph, dtype: DType = DType.bf16) -> None:
     """Narrow a serving-form graph in place to ``dtype`` weights, activations and KV cache (see the
     module docstring); type inference runs again over every node."""
@@ -94,9 +110,9 @@ def to_device_dtypes(graph: Graph, dtype: DType = DType.bf16) -> None:
     for name, v in graph.weight_values.items():
         w = graph.weights[name]
         if w.type.dtype is not DType.f32:
+            continue  # quantized codes and their non-f32 scales (e4m3 / e8m0 block scales) stay as they are
+        if _read_as_f32(v, users.get(v, [])):
             continue
-        if users.get(v) and all(n.op.name == "rope" and n.inputs.index(v) in (2, 3) for n in users[v]):
-            continue  # rope tables: f32 for accurate angles
         nw = Weight(TensorType(dtype, w.type.shape), _bf16_loader(w), w.source)
         graph.weights[name] = nw
         v.type = nw.type
@@ -158,16 +174,21 @@ def bind_args(node: Node, specs: list[KernelSpec]) -> list[dict[str, dict[str, A
     if op == "linear":
         return [{"x": _buf(x), "weight": _buf(node.inputs[1]), "weight_scale": _buf(None),
                  "bias": _buf(_in(node, 2)), "residual": _buf(_in(node, 3)), "out": _buf(out), "M": _rows(x)}]
-    if op == "paged_attention":
+    if op == "quantized_linear":  # codegen/kernels/gemv/quant_rule.py PARAMS: the op's inputs by name
+        names = ("weight", "weight_scale", "weight_scale_2", "input_scale", "bias", "residual")
+        return [{"x": _buf(x), **{nm: _buf(_in(node, i)) for i, nm in enumerate(names, 1)}, "out": _buf(out),
+                 "M": _rows(x)}]
+    if op in ("paged_attention", "paged_attention_fp8"):
         q, k, v, cache, tables, lens, starts, slots = node.inputs[:8]
         assert k is not None and tables is not None and lens is not None
-        return [
-            {"k": _buf(k), "v": _buf(v), "kv_cache": _buf(cache), "slot_mapping": _buf(slots),
-             "num_tokens": _dim(k.type.shape[0])},
-            {"q": _buf(q), "kv_cache": _buf(cache), "block_tables": _buf(tables), "seq_lens": _buf(lens),
-             "query_start_loc": _buf(starts), "out": _buf(out), "num_tokens": _dim(x.type.shape[0]),
-             "num_seqs": _dim(lens.type.shape[0]), "max_blocks": _dim(tables.type.shape[1])},
-        ]
+        write = {"k": _buf(k), "v": _buf(v), "kv_cache": _buf(cache), "slot_mapping": _buf(slots),
+                 "num_tokens": _dim(k.type.shape[0])}
+        attend = {"q": _buf(q), "kv_cache": _buf(cache), "block_tables": _buf(tables), "seq_lens": _buf(lens),
+                  "query_start_loc": _buf(starts), "out": _buf(out), "num_tokens": _dim(x.type.shape[0]),
+                  "num_seqs": _dim(lens.type.shape[0]), "max_blocks": _dim(tables.type.shape[1])}
+        if op == "paged_attention_fp8":  # both launches read the static K/V scales (split_rule.py FP8_*_PARAMS)
+            write["kv_scale"] = attend["kv_scale"] = _buf(node.inputs[8])
+        return [write, attend]
     if op == "arg_max":
         return [{"logits": _buf(x), "tokens": _buf(out), "num_rows": _dim(x.type.shape[0])}]
     if op == "split":

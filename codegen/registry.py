@@ -17,7 +17,7 @@ from .family import Family
 from .kernel import KernelSpec
 from .target import Target, get_target
 
-FAMILY_NAMES = ("embedding", "norm", "rope", "activation", "gemm", "attention", "sampling")
+FAMILY_NAMES = ("embedding", "norm", "rope", "activation", "gemm", "gemv", "attention", "sampling")
 
 
 #: families built with nvcc from library headers (CUTLASS: 20-60 s a build), tried after the ones above.
@@ -28,7 +28,9 @@ LIBRARY_FAMILY_NAMES = ("gemm_cutlass",)
 #: (``codegen/tvm/``; without TVM installed it plans only what its kernel cache already holds)
 FALLBACK_FAMILY_NAMES = ("tvm",)
 
-#: families that add small-M *variants* to another family's launch (``variants(op, inputs, target)`` in their
+#: families that add small-M *variants* to another family's launch (``gemv`` is also in ``FAMILY_NAMES``: after
+#: ``gemm``, so a bf16 ``linear`` keeps the GEMM as its launch, while ``quantized_linear``, which no GEMM takes,
+#: gets the any-M quantized GEMV as its own launch) (``variants(op, inputs, target)`` in their
 #: rule: ``[(max_rows, spec), ...]``, smallest first, each taking the launch's own parameters). The executor
 #: runs the first variant whose ``max_rows`` covers the step's row count ``M``, else the launch's own kernel
 #: (``codegen/lower.py``: the launch's ``variants``; ``runtime/cuda_backend.py``: the choice at launch).

@@ -7,6 +7,8 @@ from ingot.codegen.kernels.activation.rule import gated_spec
 from ingot.codegen.kernels.attention.rule import paged_attention_specs
 from ingot.codegen.kernels.embedding.rule import embedding_spec
 from ingot.codegen.kernels.gemm.rule import linear_spec
+from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec
+from ingot.codegen.kernels.gemv.rule import gemv_spec
 from ingot.codegen.kernels.norm.rule import norm_spec
 from ingot.codegen.kernels.rope.rule import rope_spec
 from ingot.codegen.kernels.sampling.rule import greedy_spec
@@ -28,6 +30,9 @@ def family_specs(target: Target) -> dict[str, list[KernelSpec]]:
         "gemm": [linear_spec(bf16, bf16, 2048, 2048, target, bias=True, residual=True),
                  linear_spec(bf16, f8, 1000, 520, target),
                  linear_spec(f32, f32, 1000, 520, target, bias=True)],
+        "gemv": [gemv_spec(2048, 2048, 8, target, bias=True, residual=True),
+                 quant_gemv_spec(1024, 512, 16, target, "fp8", "fp8", "token", residual=True),
+                 quant_gemv_spec(1000, 1024, 64, target, "nvfp4", any_m=True)],
         "attention": [*paged_attention_specs(bf16, bf16, 32, 8, 64, 16, 0.125, target),
                       *paged_attention_specs(f32, f8, 8, 2, 128, 16, 0.088, target, softcap=30.0,
                                              sliding_window=64)],

@@ -22,8 +22,9 @@ split-K reduction costs more (its partials grow with M), so those buckets split 
 
 **Quantized weights** (``quant.cu``, ``quant_rule.py``): ``quantized_linear`` with FP8 (per-channel) or NVFP4
 weights, bf16 or per-token FP8 activations, through the same two entry points (``variants`` per bucket, ``plan``
-for any M). ``codegen/registry.py`` consults ``plan`` only for families in ``FAMILY_NAMES`` (this one is a
-variant family there), and ``codegen/lower.py`` binds ``quantized_linear``'s arguments by the op's input names.
+for any M). ``codegen/registry.py`` lists this family in ``FAMILY_NAMES`` after ``gemm`` (so ``plan`` gives a
+``quantized_linear`` node its any-M launch; a bf16 ``linear`` keeps the GEMM) and in ``VARIANT_FAMILY_NAMES``;
+``codegen/lower.py`` binds ``quantized_linear``'s arguments by the op's input names.
 """
 
 from __future__ import annotations
