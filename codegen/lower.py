@@ -210,6 +210,7 @@ def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelS
     its launch entry is ``{"collective": "all_reduce", "dtype", "args": {x, out, count}}``, run by NCCL."""
     launches = []
     missing: dict[str, list[str]] = {}
+    notes: dict[str, None] = {}  # why quantized_linear nodes have no kernel, once each, in order
     for i, node in enumerate(graph.nodes):
         specs = None
         if node.op.name == "all_reduce":  # tensor parallelism: NCCL, not a kernel (runtime/tp/nccl.py)
@@ -227,6 +228,8 @@ def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelS
         if specs is None:
             types = ", ".join(str(v.type) if v is not None else "_" for v in node.inputs)
             missing.setdefault(node.op.name, []).append(f"{node.source or node.outputs[0].name} ({types})")
+            if node.op.name == "quantized_linear":
+                notes.setdefault(_quant_note(node), None)
             continue
         bound = tvm_rule.bind(node, specs) if not specs or specs[0].family == "tvm" else bind_args(node, specs)
         for spec, args in zip(specs, bound):
@@ -239,8 +242,20 @@ def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelS
                  for op, where in sorted(missing.items())]
         raise LoweringError(
             f"no CUDA kernel for {len(missing)} op(s) on target {target.name} ({target.arch}):\n" + "\n".join(lines)
+            + "".join(f"\n  {n}" for n in notes)
             + "\n" + (tvm_rule.failure_hint(sorted(missing)) or "(or compile for target cpu)"))
     return launches
+
+
+def _quant_note(node: Node) -> str:
+    op = node.op
+    fmt, act = getattr(op, "weight_format", "?"), getattr(op, "act_format", "?")
+    what = (f"{fmt} weights ({getattr(op, 'weight_granularity', '?')} scales, {getattr(op, 'scale_layout', '?')} "
+            f"layout), {act} activations ({getattr(op, 'act_granularity', '?')})")
+    return (f"quantized_linear: {what}: the quantized GEMV (codegen/kernels/gemv/quant_rule.py) takes FP8 "
+            "per-channel weights with bf16 or FP8 activations and weight-only NVFP4 with linear scales, K a multiple "
+            "of 64 (FP8) / 128 (NVFP4); pick such formats in the quant config (on b200 NVFP4/MXFP4 scales are always "
+            "swizzled for CUTLASS by pack-sm100: use fp8 there), or compile for target cpu")
 
 
 # -- 3./4. compile, memory plan, manifest -----------------------------------------------------------
