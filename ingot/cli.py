@@ -277,7 +277,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                       + (f", registering with {args.router}" if args.router else ""))
         serve_worker(args.artifact, args.role, host=args.host, port=args.port, router=args.router,
                      kv_port=args.kv_port, transfer_timeout=args.transfer_timeout, max_queue=args.max_queue,
-                     log_level=args.log_level, **engine_args)
+                     log_level=args.log_level, kv_transport=args.kv_transport, **engine_args)
         return 0
     console.print(f"serving {args.artifact} on http://{args.host}:{args.port} (OpenAI API under /v1)")
     serve(args.artifact, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
@@ -386,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-port", type=int, default=0, help="decode worker: KV receive port (default: any free one)")
     g.add_argument("--block-size", type=int, default=None, help="KV block size (default: the artifact's; CPU only)")
     g.add_argument("--transfer-timeout", type=float, default=30.0, help="workers: deadline of one KV transfer (s)")
+    g.add_argument("--kv-transport", default="tcp", choices=["tcp", "nccl"],
+                   help="workers: how KV moves from prefill to decode: tcp (through the hosts, default) or nccl "
+                   "(GPU to GPU; both workers --device cuda, e.g. CUDA_VISIBLE_DEVICES=0 / 1)")
     g.add_argument("--worker-timeout", type=float, default=120.0,
                    help="router: deadline of a prefill call and of the gap between two streamed tokens (s)")
     s.set_defaults(fn=cmd_serve)

@@ -178,6 +178,35 @@ class _CollectiveLaunch:
         self.communicator.all_reduce(self.send, self.recv, int(dims[self.count]), self.dtype, _address(stream.handle))
 
 
+def block_runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(position in block_ids, first block id, count)`` of each run of consecutive block ids (one copy each)."""
+    runs: list[tuple[int, int, int]] = []
+    for j, b in enumerate(int(x) for x in block_ids):
+        if runs and runs[-1][1] + runs[-1][2] == b:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((j, b, 1))
+    return runs
+
+
+def kv_block_copies(layer_addrs: Sequence[int], block_bytes: int, block_ids: Sequence[int], buffer: int,
+                    to_buffer: bool) -> list[tuple[int, int, int]]:
+    """The ``(dst, src, nbytes)`` copies between a paged KV cache and a contiguous transfer buffer.
+
+    The cache of layer ``l`` holds ``[num_blocks, 2, block_size, kv_heads, head_dim]`` at ``layer_addrs[l]``;
+    the buffer holds ``[num_layers, len(block_ids), 2, block_size, kv_heads, head_dim]`` (the transfer's
+    layout, runtime/disagg/layout.py): block ``block_ids[j]`` of layer ``l`` at ``(l * len(block_ids) + j) *
+    block_bytes``. Runs of consecutive block ids are one copy per layer."""
+    nb = len(block_ids)
+    runs = block_runs(block_ids)
+    copies = []
+    for layer, base in enumerate(layer_addrs):
+        for j, b, k in runs:
+            cache, buf = base + b * block_bytes, buffer + (layer * nb + j) * block_bytes
+            copies.append((buf, cache, k * block_bytes) if to_buffer else (cache, buf, k * block_bytes))
+    return copies
+
+
 def _address(handle: Any) -> int:
     """A driver handle's (CUstream's) value as an integer, for C APIs called through ctypes (NCCL)."""
     try:
@@ -316,6 +345,67 @@ class CudaExecutor:
         self.ctx.synchronize()
         cd.memcpy_dtoh(out.ctypes.data, self.address(name), out.nbytes)
         return out
+
+    # -- a request's KV blocks in and out (disaggregated serving, runtime/disagg) -------------------
+    @property
+    def kv_block_shape(self) -> tuple[int, ...]:
+        """One layer's block: ``(2, block_size, kv_heads, head_dim)``."""
+        return tuple(int(d) for d in self.buffers[self.kv_inputs[0]]["shape"][1:])
+
+    @property
+    def kv_dtype(self) -> np.dtype:
+        return DType(self.buffers[self.kv_inputs[0]]["dtype"]).np
+
+    @property
+    def kv_block_bytes(self) -> int:
+        return int(self.plan["kv_cache"]["bytes_per_block"])
+
+    def _kv_copies(self, block_ids: Sequence[int], buffer: int, to_buffer: bool) -> list[tuple[int, int, int]]:
+        if not self.kv_inputs:
+            raise CudaArtifactError("this artifact has no KV cache")
+        bad = [int(b) for b in block_ids if not 0 <= int(b) < self.num_blocks]
+        if bad:
+            raise ValueError(f"KV block ids {bad[:8]} are not in [0, {self.num_blocks})")
+        return kv_block_copies([self.address(n) for n in self.kv_inputs], self.kv_block_bytes, block_ids, buffer,
+                               to_buffer)
+
+    def copy_kv_blocks_out(self, block_ids: Sequence[int], dst: int) -> None:
+        """Copy the blocks (every layer) into the device buffer at ``dst`` in the transfer layout
+        ``[layers, len(block_ids), 2, block_size, kv_heads, head_dim]``; returns when the copy is done. On the
+        executor's stream, so it reads what the last step wrote and before the next step reuses the blocks."""
+        self.ctx.make_current()
+        for d, s, n in self._kv_copies(block_ids, dst, to_buffer=True):
+            cd.memcpy_dtod(d, s, n, self.stream)
+        self.stream.synchronize()
+
+    def copy_kv_blocks_in(self, block_ids: Sequence[int], src: int) -> None:
+        """The reverse of ``copy_kv_blocks_out``: the device buffer at ``src`` into the blocks; returns when done."""
+        self.ctx.make_current()
+        for d, s, n in self._kv_copies(block_ids, src, to_buffer=False):
+            cd.memcpy_dtod(d, s, n, self.stream)
+        self.stream.synchronize()
+
+    def read_kv_blocks(self, block_ids: Sequence[int]) -> np.ndarray:
+        """The blocks copied to the host: ``[layers, len(block_ids), 2, block_size, kv_heads, head_dim]``."""
+        out = np.empty((len(self.kv_inputs), len(block_ids), *self.kv_block_shape), self.kv_dtype)
+        self.ctx.make_current()
+        self.stream.synchronize()
+        base = out.ctypes.data
+        for d, s, n in self._kv_copies(block_ids, base, to_buffer=True):
+            cd.memcpy_dtoh(d, s, n)
+        return out
+
+    def write_kv_blocks(self, block_ids: Sequence[int], blocks: np.ndarray) -> None:
+        """Host blocks (``read_kv_blocks``'s layout and dtype) into the cache."""
+        want = (len(self.kv_inputs), len(block_ids), *self.kv_block_shape)
+        if tuple(blocks.shape) != want or blocks.dtype != self.kv_dtype:
+            raise ValueError(f"KV blocks {blocks.dtype}{list(blocks.shape)}, the cache needs "
+                             f"{self.kv_dtype}{list(want)}")
+        blocks = np.ascontiguousarray(blocks)
+        self.ctx.make_current()
+        for d, s, n in self._kv_copies(block_ids, blocks.ctypes.data, to_buffer=False):
+            cd.memcpy_htod(d, s, n, self.stream)
+        self.stream.synchronize()
 
     # -- steps ---------------------------------------------------------------------------------------
     def _bind(self, feeds: Mapping[str, np.ndarray], check: bool) -> tuple[dict[str, int], list[np.ndarray]]:

@@ -186,6 +186,51 @@ def memcpy_dtoh(dst_ptr: int, src: int, nbytes: int, stream: Stream | None = Non
         check(cu.cuMemcpyDtoHAsync(dst_ptr, src, nbytes, stream.handle), "cuMemcpyDtoHAsync")
 
 
+def memcpy_dtod(dst: int, src: int, nbytes: int, stream: Stream | None = None) -> None:
+    if nbytes <= 0:
+        return
+    cu = driver()
+    if stream is None:
+        check(cu.cuMemcpyDtoD(dst, src, nbytes), "cuMemcpyDtoD")
+    else:
+        check(cu.cuMemcpyDtoDAsync(dst, src, nbytes, stream.handle), "cuMemcpyDtoDAsync")
+
+
+def stream_done(stream: Stream) -> bool:
+    """``cuStreamQuery``: True once all work enqueued on ``stream`` has finished (raises on an error)."""
+    cu = driver()
+    ret = cu.cuStreamQuery(stream.handle)
+    err = ret[0] if isinstance(ret, tuple) else ret
+    if err == cu.CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    check(ret, "cuStreamQuery")
+    return True
+
+
+class Event:
+    """A CUDA event for timing work on a stream (``cuEventRecord`` / ``cuEventElapsedTime``)."""
+
+    def __init__(self) -> None:
+        self.handle = check(driver().cuEventCreate(0), "cuEventCreate")
+
+    def record(self, stream: Stream) -> None:
+        check(driver().cuEventRecord(self.handle, stream.handle), "cuEventRecord")
+
+    def synchronize(self) -> None:
+        check(driver().cuEventSynchronize(self.handle), "cuEventSynchronize")
+
+    def elapsed_ms(self, start: Event) -> float:
+        """Milliseconds from ``start`` to this event (both recorded and complete)."""
+        cu = driver()
+        fn = getattr(cu, "cuEventElapsedTime", None) or cu.cuEventElapsedTime_v2
+        return float(check(fn(start.handle, self.handle), "cuEventElapsedTime"))
+
+    def destroy(self) -> None:
+        if self.handle is not None:
+            check(driver().cuEventDestroy(self.handle), "cuEventDestroy")
+            self.handle = None
+
+
 def memset(dst: int, nbytes: int, byte: int = 0) -> None:
     if nbytes > 0:
         check(driver().cuMemsetD8(dst, byte, nbytes), "cuMemsetD8")

@@ -207,11 +207,17 @@ class RequestOutput:
 @dataclass
 class Prefilled:
     """What a prefill worker computed for a request: its first token(s) and the prompt's KV in this engine's
-    cache layout, token-major (``[layers, 2, prompt_len, kv_heads, head_dim]``; None: recompute it here)."""
+    cache layout, token-major (``[layers, 2, prompt_len, kv_heads, head_dim]``; None: recompute it here).
+
+    ``kv_blocks`` (instead of ``kv``): the KV as blocks of this engine's block size, dtype and heads,
+    ``[layers, ceil(prompt_len / block_size), 2, block_size, kv_heads, head_dim]``, in a device buffer on this
+    engine's GPU (``runtime.disagg.device.DeviceBlocks``, from the NCCL transport). The engine copies it into
+    the request's blocks and releases it, also when the request cannot use it."""
 
     output_token_ids: list[int]
     kv: np.ndarray | None = None
     logprobs: list[TokenLogprobs] | None = None
+    kv_blocks: Any = None
 
 
 class _Group:
@@ -330,6 +336,9 @@ class LLMEngine:
         self._seqs: dict[str, _Seq] = {}  # scheduler request id -> state
         self._groups: dict[str, _Group] = {}
         self._ids = itertools.count()
+        #: prefilled requests (disaggregated serving) started from their transferred KV / recomputing their prompt
+        self.num_prefilled_admitted = 0
+        self.num_prefilled_recomputed = 0
 
     def _cuda_executor(self, args: EngineArgs, spec: dict[str, Any], info: dict[str, Any],
                        bytes_per_token: int) -> EngineArgs:
@@ -410,6 +419,15 @@ class LLMEngine:
         ``prefilled``: the prompt's KV and first token were computed elsewhere (disaggregated serving);
         the request starts running from them (see ``_admit_prefilled``).
         """
+        if prefilled is not None and prefilled.kv_blocks is not None:
+            try:  # the device buffer goes back to its pool whatever happens to the request
+                return self._add_request(prompt, params, request_id, priority, arrival_time, prefilled)
+            finally:
+                prefilled.kv_blocks.release()
+        return self._add_request(prompt, params, request_id, priority, arrival_time, prefilled)
+
+    def _add_request(self, prompt: str | Sequence[int], params: SamplingParams | None, request_id: str | None,
+                     priority: int, arrival_time: float | None, prefilled: Prefilled | None) -> str:
         params = params or SamplingParams()
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         max_tokens = self.check_request(ids, params)
@@ -467,20 +485,37 @@ class LLMEngine:
             sched._check_fits(req)
         except ValueError as e:
             raise EngineRequestError(str(e), "max_tokens") from None
-        kv = pre.kv if self.device == "cpu" and not self.tp else None  # GPU / TP cache: recompute the prompt here
+        device_kv = pre.kv_blocks  # released by add_request
+        kv = None if self.tp else pre.kv  # TP caches are split over the ranks: recompute the prompt there
+        bs = self.block_size
+        nb = -(-n // bs)
+        if device_kv is not None and not self.tp:
+            want = (len(self._kv_layers()), nb, 2, bs, *self._kv_block_tail())
+            if tuple(device_kv.shape) != want or device_kv.dtype != self._kv_dtype():
+                raise EngineRequestError(f"prefilled KV blocks {device_kv.dtype}{list(device_kv.shape)}; this cache "
+                                         f"needs {self._kv_dtype()}{list(want)}", "prompt")
+        elif device_kv is not None:
+            device_kv = None
         admitted = False
-        if kv is not None and len(sched.running) < sched.config.max_num_seqs:
-            if kv.shape[2] != n:
+        if (kv is not None or device_kv is not None) and len(sched.running) < sched.config.max_num_seqs:
+            if kv is not None and kv.shape[2] != n:
                 raise EngineRequestError(f"prefilled KV holds {kv.shape[2]} tokens, the prompt has {n}", "prompt")
             if sched.kv.allocate_slots(req, n) is not None:
-                bs = self.block_size
-                nb = -(-n // bs)
                 blocks = np.asarray(sched.kv.get_block_ids(rid)[:nb], np.intp)
-                padded = np.zeros((kv.shape[0], 2, nb * bs) + kv.shape[3:], kv.dtype)
-                padded[:, :, :n] = kv
-                padded = padded.reshape(kv.shape[0], 2, nb, bs, *kv.shape[3:]).swapaxes(1, 2)
-                for layer, cache in enumerate(self.kv_caches.values()):
-                    cache[blocks] = padded[layer]
+                if device_kv is not None and self.device == "cuda":
+                    self.executor.copy_kv_blocks_in(blocks.tolist(), device_kv.ptr)
+                else:
+                    if device_kv is not None:  # the CPU backend: a host-memory stand-in (tests)
+                        padded = device_kv.to_host(release=False)
+                    else:
+                        padded = np.zeros((kv.shape[0], 2, nb * bs) + kv.shape[3:], kv.dtype)
+                        padded[:, :, :n] = kv
+                        padded = padded.reshape(kv.shape[0], 2, nb, bs, *kv.shape[3:]).swapaxes(1, 2)
+                    if self.device == "cuda":
+                        self.executor.write_kv_blocks(blocks.tolist(), np.ascontiguousarray(padded))
+                    else:
+                        for layer, cache in enumerate(self.kv_caches.values()):
+                            cache[blocks] = padded[layer]
                 req._seq = sched._seq
                 sched._seq += 1
                 req.num_computed_tokens = req.num_cached_tokens = n
@@ -491,7 +526,10 @@ class LLMEngine:
                 admitted = True
         for t in pre.output_token_ids:
             req.append_output_token(int(t))
-        if not admitted:
+        if admitted:
+            self.num_prefilled_admitted += 1
+        else:
+            self.num_prefilled_recomputed += 1
             sched.add_request(req)  # recomputes prompt + first token(s) when scheduled, like a preempted request
         detok = IncrementalDetokenizer.from_params(self.tokenizer, params, ids) if self.tokenizer else None
         seq = _Seq(req, 0, params, detok, group)
@@ -511,19 +549,56 @@ class LLMEngine:
         self._groups[rid] = group
         return rid
 
-    def export_kv(self, request_id: str, num_tokens: int | None = None) -> np.ndarray:
-        """A copy of the request's KV blocks holding its first ``num_tokens`` (default: computed) tokens:
-        ``[layers, blocks, 2, block_size, kv_heads, head_dim]``, this cache's dtype."""
+    def _export_block_ids(self, request_id: str, num_tokens: int | None) -> list[int]:
         req = self.scheduler.get_request(request_id)
         if req is None:
             raise KeyError(f"no unfinished request {request_id!r}")
         if self.tp:
             raise NotImplementedError("export_kv of a tensor-parallel model: its KV cache is split over the ranks")
         n = req.num_computed_tokens if num_tokens is None else num_tokens
-        ids = np.asarray(self.scheduler.kv.get_block_ids(request_id)[: -(-n // self.block_size)], np.intp)
+        return [int(b) for b in self.scheduler.kv.get_block_ids(request_id)[: -(-n // self.block_size)]]
+
+    def export_kv(self, request_id: str, num_tokens: int | None = None) -> np.ndarray:
+        """A copy of the request's KV blocks holding its first ``num_tokens`` (default: computed) tokens:
+        ``[layers, blocks, 2, block_size, kv_heads, head_dim]``, this cache's dtype."""
+        ids = self._export_block_ids(request_id, num_tokens)
         if self.device == "cuda":
-            return np.stack([self.executor.kv_cache(i)[ids] for i in range(len(self.executor.kv_inputs))])
-        return np.stack([cache[ids] for cache in self.kv_caches.values()])
+            return self.executor.read_kv_blocks(ids)
+        idx = np.asarray(ids, np.intp)
+        return np.stack([cache[idx] for cache in self.kv_caches.values()])
+
+    def export_kv_device(self, request_id: str, num_tokens: int | None, pool: Any) -> Any:
+        """``export_kv`` into a buffer from ``pool`` (``runtime.disagg.device.BufferPool``): a ``DeviceBlocks``
+        on this engine's GPU, copied on the executor's stream (so before the next step may reuse the blocks).
+        On the CPU backend the pool's memory is host memory (tests)."""
+        from .disagg.device import DeviceBlocks
+
+        ids = self._export_block_ids(request_id, num_tokens)
+        out = DeviceBlocks.allocate(pool, (len(self._kv_layers()), len(ids), 2, self.block_size,
+                                           *self._kv_block_tail()), self._kv_dtype())
+        try:
+            if self.device == "cuda":
+                self.executor.copy_kv_blocks_out(ids, out.ptr)
+            else:
+                idx = np.asarray(ids, np.intp)
+                pool.write(out.ptr, np.stack([cache[idx] for cache in self.kv_caches.values()]))
+        except BaseException:
+            out.release()
+            raise
+        return out
+
+    def _kv_layers(self) -> list[str]:
+        return list(self.executor.kv_inputs) if self.device == "cuda" else list(self.kv_caches)
+
+    def _kv_block_tail(self) -> tuple[int, int]:
+        """``(kv_heads, head_dim)`` of this engine's cache."""
+        spec = self.manifest.get("kv_cache") or self.graph.meta["kv_cache"]
+        return int(spec["num_kv_heads"]), int(spec["head_dim"])
+
+    def _kv_dtype(self) -> np.dtype:
+        if self.device == "cuda":
+            return self.executor.kv_dtype
+        return next(iter(self.kv_caches.values())).dtype
 
     def detach(self, request_id: str) -> bool:
         """Drop a request and free its blocks without counting it as aborted (its KV went elsewhere)."""

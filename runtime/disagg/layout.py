@@ -138,27 +138,36 @@ class KVTransfer:
     @classmethod
     def from_descriptor(cls, desc: Any, payload: bytes | bytearray | memoryview) -> KVTransfer:
         """Check a received descriptor against its payload and view the bytes as the block array (no copy)."""
-        if not isinstance(desc, dict):
-            raise LayoutError("the descriptor must be a JSON object")
-        tid, toks = desc.get("transfer_id"), desc.get("token_ids")
-        if not isinstance(tid, str) or not tid or len(tid) > 256:
-            raise LayoutError("descriptor transfer_id must be a non-empty string")
-        if not isinstance(toks, list) or not toks or not all(isinstance(t, int) and t >= 0 for t in toks):
-            raise LayoutError("descriptor token_ids must be a non-empty list of token ids")
-        layout = KVLayout.from_json(desc.get("layout"))
-        if desc.get("num_tokens") != len(toks):
-            raise LayoutError(f"descriptor num_tokens {desc.get('num_tokens')} != {len(toks)} token ids")
-        shape = layout.block_shape(layout.num_blocks(len(toks)))
-        if desc.get("shape") != list(shape):
-            raise LayoutError(f"descriptor shape {desc.get('shape')} does not match the layout ({list(shape)})")
-        want = layout.nbytes(len(toks))
-        if desc.get("nbytes") != want or len(payload) != want:
-            raise LayoutError(f"payload of {len(payload)} bytes; the descriptor needs {want}")
-        meta = desc.get("meta") or {}
-        if not isinstance(meta, dict):
-            raise LayoutError("descriptor meta must be a JSON object")
+        tid, layout, toks, shape, nbytes, meta = parse_descriptor(desc)
+        if len(payload) != nbytes:
+            raise LayoutError(f"payload of {len(payload)} bytes; the descriptor needs {nbytes}")
         data = np.frombuffer(payload, dtype=layout.np_dtype).reshape(shape)
-        return cls(tid, layout, list(toks), data, meta)
+        return cls(tid, layout, toks, data, meta)
+
+
+def parse_descriptor(desc: Any) -> tuple[str, KVLayout, list[int], tuple[int, ...], int, dict[str, Any]]:
+    """A received descriptor checked field by field: ``(transfer_id, layout, token_ids, shape, nbytes, meta)``.
+    Raises ``LayoutError`` naming the first field that is wrong."""
+    if not isinstance(desc, dict):
+        raise LayoutError("the descriptor must be a JSON object")
+    tid, toks = desc.get("transfer_id"), desc.get("token_ids")
+    if not isinstance(tid, str) or not tid or len(tid) > 256:
+        raise LayoutError("descriptor transfer_id must be a non-empty string")
+    if not isinstance(toks, list) or not toks or not all(isinstance(t, int) and t >= 0 for t in toks):
+        raise LayoutError("descriptor token_ids must be a non-empty list of token ids")
+    layout = KVLayout.from_json(desc.get("layout"))
+    if desc.get("num_tokens") != len(toks):
+        raise LayoutError(f"descriptor num_tokens {desc.get('num_tokens')} != {len(toks)} token ids")
+    shape = layout.block_shape(layout.num_blocks(len(toks)))
+    if desc.get("shape") != list(shape):
+        raise LayoutError(f"descriptor shape {desc.get('shape')} does not match the layout ({list(shape)})")
+    want = layout.nbytes(len(toks))
+    if desc.get("nbytes") != want:
+        raise LayoutError(f"descriptor nbytes {desc.get('nbytes')}; the layout needs {want}")
+    meta = desc.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise LayoutError("descriptor meta must be a JSON object")
+    return tid, layout, list(toks), shape, want, meta
 
 
 # -- conversions -----------------------------------------------------------------------------------

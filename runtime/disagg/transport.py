@@ -20,7 +20,7 @@ import logging
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -33,6 +33,10 @@ MAGIC = b"IKV1"
 _HEAD = struct.Struct(">4sIQ")
 MAX_HEADER_BYTES = 16 << 20
 DEFAULT_MAX_PAYLOAD = 16 << 30
+
+
+#: ``await handler(header, payload, sock)`` -> bytes received (runtime/disagg/nccl.py)
+FrameHandler = Callable[[dict[str, Any], bytearray, socket.socket], Awaitable[int | None]]
 
 
 class TransferError(RuntimeError):
@@ -192,7 +196,7 @@ class TransferStore:
         now = time.monotonic()
         old = [t for t, b in self._born.items() if now - b > self.ttl]
         for t in old:
-            self._drop(t)
+            self.discard(t)
             log.warning("dropped KV transfer %s: unclaimed for %.0f s", t, self.ttl)
         self.num_expired += len(old)
         return len(old)
@@ -209,7 +213,11 @@ class TransferStore:
                 await ev.wait()
 
     def discard(self, tid: str) -> None:
-        self._drop(tid)
+        """Drop a transfer, releasing device buffers (``DeviceBlocks``) it holds."""
+        from .device import release
+
+        for p in self._drop(tid):
+            release(p.data)
 
     @property
     def num_pending(self) -> int:
@@ -222,8 +230,12 @@ class TcpKVReceiver:
     A connection idle for ``timeout`` seconds is dropped with whatever it had sent."""
 
     def __init__(self, on_transfer: Callable[[KVTransfer], None], *, host: str = "127.0.0.1", port: int = 0,
-                 timeout: float = 30.0, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+                 timeout: float = 30.0, max_payload: int = DEFAULT_MAX_PAYLOAD,
+                 ops: dict[str, FrameHandler] | None = None) -> None:
         self.on_transfer = on_transfer
+        #: handlers of frames whose header names an ``op`` (the NCCL transport's handshakes, nccl.py); each
+        #: gets the header, the payload and the socket, and answers on it itself
+        self.ops: dict[str, FrameHandler] = dict(ops or {})
         self.host, self.port = host, port
         self.timeout = timeout
         self.max_payload = max_payload
@@ -273,6 +285,17 @@ class TcpKVReceiver:
         try:
             async with asyncio.timeout(self.timeout):
                 header, payload = await read_frame(sock, self.max_payload)
+                op = header.get("op")
+                if op is not None:
+                    handler = self.ops.get(op) if isinstance(op, str) else None
+                    if handler is None:
+                        await write_frame(sock, {"ok": False, "error": f"this receiver does not handle op {op!r} "
+                                                 f"(it handles {sorted(self.ops)})"})
+                        return
+                    n = await handler(header, payload, sock)
+                    self.bytes_received += int(n or 0)
+                    self.seconds_receiving += time.perf_counter() - t0 if n else 0.0
+                    return
                 try:
                     transfer = KVTransfer.from_descriptor(header, payload)
                     self.on_transfer(transfer)

@@ -14,7 +14,12 @@ Decode worker (``ingot serve --role decode``)::
       -> waits (bounded) for the transfer, converts it to its own layout, starts the request from it
       <- NDJSON stream of output deltas; the last has "finished": true
 
-Both: ``GET /health``, ``GET /internal/info`` (role, KV address and layout, load), ``GET /metrics``;
+With ``kv_transport="nccl"`` (``--kv-transport nccl``, both workers on GPUs) the KV blocks go GPU to GPU
+(runtime/disagg/nccl.py): the prefill worker copies them into a device buffer, the descriptor still
+goes over the KV port's TCP frames, the bytes over NCCL, and the decode worker copies them from its
+device buffer into the request's blocks.
+
+Both: ``GET /health``, ``GET /internal/info`` (role, KV address and layout, load, transfers), ``GET /metrics``;
 with ``router`` set they register with it every ``heartbeat_s`` seconds (so a restarted worker
 comes back). Errors are OpenAI-shaped JSON bodies that name this worker.
 """
@@ -31,12 +36,12 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..engine import AsyncEngine, EngineRequestError, LLMEngine, Prefilled, QueueFullError, RequestOutput
 from ..server import _EventStream, error_body
+from .device import BufferPool, DeviceBlocks, cuda_pool, release
 from .layout import KVLayout, KVTransfer, LayoutError, assemble_tokens, check_compatible
 from .protocol import delta_to_json, logprobs_from_json, params_from_json
 from .transport import KVSender, TcpKVReceiver, TcpKVSender, TransferError, TransferStore
@@ -44,6 +49,7 @@ from .transport import KVSender, TcpKVReceiver, TcpKVSender, TransferError, Tran
 log = logging.getLogger("ingot.disagg")
 
 ROLES = ("prefill", "decode")
+KV_TRANSPORTS = ("tcp", "nccl")
 
 
 def engine_layout(llm: LLMEngine) -> KVLayout:
@@ -61,9 +67,15 @@ class Worker:
 
     def __init__(self, role: str, engine: AsyncEngine, *, url: str, router: str | None = None,
                  kv_host: str = "127.0.0.1", kv_port: int = 0, transfer_timeout: float = 30.0,
-                 heartbeat_s: float = 1.0, sender: KVSender | None = None, staging_ttl: float = 60.0) -> None:
+                 heartbeat_s: float = 1.0, sender: KVSender | None = None, staging_ttl: float = 60.0,
+                 kv_transport: str = "tcp", link_factory: Any = None, pool: BufferPool | None = None) -> None:
+        """``kv_transport``: ``tcp`` (KV bytes through the host, any backend) or ``nccl`` (GPU to GPU, nccl.py;
+        both workers ``device="cuda"``). ``link_factory`` / ``pool``: the NCCL link and device buffer pool
+        (default: NCCL on this engine's GPU; the tests pass a loopback link over host memory)."""
         if role not in ROLES:
             raise ValueError(f"worker role must be one of {ROLES}, got {role!r}")
+        if kv_transport not in KV_TRANSPORTS:
+            raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {kv_transport!r}")
         self.role = role
         self.engine = engine
         self.llm = engine.engine
@@ -74,17 +86,42 @@ class Worker:
         self.heartbeat_s = heartbeat_s
         self.worker_id = uuid.uuid4().hex[:12]
         self._tasks: list[asyncio.Task] = []
-        self.exported: dict[str, np.ndarray] = {}
+        self.exported: dict[str, Any] = {}  # request id -> KV blocks (np.ndarray or DeviceBlocks)
         self.sender: KVSender = sender or TcpKVSender()
         self.bytes_sent = 0
         self.seconds_sending = 0.0
+        self.transfers_sent = 0
         self.store: TransferStore | None = None
         self.receiver: TcpKVReceiver | None = None
+        self.kv_transport = kv_transport
+        self.pool: BufferPool | None = None
+        self.nccl_receiver: Any = None
+        ops: dict[str, Any] = {}
+        if kv_transport == "nccl":
+            from .nccl import NcclKVReceiver, NcclKVSender, NcclLink
+
+            if link_factory is None:
+                if self.llm.device != "cuda" or self.llm.tp:
+                    raise ValueError("the NCCL KV transport moves KV between GPUs: run the worker with --device cuda "
+                                     "(and a model without tensor parallelism)")
+                ctx = self.llm.executor.ctx
+                link_factory = lambda: NcclLink(ctx)  # noqa: E731
+                pool = pool or cuda_pool(ctx)
+            if pool is None:
+                raise ValueError("a link_factory needs its pool")
+            self.pool = pool
+            if role == "prefill" and sender is None:
+                self.sender = NcclKVSender(link_factory, sender_id=f"{self.url}#{self.worker_id}")
+            if role == "decode":
+                self.nccl_receiver = NcclKVReceiver(link_factory, pool, self._on_transfer, timeout=transfer_timeout,
+                                                    check_layout=lambda lay: check_compatible(lay, self.layout))
+                ops = self.nccl_receiver.ops
         if role == "prefill":
             engine.on_outputs = self._detach_prefilled
         else:
             self.store = TransferStore(ttl=staging_ttl)
-            self.receiver = TcpKVReceiver(self._on_transfer, host=kv_host, port=kv_port, timeout=transfer_timeout)
+            self.receiver = TcpKVReceiver(self._on_transfer, host=kv_host, port=kv_port, timeout=transfer_timeout,
+                                          ops=ops)
 
     # -- engine thread ----------------------------------------------------------------------------
 
@@ -94,7 +131,9 @@ class Worker:
         res = []
         for o in outputs:
             if not o.finished and o.outputs and o.outputs[0].token_ids:
-                self.exported[o.request_id] = self.llm.export_kv(o.request_id, len(o.prompt_token_ids))
+                n = len(o.prompt_token_ids)
+                self.exported[o.request_id] = (self.llm.export_kv_device(o.request_id, n, self.pool)
+                                               if self.pool is not None else self.llm.export_kv(o.request_id, n))
                 self.llm.detach(o.request_id)
                 o = dataclasses.replace(o, finished=True)
             res.append(o)
@@ -131,6 +170,11 @@ class Worker:
         if self.receiver is not None:
             await self.receiver.stop()
         await asyncio.get_running_loop().run_in_executor(None, self.engine.stop)
+        for side in (self.sender, self.nccl_receiver):
+            close = getattr(side, "close", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()
 
     async def _housekeeping(self) -> None:
         import httpx
@@ -153,9 +197,19 @@ class Worker:
                 "load": {"in_flight": self.engine.num_in_flight, "running": st.num_running, "waiting": st.num_waiting,
                          "kv_blocks_used": st.kv_blocks_used, "kv_blocks_total": st.kv_blocks_total,
                          "staged_transfers": self.store.num_pending if self.store else 0},
-                "transfer": {"bytes_sent": self.bytes_sent, "seconds_sending": self.seconds_sending,
+                "transfer": {"transport": self.kv_transport, "bytes_sent": self.bytes_sent,
+                             "seconds_sending": self.seconds_sending, "transfers_sent": self.transfers_sent,
                              "bytes_received": self.receiver.bytes_received if self.receiver else 0,
-                             "seconds_receiving": self.receiver.seconds_receiving if self.receiver else 0.0}}
+                             "seconds_receiving": self.receiver.seconds_receiving if self.receiver else 0.0,
+                             "channels": self._channel_stats(),
+                             "pool": self.pool.stats() if self.pool is not None else None},
+                "prefilled": {"admitted": self.llm.num_prefilled_admitted,
+                              "recomputed": self.llm.num_prefilled_recomputed}}
+
+    def _channel_stats(self) -> dict[str, Any]:
+        side = self.nccl_receiver if self.nccl_receiver is not None else self.sender
+        stats = getattr(side, "stats", None)
+        return stats() if callable(stats) else {}
 
     # -- handlers ---------------------------------------------------------------------------------
 
@@ -194,7 +248,7 @@ class Worker:
         except RuntimeError as e:
             return _err(500, f"prefill worker {self.url}: {e}")
         finally:
-            self.exported.pop(rid, None)
+            release(self.exported.pop(rid, None))
         assert out is not None
         if kv is None:  # finished at its first token (stop, eos, max_tokens 1): nothing to send
             return JSONResponse({"output": delta_to_json(out), "transferred": False})
@@ -204,9 +258,12 @@ class Worker:
             await self.sender.send(kv_addr, transfer, self.transfer_timeout)
         except TransferError as e:
             return _err(502, f"prefill worker {self.url}: {e}", code="kv_transfer_failed")
+        finally:
+            release(kv)
         dt = time.perf_counter() - t0
         self.bytes_sent += kv.nbytes
         self.seconds_sending += dt
+        self.transfers_sent += 1
         return JSONResponse({"output": delta_to_json(out, finished=False), "transferred": True,
                              "bytes": int(kv.nbytes), "seconds": dt})
 
@@ -227,18 +284,12 @@ class Worker:
         except TimeoutError:
             return _err(504, f"decode worker {self.url}: KV transfer {tid} did not arrive within "
                         f"{self.transfer_timeout} s", code="kv_transfer_timeout")
-        bad = self._check(ids, params)
-        if bad is not None:
-            return bad
         try:
-            kv = assemble_tokens(parts, self.layout)
-        except LayoutError as e:
-            return _err(400, f"decode worker {self.url}: {e}", "invalid_request_error", code="kv_layout")
-        if parts[0].token_ids != ids:
-            return _err(400, f"decode worker {self.url}: transfer {tid} holds other tokens than the prompt",
-                        "invalid_request_error", code="kv_layout")
-        del parts
-        pre = Prefilled(first_ids, kv, first_lps)
+            pre = self._prefilled(parts, ids, params, tid, first_ids, first_lps)
+        finally:
+            del parts
+        if isinstance(pre, Response):
+            return pre
 
         priority = int(body.get("priority", 0))
 
@@ -246,10 +297,43 @@ class Worker:
             try:
                 async for out in self.engine.generate(ids, params, request_id=rid, priority=priority, prefilled=pre):
                     yield json.dumps(delta_to_json(out), ensure_ascii=False) + "\n"
-            except (RuntimeError, EngineRequestError) as e:
+            except (QueueFullError, EngineRequestError) as e:  # refused before the engine took the request
+                release(pre.kv_blocks)
+                yield json.dumps({"finished": True, "error": f"decode worker {self.url}: {e}"}) + "\n"
+            except RuntimeError as e:
                 yield json.dumps({"finished": True, "error": f"decode worker {self.url}: {e}"}) + "\n"
 
         return _EventStream(lines(), media_type="application/x-ndjson")
+
+
+    def _prefilled(self, parts: list[KVTransfer], ids: list[int], params: Any, tid: str, first_ids: list[int],
+                   first_lps: Any) -> Prefilled | Response:
+        """The received parts as the engine's ``Prefilled``, or the error response (releasing device blocks).
+        One part in this engine's exact layout on the device goes in as it is (``kv_blocks``); anything else is
+        converted on the host (``assemble_tokens``)."""
+        handed = False
+        try:
+            bad = self._check(ids, params)
+            if bad is not None:
+                return bad
+            if parts[0].token_ids != ids:
+                return _err(400, f"decode worker {self.url}: transfer {tid} holds other tokens than the prompt",
+                            "invalid_request_error", code="kv_layout")
+            if len(parts) == 1 and isinstance(parts[0].data, DeviceBlocks) and parts[0].layout == self.layout:
+                handed = True
+                return Prefilled(first_ids, None, first_lps, kv_blocks=parts[0].data)
+            for p in parts:
+                if isinstance(p.data, DeviceBlocks):
+                    p.data = p.data.to_host()
+            try:
+                kv = assemble_tokens(parts, self.layout)
+            except LayoutError as e:
+                return _err(400, f"decode worker {self.url}: {e}", "invalid_request_error", code="kv_layout")
+            return Prefilled(first_ids, kv, first_lps)
+        finally:
+            if not handed:
+                for p in parts:
+                    release(p.data)
 
 
 def create_worker_app(worker: Worker) -> FastAPI:
@@ -290,7 +374,7 @@ def create_worker_app(worker: Worker) -> FastAPI:
 
 def serve_worker(artifact: str, role: str, *, host: str = "127.0.0.1", port: int = 8001, router: str | None = None,
                  kv_port: int = 0, transfer_timeout: float = 30.0, max_queue: int = 1024, log_level: str = "info",
-                 **engine_args: Any) -> None:
+                 kv_transport: str = "tcp", **engine_args: Any) -> None:
     """Load ``artifact`` and run a ``role`` worker until SIGINT/SIGTERM."""
     import uvicorn
 
@@ -300,7 +384,7 @@ def serve_worker(artifact: str, role: str, *, host: str = "127.0.0.1", port: int
     llm.metrics = EngineMetrics(llm.model_name)
     engine = AsyncEngine(llm, max_queue=max_queue)
     worker = Worker(role, engine, url=f"http://{host}:{port}", router=router, kv_host=host, kv_port=kv_port,
-                    transfer_timeout=transfer_timeout)
+                    transfer_timeout=transfer_timeout, kv_transport=kv_transport)
     config = uvicorn.Config(create_worker_app(worker), host=host, port=port, log_level=log_level,
                             access_log=log_level == "debug")
     uvicorn.Server(config).run()

@@ -170,3 +170,73 @@ class NcclAllReduce:
         if self.comm is not None:
             check(library().ncclCommDestroy(self.comm), "ncclCommDestroy")
             self.comm = None
+
+
+# -- point-to-point (the disaggregated KV transfer, runtime/disagg/nccl.py) ------------------------
+# Added beside the all-reduce without changing it: a two-rank ``NcclAllReduce`` is the pair's
+# communicator, and these functions enqueue ncclSend / ncclRecv of raw bytes on it.
+
+NCCL_UINT8 = 1
+#: ncclResult_t of an operation still running (non-blocking communicators); not an error
+NCCL_IN_PROGRESS = 7
+
+_p2p_lib: Any = None
+
+
+def p2p_library() -> Any:
+    """``library()`` with the point-to-point entry points' signatures declared (once)."""
+    global _p2p_lib
+    if _p2p_lib is not None:
+        return _p2p_lib
+    lib = library()
+    for fn in ("ncclSend", "ncclRecv"):
+        getattr(lib, fn).argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.c_void_p]
+    lib.ncclGroupStart.argtypes = []
+    lib.ncclGroupEnd.argtypes = []
+    lib.ncclCommGetAsyncError.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    for fn in ("ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd", "ncclCommGetAsyncError"):
+        getattr(lib, fn).restype = ctypes.c_int
+    _p2p_lib = lib
+    return lib
+
+
+def _open(comm: NcclAllReduce, what: str) -> Any:
+    if comm.comm is None:
+        raise NcclError(f"{what} on a closed communicator")
+    return comm.comm
+
+
+def send_bytes(comm: NcclAllReduce, buf: int, nbytes: int, peer: int, stream: Any) -> None:
+    """Enqueue ``ncclSend`` of ``nbytes`` bytes at device address ``buf`` to rank ``peer`` on ``stream``."""
+    c = _open(comm, "ncclSend")
+    check(p2p_library().ncclSend(ctypes.c_void_p(buf), nbytes, NCCL_UINT8, peer, c, ctypes.c_void_p(int(stream))),
+          f"ncclSend(rank {comm.rank} -> {peer}, {nbytes} bytes)", c)
+
+
+def recv_bytes(comm: NcclAllReduce, buf: int, nbytes: int, peer: int, stream: Any) -> None:
+    """Enqueue ``ncclRecv`` of ``nbytes`` bytes into device address ``buf`` from rank ``peer`` on ``stream``."""
+    c = _open(comm, "ncclRecv")
+    check(p2p_library().ncclRecv(ctypes.c_void_p(buf), nbytes, NCCL_UINT8, peer, c, ctypes.c_void_p(int(stream))),
+          f"ncclRecv(rank {comm.rank} <- {peer}, {nbytes} bytes)", c)
+
+
+def group_start() -> None:
+    check(p2p_library().ncclGroupStart(), "ncclGroupStart")
+
+
+def group_end() -> None:
+    check(p2p_library().ncclGroupEnd(), "ncclGroupEnd")
+
+
+def async_error(comm: NcclAllReduce) -> int:
+    """``ncclCommGetAsyncError``: 0 while healthy (``NCCL_IN_PROGRESS`` while a non-blocking call runs)."""
+    if comm.comm is None:
+        return 0
+    err = ctypes.c_int(0)
+    check(p2p_library().ncclCommGetAsyncError(comm.comm, ctypes.byref(err)), "ncclCommGetAsyncError", comm.comm)
+    return int(err.value)
+
+
+def error_string(result: int) -> str:
+    return (library().ncclGetErrorString(result) or b"?").decode(errors="replace")
