@@ -1,5 +1,6 @@
 """Quantized LLMs lowered for the GPU targets without a GPU: ``ingot.compile(ckpt, target="h200" | "b200",
-quant=...)`` on a tiny random Llama writes a kernel table whose ``quantized_linear`` launches are the quantized
+quant=...)`` on a tiny random Llama (FP8 W8A8 per token, FP8 with static activation scales, NVFP4 weight-only,
+FP8 KV caches) writes a kernel table whose ``quantized_linear`` launches are the quantized
 GEMV (``codegen/kernels/gemv/quant.cu``: the any-M kernel as the launch, one variant per token bucket) and whose
 ``paged_attention_fp8`` launches are the FP8 cache write and the split-KV kernel, both bound to ``kv_scale``;
 the f32 scales stay f32 and the FP8 / packed-FP4 codes keep their types in the weights file and the memory
@@ -39,6 +40,7 @@ CASES = {
     "fp8": {"default": "fp8"},
     "fp8-kv": {"default": "fp8", "kv_cache": "fp8"},
     "nvfp4": {"default": "nvfp4"},
+    "fp8-static": {"default": "fp8:static", "kv_cache": "fp8:tensor"},
 }
 ARCH = {"h200": "sm_90a", "b200": "sm_100a"}
 
@@ -50,8 +52,9 @@ def quant_checkpoint(directory: Path, seed: int = 0) -> Path:
     return path
 
 
-def compile_quant(ckpt: Path, target: str, case: str, out: Path) -> Path:
-    return ingot.compile(ckpt, target=target, out=out, quant_config={**CASES[case], **FAST})
+def compile_quant(ckpt: Path, target: str, config: dict, out: Path) -> Path:
+    """``ckpt`` quantized by ``config`` (a quant config, e.g. one of ``CASES``) and lowered for ``target``."""
+    return ingot.compile(ckpt, target=target, out=out, quant_config={**config, **FAST})
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +80,7 @@ def _kernel_table(path: Path, target: str) -> dict:
     return manifest
 
 
-def _check_quantized_linears(cuda: dict, weight_format: str, act: str) -> None:
+def _check_quantized_linears(cuda: dict, weight_format: str, act: str, static: bool = False) -> None:
     tag = f"gemv_{weight_format}_{act}_"
     qls = [ln for ln in cuda["launches"] if ln["op"] == "quantized_linear"]
     assert len(qls) == 8  # 2 layers x (qkv, o_proj, gate_up, down)
@@ -93,13 +96,17 @@ def _check_quantized_linears(cuda: dict, weight_format: str, act: str) -> None:
             assert ln["args"]["weight_scale_2"]["buffer"].endswith(".weight_scale_2")
         else:
             assert ln["args"]["weight_scale_2"] == {"null": True}
+        if static:  # the calibrated activation scale, AFMT 2
+            assert ln["args"]["input_scale"]["buffer"].endswith(".input_scale") and spec["values"]["AFMT"] == 2
+        else:
+            assert ln["args"]["input_scale"] == {"null": True}
         assert [v["max_rows"] for v in ln["variants"]] == [8, 16, 32, 64]
         assert all(v["kernel"].startswith(tag) for v in ln["variants"])
     # the residual adds of o_proj and down_proj are fused into the GEMV's epilogue
     assert sum("buffer" in ln["args"]["residual"] for ln in qls) == 4
 
 
-def _check_weights(path: Path, manifest: dict, weight_format: str, kv_fp8: bool) -> None:
+def _check_weights(path: Path, manifest: dict, weight_format: str, kv_fp8: bool, static: bool = False) -> None:
     """Codes keep their types and f32 scales stay f32: in the manifest, the weights file and the memory plan."""
     want = {".weight_scale_2": "f32"} if weight_format == "nvfp4" else {}
     if weight_format == "fp8":
@@ -108,6 +115,8 @@ def _check_weights(path: Path, manifest: dict, weight_format: str, kv_fp8: bool)
         want.update({".weight_scale": "f8e4m3fn", "proj.weight": "u8"})
     if kv_fp8:
         want["attn.kv_scale"] = "f32"
+    if static:
+        want[".input_scale"] = "f32"
     weights = manifest["weights"]
     stored = SafetensorsFile(path / "weights.safetensors")
     plan = manifest["cuda"]["memory_plan"]["buffers"]
@@ -152,13 +161,13 @@ def _check_attention(cuda: dict, kv_fp8: bool) -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_quantized_llama_lowers_for_h200(ckpt, tmp_path, case):
-    path = compile_quant(ckpt, "h200", case, tmp_path / f"{case}.ingot")
+    path = compile_quant(ckpt, "h200", CASES[case], tmp_path / f"{case}.ingot")
     manifest = _kernel_table(path, "h200")
     cuda = manifest["cuda"]
-    fmt, kv_fp8 = case.split("-")[0], case.endswith("-kv")
-    _check_quantized_linears(cuda, fmt, "a8" if fmt == "fp8" else "a16")
+    fmt, kv_fp8, static = case.split("-")[0], "kv_cache" in CASES[case], case.endswith("-static")
+    _check_quantized_linears(cuda, fmt, "a8" if fmt == "fp8" else "a16", static)
     _check_attention(cuda, kv_fp8)
-    _check_weights(path, manifest, fmt, kv_fp8)
+    _check_weights(path, manifest, fmt, kv_fp8, static)
     lm_head = [ln for ln in cuda["launches"] if ln["op"] == "linear"]
     assert len(lm_head) == 1 and cuda["kernels"][lm_head[0]["kernel"]]["spec"]["family"] == "gemm"
     # the memory plan the runtime reads is the one the loaded graph gives
@@ -172,7 +181,7 @@ def test_quantized_llama_lowers_for_h200(ckpt, tmp_path, case):
 
 
 def test_fp8_with_fp8_kv_lowers_for_b200(ckpt, tmp_path):
-    path = compile_quant(ckpt, "b200", "fp8-kv", tmp_path / "b200.ingot")
+    path = compile_quant(ckpt, "b200", CASES["fp8-kv"], tmp_path / "b200.ingot")
     manifest = _kernel_table(path, "b200")
     cuda = manifest["cuda"]
     _check_quantized_linears(cuda, "fp8", "a8")
@@ -195,5 +204,5 @@ def test_nvfp4_for_b200_names_the_missing_kernel(ckpt, tmp_path):
     read yet: the compile fails naming the node's formats, and writes nothing."""
     why = r"(?s)quantized_linear \(8 nodes\).*nvfp4 weights .*sm100 layout.*nvfp4 activations"
     with pytest.raises(CompileError, match=why):
-        compile_quant(ckpt, "b200", "nvfp4", tmp_path / "b200-nvfp4.ingot")
+        compile_quant(ckpt, "b200", CASES["nvfp4"], tmp_path / "b200-nvfp4.ingot")
     assert not (tmp_path / "b200-nvfp4.ingot").exists()
