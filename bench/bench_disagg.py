@@ -23,9 +23,10 @@ one GPU (``ingot serve --device cuda`` on GPU 0), then to router + prefill worke
 (GPU 1) with ``--kv-transport nccl``. ``--streams`` requests with ``--stream-prompt``-token prompts decode
 ``--stream-tokens`` tokens each, started together; ``--long-prompts`` requests of ``--long-len`` tokens
 (``--long-tokens`` output) arrive every ``--interval-ms`` from ``--start-ms`` on. TTFT (request sent ->
-first token) and ITL (gap between two streamed chunks) percentiles per class, measured by the client
-(httpx streaming). The disaggregated run's transfers (bytes, seconds, GB/s including the handshake) come
-from the workers' /internal/info.
+first token), ITL (gap between two streamed chunks) and TPOT (a stream's decode time per token)
+percentiles per class, measured by the client (httpx streaming). The disaggregated run's transfers
+(count, bytes, mean time per request including the TCP descriptor and ack) come from the workers'
+/internal/info.
 
 Prints JSON lines (``"bench": "transfer" | "gather" | "link" | "mixed"``, then ``"summary"``); exit code 0
 when everything ran, 1 when something failed (the error is printed as JSON, then the traceback and the
@@ -404,6 +405,8 @@ def summarize(mode: str, out: list[dict[str, Any]], wall: float) -> dict[str, An
          "ttft_stream_ms": pct([r["ttft"] for r in streams if r["ttft"] is not None]),
          "itl_stream_ms": pct([x for r in streams for x in r["itl"]]),
          "itl_long_ms": pct([x for r in longs for x in r["itl"]]),
+         # per stream: (last token - first token) / (tokens - 1); chunk gaps can bunch up in the client's reads
+         "tpot_stream_ms": pct([sum(r["itl"]) / (len(r["tokens"]) - 1) for r in streams if len(r["tokens"]) > 1]),
          "long_prompts_arriving_while_streams_decode": overlap,
          "tokens": sum(len(r["tokens"]) for r in out)}
     if errors:
@@ -415,12 +418,12 @@ def build(a: argparse.Namespace, target: str) -> tuple[Path, int]:
     import ingot
     from ingot.passes import PassContext
 
-    made = a.workdir / "llama1b-ckpt"
-    art = a.workdir / f"llama1b-{a.layers}l-{target}.ingot"
+    made = a.ckpt or a.workdir / "llama1b-ckpt"
+    art = a.workdir / (f"{a.ckpt.name}-{target}.ingot" if a.ckpt else f"llama1b-{a.layers}l-{target}.ingot")
     if a.reuse and (art / "manifest.json").is_file():
         emit(event="compile", reused=True, path=str(art))
     else:
-        if not (a.reuse and (made / "config.json").is_file()
+        if not a.ckpt and not (a.reuse and (made / "config.json").is_file()
                 and json.loads((made / "config.json").read_text())["num_hidden_layers"] == a.layers):
             from bench.make_llama1b import make_checkpoint
 
@@ -443,7 +446,7 @@ def run_mixed(a: argparse.Namespace, art: Path, vocab: int) -> dict[str, Any]:
     g0, g1 = gpu_ids()
     logdir = a.workdir / "logs"
     logdir.mkdir(exist_ok=True)
-    engine = ["--device", "cuda", "--num-blocks", str(a.num_blocks), "--max-num-seqs", str(a.max_num_seqs),
+    engine = ["--device", a.device, "--num-blocks", str(a.num_blocks), "--max-num-seqs", str(a.max_num_seqs),
               "--max-model-len", str(a.max_model_len), "--max-num-batched-tokens", str(a.max_num_batched_tokens)]
     servers: list[Server] = []
     try:
@@ -453,7 +456,8 @@ def run_mixed(a: argparse.Namespace, art: Path, vocab: int) -> dict[str, Any]:
                                         "--worker-timeout", str(a.request_timeout)], logdir, {})
         servers += [single, router]
         router.wait_healthy(time.monotonic() + 120)
-        worker = ["--router", router.url, "--kv-transport", "nccl", "--transfer-timeout", "60", *engine]
+        transport = "nccl" if a.device == "cuda" else "tcp"  # cpu: a check of this script on a CPU machine
+        worker = ["--router", router.url, "--kv-transport", transport, "--transfer-timeout", "60", *engine]
         prefill = Server("prefill", art, ["--role", "prefill", *worker], logdir, {"CUDA_VISIBLE_DEVICES": g0})
         decode = Server("decode", art, ["--role", "decode", *worker], logdir, {"CUDA_VISIBLE_DEVICES": g1})
         servers += [prefill, decode]
@@ -515,6 +519,9 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=None, help="checkpoint, artifact, logs (default: a temp dir)")
     ap.add_argument("--reuse", action="store_true", help="reuse the checkpoint and artifact in --workdir")
     ap.add_argument("--layers", type=int, default=None, help="model depth (default 16; --quick 2)")
+    ap.add_argument("--ckpt", type=Path, default=None, help="an HF checkpoint dir instead of the made 1B shape")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: run (b) on the CPU backend with the TCP transport, to check this script without GPUs")
     ap.add_argument("--transfer-tokens", default="128,512,2048,8192", help="prompt lengths whose KV is moved")
     ap.add_argument("--iters", type=int, default=20, help="timed transfers per size (default 20)")
     ap.add_argument("--transfer-timeout", type=float, default=180.0, help="deadline of the transfer part (s)")
@@ -546,7 +553,9 @@ def main() -> int:
         emit(note=f"{a.streams + a.long_prompts} requests may run at once, max_num_seqs is {a.max_num_seqs}: "
              "some wait in the queue")
 
-    if not a.compile_only:
+    if a.device == "cpu":
+        a.mixed_only, a.target = True, "cpu"
+    if not a.compile_only and a.device == "cuda":
         try:
             from ingot.runtime.disagg.nccl import available
             from ingot.runtime.tp.nccl import version
@@ -595,8 +604,10 @@ def main() -> int:
                 return round(y / x, 3) if x and y else None
 
             summary["mixed"] = {
-                "layers": a.layers, "streams": a.streams, "long_prompts": a.long_prompts, "long_len": a.long_len,
-                "disagg_over_one_gpu": {f"{k}_{p}": ratio(k, p) for k in ("ttft_long_ms", "itl_stream_ms")
+                "layers": json.loads((art / "manifest.json").read_text())["kv_cache"]["num_layers"],
+                "streams": a.streams, "long_prompts": a.long_prompts, "long_len": a.long_len,
+                "disagg_over_one_gpu": {f"{k}_{p}": ratio(k, p)
+                                        for k in ("ttft_long_ms", "itl_stream_ms", "tpot_stream_ms")
                                         for p in ("p50", "p90", "p99")},
                 "greedy_equal_requests": f"{mixed['greedy_equal_requests']} of {mixed['requests']}",
                 "errors": r1["errors"] + r2["errors"]}
