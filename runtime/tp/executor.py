@@ -266,7 +266,7 @@ class TpExecutor:
         if self.device == "cuda":
             try:
                 if comm is not None:
-                    comm.close()
+                    comm.abort()  # local; destroy is collective and the workers are gone (see worker.py)
             finally:
                 ex = getattr(self, "executor", None)
                 if ex is not None:

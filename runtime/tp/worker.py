@@ -86,8 +86,11 @@ def worker_main(config: dict[str, Any], conn: Any, buffer: Any = None, barrier: 
     finally:
         if device != "cpu":
             try:
+                # abort, not destroy: ncclCommDestroy finalizes collectively and would wait for rank 0,
+                # which only closes its own communicator after joining this process (a shutdown hang
+                # seen on two H200s). Every step has completed (its stream synchronized) by now.
                 if comm is not None:
-                    comm.close()
+                    comm.abort()
                 if executor is not None:
                     executor.close()
             except Exception:  # noqa: BLE001 - exiting anyway
