@@ -22,6 +22,7 @@ diverge only at near-ties, top-2 gap < 1e-2), 1 otherwise, 2 when the machine ca
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -29,6 +30,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -117,7 +119,8 @@ def greedy_tokens(engine, prompts: list[list[int]], max_tokens: int) -> list:
     return engine.generate(prompts, params)
 
 
-def run_tp(path: Path, tp: int, a: argparse.Namespace, num_blocks: int, prompts: list[list[int]]) -> tuple[dict, list]:
+def run_tp(path: Path, tp: int, a: argparse.Namespace, num_blocks: int, prompts: list[list[int]],
+           before_close: Any = None) -> tuple[dict, list]:
     from ingot.runtime.engine import LLMEngine
 
     t0 = time.perf_counter()
@@ -134,8 +137,15 @@ def run_tp(path: Path, tp: int, a: argparse.Namespace, num_blocks: int, prompts:
         outs = greedy_tokens(engine, prompts, a.check_tokens)
         stats = getattr(engine.executor, "stats", {})
         emit(event="executor_stats", tp=tp, **{k: v for k, v in dict(stats).items() if isinstance(v, int | float)})
+        if before_close is not None:
+            before_close(rates, outs)
     finally:
+        # watchdog: a hang while shutting the ranks down prints every thread's stack and exits
+        faulthandler.dump_traceback_later(30, exit=True)
+        t0 = time.perf_counter()
         engine.close()
+        faulthandler.cancel_dump_traceback_later()
+        emit(event="closed", tp=tp, seconds=round(time.perf_counter() - t0, 2))
     return rates, outs
 
 
@@ -219,15 +229,20 @@ def main() -> int:
         vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
         prompts = [[int(t) for t in r.integers(0, vocab, n)] for n in np.linspace(8, 200, a.check_prompts).astype(int)]
         rates, outs = {}, {}
-        for tp in (1, 2):
-            rates[tp], outs[tp] = run_tp(paths[tp], tp, a, num_blocks, prompts)
-        ok, notes = compare(outs[1], outs[2])
-        emit(check="greedy", prompts=len(prompts), tokens_per_prompt=a.check_tokens,
-             equal_prompts=len(prompts) - len(notes), ok=ok, divergences=notes)
-        emit(summary="tp_decode", batches=a.batches, layers=a.layers_used,
-             tokens_per_s={str(tp): {str(b): v for b, v in rates[tp].items()} for tp in (1, 2)},
-             speedup_tp2={str(b): round(rates[2][b] / rates[1][b], 3) for b in a.batches}, greedy_ok=ok)
-        return 0 if ok else 1
+        result: dict[str, bool] = {}
+
+        def check(tp2_rates: dict, tp2_outs: list) -> None:  # reported before TP=2 shuts down
+            ok, notes = compare(outs[1], tp2_outs)
+            result["ok"] = ok
+            emit(check="greedy", prompts=len(prompts), tokens_per_prompt=a.check_tokens,
+                 equal_prompts=len(prompts) - len(notes), ok=ok, divergences=notes)
+            emit(summary="tp_decode", batches=a.batches, layers=a.layers_used,
+                 tokens_per_s={str(tp): {str(b): v for b, v in r.items()} for tp, r in ((1, rates[1]), (2, tp2_rates))},
+                 speedup_tp2={str(b): round(tp2_rates[b] / rates[1][b], 3) for b in a.batches}, greedy_ok=ok)
+
+        rates[1], outs[1] = run_tp(paths[1], 1, a, num_blocks, prompts)
+        rates[2], outs[2] = run_tp(paths[2], 2, a, num_blocks, prompts, before_close=check)
+        return 0 if result.get("ok") else 1
     except Exception as e:  # noqa: BLE001 - one JSON line saying what failed, then the traceback
         emit(error=f"{type(e).__name__}: {e}")
         traceback.print_exc()

@@ -257,28 +257,60 @@ class TpExecutor:
         raise TpError("the KV cache of a tensor-parallel model is split over its ranks; it cannot be read as one")
 
     def close(self) -> None:
-        """Stop the workers and free rank 0's resources."""
+        """Stop the workers and free rank 0's resources.
+
+        Every rank tears its communicator down at the same time: the workers are told to stop first
+        (they abort theirs on the way out), rank 0 aborts its own meanwhile, then the workers are
+        joined. On two H200s a rank-0 ``ncclCommDestroy`` and then ``ncclCommAbort`` issued after the
+        workers had exited never returned, so rank 0's teardown runs in a thread with a deadline:
+        past it the communicator is left to the process's exit, with a warning, and close returns."""
         if self._closed:
             return
         self._closed = True
-        _stop(self._conns, self._procs)
+        _send_stop(self._conns)
         comm, self._comm0 = self._comm0, None
+        if self.device == "cuda" and comm is not None:
+            _abort_with_deadline(comm, NCCL_TEARDOWN_S)
+        _join(self._conns, self._procs)
         if self.device == "cuda":
-            try:
-                if comm is not None:
-                    comm.abort()  # local; destroy is collective and the workers are gone (see worker.py)
-            finally:
-                ex = getattr(self, "executor", None)
-                if ex is not None:
-                    ex.close()
+            ex = getattr(self, "executor", None)
+            if ex is not None:
+                ex.close()
 
 
-def _stop(conns: list[Any], procs: list[Any]) -> None:
+#: seconds rank 0 waits for its NCCL communicator's teardown before leaving it to process exit
+NCCL_TEARDOWN_S = 10.0
+
+
+def _abort_with_deadline(comm: Any, seconds: float) -> None:
+    import threading
+    import warnings
+
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            comm.abort()
+        except Exception:  # noqa: BLE001 - shutting down: nothing to recover
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="ingot-tp-nccl-abort", daemon=True).start()
+    if not done.wait(seconds):
+        warnings.warn(f"tensor parallelism: rank 0's NCCL communicator did not tear down within {seconds:.0f} s; "
+                      "left to process exit", RuntimeWarning, stacklevel=3)
+
+
+def _send_stop(conns: list[Any]) -> None:
     for conn in conns:
         try:
             conn.send(("stop",))
         except (OSError, EOFError, ValueError):
             pass
+
+
+def _join(conns: list[Any], procs: list[Any]) -> None:
     for p in procs:
         p.join(10)
         if p.is_alive():
@@ -289,3 +321,9 @@ def _stop(conns: list[Any], procs: list[Any]) -> None:
             conn.close()
         except OSError:
             pass
+
+
+def _stop(conns: list[Any], procs: list[Any]) -> None:
+    """The finalizer's shutdown (an executor collected without ``close``)."""
+    _send_stop(conns)
+    _join(conns, procs)
