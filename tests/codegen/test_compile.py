@@ -132,7 +132,11 @@ def test_rules_select_families():
            TensorType(DType.bf16, ("B", 2, 16, 2, 64)), TensorType(DType.i32, ("S", "M")),
            TensorType(DType.i32, ("S",)), TensorType(DType.i32, ("S1",)), TensorType(DType.i64, ("T",))]
     write, attend = plan_op(op, ins, t)
-    assert write.template == "cache_write.cu" and attend.grid_dims({"num_tokens": 7}) == (7, 2, 1)
+    # the context is symbolic (may be long): the split-KV kernel, one CTA per (token, KV head, split)
+    from ingot.codegen.kernels.attention.split_rule import MAX_SPLITS
+
+    assert write.template == "cache_write.cu" and attend.template == "decode_split.cu"
+    assert attend.grid_dims({"num_tokens": 7}) == (7, 2, MAX_SPLITS)
 
 
 def test_rules_decline_what_they_cannot_do():
