@@ -118,8 +118,13 @@ def _probe_options(spec: KernelSpec) -> tuple[str, ...]:
 
 
 def _run_probe(exe: Path, m: int, n: int, k: int, fill: int) -> dict[str, Any]:
+    # No GPU visible to the probe: the Params are the *target's* (PROBE_SMS SMs), and CUTLASS's host code
+    # asks the CUDA runtime about the local device where it can (the tile scheduler's occupancy query).
+    # On a GPU host that answer came from the wrong chip (an H200 compiling for B200), the blob differed
+    # from the derived layout in the scheduler's fields, and the b200 compile failed with LayoutError.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     r = subprocess.run([str(exe), str(m), str(n), str(k), str(PROBE_SMS), str(fill)], capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=120, env=env)
     if r.returncode != 0:
         raise LayoutError(f"the Params probe failed ({r.returncode}) for M={m} N={n} K={k}: {r.stderr[-2000:]}")
     tmas, out = [], None
