@@ -60,6 +60,7 @@ import numpy as np
 from ..ir.graph import Graph, Node, Value, Weight
 from ..ir.ops.core import Cast
 from ..ir.types import Dim, DType, TensorType, shape_numel
+from . import autotune
 from .compile import compile_source, compile_spec, nvcc_version, nvrtc_version
 from .kernel import KernelSpec
 from .kernels.copy.rule import plan as plan_copy
@@ -280,11 +281,12 @@ def default_bindings(graph: Graph, limits: Mapping[str, int]) -> dict[str, int]:
 
 
 def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
-                     limits: Mapping[str, int] | None = None,
-                     compiler: str = "auto") -> tuple[dict[str, Path], dict[str, Any]]:
+                     limits: Mapping[str, int] | None = None, compiler: str = "auto",
+                     progress: Callable[[str, int, int], None] | None = None) -> tuple[dict[str, Path], dict[str, Any]]:
     """Lower ``graph`` (changed in place: types, see step 1) for a GPU ``target``. Returns the files
     to add to the artifact (``kernels/...`` -> path under ``workdir``) and the manifest entries
-    (``cuda``, and ``kv_cache`` for the serving form)."""
+    (``cuda``, and ``kv_cache`` for the serving form). Tunable kernels are autotuned first where this machine
+    has a GPU of the target's architecture (``codegen/autotune.py``; ``progress`` reports it)."""
     tgt = get_target(target)
     if not tgt.is_gpu:
         raise LoweringError(f"target {tgt.name!r} is not a GPU target")
@@ -307,6 +309,27 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         primary = cutlass_params.plan_linear(node, spec, tgt)
         if primary is not None:
             alternatives[j], launches[j] = spec, (i, node, primary, args)
+    variant_plans: dict[int, list[tuple[int, KernelSpec]]] = {}
+    if os.environ.get("INGOT_NO_GEMV", "") in ("", "0"):
+        per_node: dict[int, int] = {}
+        for i, _, _, _ in launches:
+            per_node[i] = per_node.get(i, 0) + 1
+        for j, (i, node, _, args) in enumerate(launches):
+            if per_node[i] != 1 or "M" not in args or node.op.name == "all_reduce":
+                continue
+            found = [(mr, v) for mr, v in plan_variants(node, tgt) if {p.name for p in v.params} == set(args)]
+            rows = args["M"].get("dim")
+            if found and not (isinstance(rows, int) and rows > found[-1][0]):
+                variant_plans[j] = found
+    bindings = default_bindings(graph, limits)
+    tuned = _autotune([s for _, _, s, _ in launches if s is not None]
+                      + [v for found in variant_plans.values() for _, v in found], tgt, bindings, progress)
+    if tuned:
+        launches = [(i, node, tuned[s.key].chosen if s is not None and s.key in tuned else s, args)
+                    for i, node, s, args in launches]
+        variant_plans = {j: [(mr, tuned[v.key].chosen if v.key in tuned else v) for mr, v in found]
+                         for j, found in variant_plans.items()}
+    records = {r.chosen.key: r.record() for r in tuned.values()}
     kdir = Path(workdir) / "kernels"
     kdir.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
@@ -332,6 +355,7 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
             "source": f"kernels/{entry}.cu", "cubin": f"kernels/{entry}.cubin", "ptx": f"kernels/{entry}.ptx",
             "params": d["params"], "block": d["block"], "grid": d["grid"], "smem": d["smem"], "spec": d,
             **({"cutlass": layout} if layout is not None else {}),
+            **({"autotune": records[spec.key]} if spec.key in records else {}),
         }
 
     for _, _, spec, _ in launches:
@@ -343,22 +367,11 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
             alternative_kernels[spec.entry] = compile_kernel(spec)
     variant_kernels: dict[str, Any] = {}
     launch_variants: dict[int, list[dict[str, Any]]] = {}
-    if os.environ.get("INGOT_NO_GEMV", "") in ("", "0"):
-        per_node: dict[int, int] = {}
-        for i, _, _, _ in launches:
-            per_node[i] = per_node.get(i, 0) + 1
-        for j, (i, node, _, args) in enumerate(launches):
-            if per_node[i] != 1 or "M" not in args or node.op.name == "all_reduce":
-                continue
-            found = [(mr, v) for mr, v in plan_variants(node, tgt) if {p.name for p in v.params} == set(args)]
-            rows = args["M"].get("dim")
-            if not found or (isinstance(rows, int) and rows > found[-1][0]):
-                continue
-            launch_variants[j] = [{"kernel": v.entry, "max_rows": mr} for mr, v in found]
-            for _, v in found:
-                if v.entry not in variant_kernels:
-                    variant_kernels[v.entry] = compile_kernel(v)
-    bindings = default_bindings(graph, limits)
+    for j, found in variant_plans.items():
+        launch_variants[j] = [{"kernel": v.entry, "max_rows": mr} for mr, v in found]
+        for _, v in found:
+            if v.entry not in variant_kernels:
+                variant_kernels[v.entry] = compile_kernel(v)
     plan = plan_memory(graph, bindings)
     cuda = {
         "format": CUDA_FORMAT,
@@ -379,10 +392,23 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
                      for j, (i, node, spec, args) in enumerate(launches)],
         "memory_plan": plan.to_dict(),
     }
+    if tuned:
+        gpu = next(iter(tuned.values())).gpu
+        cuda["autotune"] = {"gpu": gpu.name, "sm": gpu.sm, "driver": gpu.driver, "kernels": len(tuned),
+                            "changed": sum(r.changed for r in tuned.values())}
     manifest: dict[str, Any] = {"cuda": cuda}
     if serving:
         manifest["kv_cache"] = graph.meta["kv_cache"]
     return files, manifest
+
+
+def _autotune(specs: list[KernelSpec], target: Target, bindings: Mapping[str, int],
+              progress: Callable[[str, int, int], None] | None) -> dict[str, autotune.Result]:
+    """Heuristic spec key -> autotune result (``codegen/autotune.py``); ``{}`` where nothing is tuned."""
+    try:
+        return autotune.autotune_for_lowering(specs, target, bindings, progress)
+    except autotune.AutotuneUnavailable as e:
+        raise LoweringError(str(e)) from None
 
 
 def kernel_report(manifest: Mapping[str, Any]) -> dict[str, Any]:

@@ -272,7 +272,8 @@ def _lower_gpu(graph: Graph, target: str, workdir: Path, ctx: PassContext,
     if progress:
         progress("cuda kernels", 0, 1)
     try:
-        files, manifest = lower_for_target(graph, target, workdir, limits=ctx.options.get("cuda") or {})
+        files, manifest = lower_for_target(graph, target, workdir, limits=ctx.options.get("cuda") or {},
+                                           progress=progress)
     except LoweringError as e:
         raise CompileError(f"target {target}: {e}") from e
     if progress:

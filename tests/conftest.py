@@ -21,6 +21,10 @@ def _session_seed() -> tuple[int, bool]:
         raise pytest.UsageError(f"INGOT_TEST_SEED must be an integer or 'random', got {raw!r}") from None
 
 
+# Compiles in the tests use the heuristics' kernel configurations, also on a GPU machine (where ingot.compile would
+# otherwise autotune: codegen/autotune.py); tests of autotuning set INGOT_AUTOTUNE themselves.
+os.environ.setdefault("INGOT_AUTOTUNE", "0")
+
 # Inputs are fresh random draws each run (STYLE.md); the header prints the seed, and setting
 # INGOT_TEST_SEED to it replays exactly the same inputs (hypothesis prints its own reproducer).
 SESSION_SEED, _ = _session_seed()

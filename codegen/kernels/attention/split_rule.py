@@ -66,7 +66,11 @@ class SplitConfig:
         return self.positions_per_row * self.iters
 
 
-def split_config(head_dim: int, num_kv_heads: int, group: int, block_size: int, num_sms: int = 132) -> SplitConfig:
+def split_config(head_dim: int, num_kv_heads: int, group: int, block_size: int, num_sms: int = 132, *,
+                 ctas_per_sm: int = CTAS_PER_SM, max_splits: int = MAX_SPLITS,
+                 min_chunk: int = MIN_CHUNK) -> SplitConfig:
+    """The kernel's configuration; the keyword arguments are the split policy (the defaults are the heuristic's,
+    ``codegen/autotune.py`` times others)."""
     if head_dim not in HEAD_DIMS or group > MAX_GROUP:
         raise ValueError(f"split-KV attention: head_dim must be one of {HEAD_DIMS} (got {head_dim}) and the group "
                          f"at most {MAX_GROUP} (got {group})")
@@ -76,9 +80,9 @@ def split_config(head_dim: int, num_kv_heads: int, group: int, block_size: int, 
     iters = 1
     while iters * 2 <= (8 if group <= 4 else 4) and block_size % (ppw * iters * 2) == 0:
         iters *= 2
-    target = CTAS_PER_SM * num_sms
-    return SplitConfig(head_dim, num_kv_heads, group, block_size, WARPS, MAX_SPLITS,
-                       max(1, MIN_CHUNK // block_size), target, -(-target // num_kv_heads), iters)
+    target = ctas_per_sm * num_sms
+    return SplitConfig(head_dim, num_kv_heads, group, block_size, WARPS, max_splits,
+                       max(1, min_chunk // block_size), target, -(-target // num_kv_heads), iters)
 
 
 def split_plan(cfg: SplitConfig, first: int, qpos: int, num_tokens: int, token: int = 0) -> tuple[int, int]:
@@ -126,16 +130,16 @@ def use_split(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: in
 
 def decode_split_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: int, head_dim: int,
                       block_size: int, scale: float, target: Target, softcap: float = 0.0, sliding_window: int = 0,
-                      kv_scale: bool = False) -> KernelSpec:
+                      kv_scale: bool = False, config: SplitConfig | None = None) -> KernelSpec:
     """The attention launch: params ``ATTEND_PARAMS`` (``FP8_ATTEND_PARAMS`` with ``kv_scale``), grid
-    (num_tokens, num_kv_heads, max_splits)."""
+    (num_tokens, num_kv_heads, max_splits). ``config``: another split policy (``split_config``'s keywords)."""
     if not split_supported(dtype, cache_dtype, num_heads, num_kv_heads, head_dim, block_size):
         raise ValueError(f"split-KV attention does not take {dtype.value}/{cache_dtype.value} "
                          f"{num_heads}x{num_kv_heads}x{head_dim} block {block_size}")
     if kv_scale and cache_dtype is not DType.f8e4m3fn:
         raise ValueError("kv_scale needs an f8e4m3fn cache")
     group = num_heads // num_kv_heads
-    cfg = split_config(head_dim, num_kv_heads, group, block_size, target.num_sms or 132)
+    cfg = config or split_config(head_dim, num_kv_heads, group, block_size, target.num_sms or 132)
     values = {"HEAD_DIM": head_dim, "KV_HEADS": num_kv_heads, "GROUP": group, "BLOCK_SIZE": block_size,
               "DT": ctype(dtype), "CT": ctype(cache_dtype), "FP8": cache_dtype is DType.f8e4m3fn,
               "WARPS": cfg.warps, "MAX_SPLITS": cfg.max_splits, "MIN_CHUNK_BLOCKS": cfg.min_chunk_blocks,
