@@ -1,0 +1,333 @@
+"""Autotuning (``codegen/autotune.py``) without a GPU: the candidates are valid specs that compile, the selection
+with an injected timer, the JSON cache and what invalidates it, when ``INGOT_AUTOTUNE`` tunes, and artifacts
+compiled with tuned kernels (a fake GPU and timer) that still run on the CPU backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ingot
+from ingot.api import CompileError
+from ingot.codegen import autotune as at
+from ingot.codegen import compile as cc
+from ingot.codegen.kernels.attention.split_rule import decode_split_spec, split_config
+from ingot.codegen.kernels.gemv import tune as gemv_tune
+from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec
+from ingot.codegen.kernels.gemv.rule import gemv_spec
+from ingot.codegen.target import get_target
+from ingot.ir.types import DType
+from ingot.runtime.artifact import load_graph
+from ingot.runtime.paged import PagedModel
+from tests.helpers import rng
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+TINY_KV = FIXTURES / "tiny_llama_kv.onnx"
+H200 = get_target("h200")
+GPU = at.GpuInfo("NVIDIA H200", 90, 13000, 132)
+needs_compiler = pytest.mark.skipif(
+    cc.nvrtc_version() is None and cc.nvcc_version() is None,
+    reason="no CUDA compiler: pip install cuda-bindings nvidia-cuda-nvrtc (or a toolkit's nvcc)")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, tmp_path_factory, monkeypatch):
+    """Kernels compile into a cache shared by the module's tests; autotune results go to a fresh one per test
+    (``cache_dir`` is read at each use, so the autotune cache is the test's own folder)."""
+    kernels = os.environ.get("INGOT_TEST_KERNEL_CACHE") or str(tmp_path_factory.getbasetemp() / "kernel-cache")
+    monkeypatch.setenv("INGOT_CACHE_DIR", kernels)
+    monkeypatch.setattr(at, "cache_dir", lambda: tmp_path / "tune-cache")
+    monkeypatch.delenv(at.ENV, raising=False)
+
+
+def specs():
+    return {
+        "gemv-bf16": gemv_spec(3072, 2048, 8, H200),
+        "gemv-fp8": quant_gemv_spec(2048, 8192, 16, H200, "fp8", "fp8"),
+        "gemv-nvfp4": quant_gemv_spec(576, 1024, 32, H200, "nvfp4", bias=True, residual=True),
+        "attention": decode_split_spec(DType.bf16, DType.bf16, 32, 8, 128, 16, 128 ** -0.5, H200),
+        "attention-fp8": decode_split_spec(DType.bf16, DType.f8e4m3fn, 16, 4, 64, 16, 0.125, H200, kv_scale=True),
+    }
+
+
+class TableTimer:
+    """Seconds per (candidate key, workload label) from a function; counts its calls."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, spec, workload) -> float:
+        self.calls += 1
+        return self.fn(spec, workload)
+
+
+# -- candidates -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(specs()))
+def test_candidates_are_valid_specs(name):
+    spec = specs()[name]
+    cands = at.candidates(spec, H200)
+    assert cands[0] == spec and 3 <= len(cands) <= at.MAX_CANDIDATES
+    assert len({c.key for c in cands}) == len(cands)
+    t = at.tunable_for(spec)
+    assert t is not None
+    for c in cands:  # same kernel, same parameters: any candidate can stand in for the heuristic's
+        assert (c.family, c.template, c.name, c.arch, c.params) == (spec.family, spec.template, spec.name, spec.arch,
+                                                                     spec.params)
+        fixed = {k: v for k, v in c.values if k not in t.knobs}
+        assert fixed == {k: v for k, v in spec.values if k not in t.knobs}
+    for w in t.workloads(spec, {"S": 8, "max_blocks": 16}):  # buffers match the parameters and their declarations
+        ptrs = {p.name for p in spec.params if p.ctype == "ptr"}
+        assert set(w.buffers) <= ptrs and "out" in w.buffers
+        assert set(w.ints) == {p.name for p in spec.params if p.ctype != "ptr"}
+        arrays = w.fill(rng())
+        assert {n: (a.dtype.name, a.shape) for n, a in arrays.items()} == dict(w.buffers)
+        assert all(np.isfinite(a.astype(np.float32)).all() for a in arrays.values() if a.dtype.kind == "f" or
+                   a.dtype.name.startswith(("bfloat", "float8")))
+
+
+def test_heuristic_is_what_the_rules_rebuild():
+    """The tunables rebuild specs through the rules: with the heuristic's own settings they give the same spec."""
+    for spec in (gemv_spec(3072, 2048, 8, H200), gemv_spec(128256, 2048, 32, H200, bias=True)):
+        assert gemv_spec(spec.value("N"), spec.value("K"), spec.value("MB"), H200, spec.value("HAS_BIAS"),
+                         spec.value("HAS_RESIDUAL"), config=gemv_tune.heuristic_config(spec)).key == spec.key
+    attn = specs()["attention"]
+    assert decode_split_spec(DType.bf16, DType.bf16, 32, 8, 128, 16, 128 ** -0.5, H200,
+                             config=split_config(128, 8, 4, 16, 132)).key == attn.key
+    assert at.tunable_for(quant_gemv_spec(3072, 2048, 64, H200, "fp8", any_m=True)) is None  # prefill: not tuned
+
+
+@needs_compiler
+@pytest.mark.parametrize("name", ["gemv-bf16", "attention"])
+def test_candidates_compile(name):
+    for c in at.candidates(specs()[name], H200):
+        built = cc.compile_spec(c)
+        assert built.cubin[:4] == b"\x7fELF" and c.entry in built.ptx
+
+
+# -- choosing -----------------------------------------------------------------------------------------
+
+
+def test_picks_the_fastest_and_records_both_times():
+    spec = specs()["gemv-bf16"]
+    cands = at.candidates(spec, H200)
+    fastest = cands[2]
+    speed = {c.key: 10e-6 for c in cands} | {fastest.key: 6e-6, cands[1].key: 7e-6}
+    timer = TableTimer(lambda s, w: speed[s.key])
+    res = at.autotune([spec, spec], H200, timer, GPU)[spec.key]
+    n_loads = len(at.tunable_for(spec).workloads(spec, {}))
+    assert timer.calls == len(cands) * n_loads
+    assert res.chosen == fastest and res.changed and not res.cached
+    assert res.chosen_s == pytest.approx(6e-6 * n_loads) and res.heuristic_s == pytest.approx(10e-6 * n_loads)
+    rec = res.record()
+    assert rec["heuristic"] == spec.entry and rec["chosen_us"] == pytest.approx(6 * n_loads)
+    assert rec["heuristic_us"] == pytest.approx(10 * n_loads)
+    assert rec["config"] == {k: fastest.value(k) for k in gemv_tune.KNOBS} != rec["heuristic_config"]
+    assert rec["gpu"] == "NVIDIA H200" and rec["candidates"] == rec["timed"] == len(cands)
+
+
+def test_keeps_the_heuristic_within_the_noise():
+    spec = specs()["attention"]
+    timer = TableTimer(lambda s, w: 10e-6 if s.key == spec.key else 9.9e-6)  # 1% faster: noise
+    res = at.autotune([spec], H200, timer, GPU)[spec.key]
+    assert res.chosen == spec and not res.changed
+
+
+def test_failing_candidates_are_dropped_with_a_warning():
+    spec = specs()["gemv-fp8"]
+    cands = at.candidates(spec, H200)
+
+    def timer(s, w):
+        if s.key == cands[1].key:
+            raise cc.CompileError("NVRTC failed to compile", "error: something")
+        if s.key == cands[2].key and w.label.endswith("16"):
+            raise RuntimeError("cuLaunchKernel failed: CUDA_ERROR_LAUNCH_FAILED")
+        return 5e-6 if s.key in (cands[1].key, cands[2].key) else 8e-6
+
+    with pytest.warns(at.AutotuneWarning, match="dropped"):
+        res = at.autotune([spec], H200, timer, GPU)[spec.key]
+    assert res.times[cands[1].key] is None and res.times[cands[2].key] is None
+    assert res.chosen == spec and res.record()["timed"] == len(cands) - 2
+
+
+def test_all_failing_keeps_the_heuristic():
+    spec = specs()["attention"]
+
+    def timer(s, w):
+        raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS")
+
+    with pytest.warns(at.AutotuneWarning):
+        res = at.autotune([spec], H200, timer, GPU)[spec.key]
+    assert res.chosen == spec and res.heuristic_s is None and res.chosen_s is None
+    assert res.record()["timed"] == 0
+    # the heuristic failing alone also keeps it (no evidence the others are right on this machine)
+    with pytest.warns(at.AutotuneWarning):
+        res = at.autotune([spec], H200, TableTimer(lambda s, w: 1 / 0 if s.key == spec.key else 1e-6), GPU)[spec.key]
+    assert res.chosen == spec
+
+
+# -- the cache ----------------------------------------------------------------------------------------
+
+
+def test_cache_hit_and_invalidation():
+    spec = specs()["gemv-nvfp4"]
+    cands = at.candidates(spec, H200)
+    speed = {c.key: 10e-6 - i * 1e-6 for i, c in enumerate(cands)}
+    first = TableTimer(lambda s, w: speed[s.key])
+    res = at.autotune([spec], H200, first, GPU)[spec.key]
+    assert first.calls > 0 and res.chosen == cands[-1]
+
+    never = TableTimer(lambda s, w: 1 / 0)  # the same kind of timer (its signature is part of the key)
+    again = at.autotune([spec], H200, never, GPU)[spec.key]
+    assert never.calls == 0 and again.cached and again.chosen == res.chosen and again.record() == res.record()
+    for other in (at.GpuInfo("NVIDIA H100 80GB HBM3", 90, 13000, 132), at.GpuInfo("NVIDIA H200", 90, 12080, 132)):
+        timer = TableTimer(lambda s, w: speed[s.key])
+        assert not at.autotune([spec], H200, timer, other)[spec.key].cached and timer.calls == first.calls
+    timer = TableTimer(lambda s, w: speed[s.key])
+    assert not at.autotune([spec], H200, timer, GPU, use_cache=False)[spec.key].cached and timer.calls
+
+
+def test_cache_key_covers_the_problem():
+    spec = specs()["gemv-bf16"]
+    cands = at.candidates(spec, H200)
+    loads = at.tunable_for(spec).workloads(spec, {})
+    key = at.cache_key(spec, cands, loads, GPU, object())
+    other = gemv_spec(3072, 2048, 16, H200)
+    assert key != at.cache_key(other, at.candidates(other, H200), loads, GPU, object())
+    assert key != at.cache_key(spec, cands[:-1], loads, GPU, object())
+    assert key != at.cache_key(spec, cands, loads[:1], GPU, object())
+    assert key == at.cache_key(spec, cands, loads, GPU, object())
+
+
+# -- when it runs ---------------------------------------------------------------------------------------
+
+
+def test_when_it_tunes(monkeypatch):
+    monkeypatch.setattr(at, "detect_gpu", lambda: GPU)
+    assert at.tuning_gpu(H200) == GPU and at.tuning_gpu(get_target("h100")) == GPU
+    assert at.tuning_gpu(get_target("b200")) is None  # another architecture: heuristics
+    monkeypatch.setenv(at.ENV, "0")
+    assert at.tuning_gpu(H200) is None
+    monkeypatch.setenv(at.ENV, "1")
+    assert at.tuning_gpu(H200) == GPU
+    with pytest.raises(at.AutotuneUnavailable, match=r"sm_100.*NVIDIA H200 \(sm_90\)"):
+        at.tuning_gpu(get_target("b200"))
+    monkeypatch.setattr(at, "detect_gpu", lambda: None)
+    with pytest.raises(at.AutotuneUnavailable, match="no usable CUDA GPU"):
+        at.tuning_gpu(H200)
+    monkeypatch.setenv(at.ENV, "sometimes")
+    with pytest.raises(at.AutotuneUnavailable, match="must be 0"):
+        at.tuning_gpu(H200)
+
+
+def test_no_gpu_is_detected_here_without_a_driver():
+    if os.environ.get("INGOT_FORCE_NO_GPU") is None:
+        try:
+            import ctypes
+
+            ctypes.CDLL("libcuda.so.1")
+            pytest.skip("this machine has a CUDA driver")
+        except OSError:
+            pass
+    assert at.detect_gpu() is None
+
+
+# -- in a compile -------------------------------------------------------------------------------------------
+
+
+def prefer_wide(s, w) -> float:
+    """A fake GPU on which 8-warp GEMVs and more CTAs per SM for attention are faster."""
+    v = dict(s.values)
+    return 10e-6 / (1 + int(v.get("WARPS", 4)) // 8 + int(v.get("TARGET_CTAS", 0)) // 1000)
+
+
+def _manifest(path: Path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def test_compile_records_tuned_kernels_and_caches(tmp_path, monkeypatch):
+    monkeypatch.setattr(at, "detect_gpu", lambda: GPU)
+    timer = TableTimer(prefer_wide)
+    monkeypatch.setattr(at, "make_timer", lambda: timer)
+    lines = []
+    path = ingot.compile(TINY_KV, target="h200", out=tmp_path / "t.ingot", mode="llm",
+                         progress=lambda step, done, total: lines.append((step, done, total)))
+    cuda = _manifest(path)["cuda"]
+    assert timer.calls > 0
+    assert any(step.startswith("autotuning 16 kernels on NVIDIA H200") for step, _, _ in lines), lines
+    tuned = {e: k for e, k in cuda["variant_kernels"].items() if "autotune" in k}
+    assert len(tuned) == 16 == cuda["autotune"]["kernels"] and cuda["autotune"]["gpu"] == "NVIDIA H200"
+    assert cuda["autotune"]["changed"] > 0
+    used = {v["kernel"] for ln in cuda["launches"] for v in ln.get("variants", [])}
+    assert used == set(cuda["variant_kernels"])
+    for entry, k in tuned.items():
+        rec = k["autotune"]
+        assert rec["chosen_us"] <= rec["heuristic_us"]
+        assert k["spec"]["values"]["WARPS"] == rec["config"]["WARPS"]
+        assert (path / k["cubin"]).read_bytes()[:4] == b"\x7fELF"
+        if rec["heuristic"] != entry:
+            assert rec["config"]["WARPS"] == 8 and rec["heuristic_config"]["WARPS"] == 4
+    # a second compile times nothing and writes the same kernel table
+    calls = timer.calls
+    again = ingot.compile(TINY_KV, target="h200", out=tmp_path / "t2.ingot", mode="llm")
+    assert timer.calls == calls and _manifest(again)["cuda"] == cuda
+
+
+def test_autotune_off_leaves_the_artifact_as_without_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(at, "detect_gpu", lambda: None)
+    plain = _manifest(ingot.compile(TINY_KV, target="h200", out=tmp_path / "plain.ingot", mode="llm"))
+    monkeypatch.setattr(at, "detect_gpu", lambda: GPU)
+    monkeypatch.setattr(at, "make_timer", lambda: TableTimer(prefer_wide))
+    monkeypatch.setenv(at.ENV, "0")
+    off = _manifest(ingot.compile(TINY_KV, target="h200", out=tmp_path / "off.ingot", mode="llm"))
+    assert off["cuda"] == plain["cuda"] and off["files"] == plain["files"]
+    assert "autotune" not in json.dumps(off["cuda"])
+    # a GPU of another architecture: heuristics too
+    b200 = _manifest(ingot.compile(TINY_KV, target="b200", out=tmp_path / "b.ingot", mode="llm"))
+    monkeypatch.delenv(at.ENV)
+    assert "autotune" not in json.dumps(b200["cuda"])
+
+
+def test_autotune_required_without_a_gpu_fails_clearly(tmp_path, monkeypatch):
+    monkeypatch.setattr(at, "detect_gpu", lambda: None)
+    monkeypatch.setenv(at.ENV, "1")
+    with pytest.raises(CompileError, match="INGOT_AUTOTUNE=1: autotuning for target h200 needs a GPU"):
+        ingot.compile(TINY_KV, target="h200", out=tmp_path / "t.ingot", mode="llm")
+
+
+def test_a_failing_timer_never_fails_the_compile(tmp_path, monkeypatch):
+    monkeypatch.setattr(at, "detect_gpu", lambda: GPU)
+
+    def broken():
+        raise RuntimeError("cuInit failed")
+
+    monkeypatch.setattr(at, "make_timer", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = ingot.compile(TINY_KV, target="h200", out=tmp_path / "t.ingot", mode="llm")
+    assert any(issubclass(w.category, at.AutotuneWarning) for w in caught)
+    assert "autotune" not in json.dumps(_manifest(path)["cuda"])
+
+
+def test_tuned_artifact_runs_on_the_cpu_backend(tmp_path, monkeypatch):
+    monkeypatch.setattr(at, "detect_gpu", lambda: GPU)
+    monkeypatch.setattr(at, "make_timer", lambda: TableTimer(prefer_wide))
+    tuned = ingot.compile(TINY_KV, target="h200", out=tmp_path / "tuned.ingot", mode="llm")
+    monkeypatch.setenv(at.ENV, "0")
+    plain = ingot.compile(TINY_KV, target="h200", out=tmp_path / "plain.ingot", mode="llm")
+    assert "autotune" in _manifest(tuned)["cuda"]
+    ids = [int(i) for i in rng().integers(0, 256, 11)]
+    logits = []
+    for path in (tuned, plain):
+        graph, _ = load_graph(path)
+        m = PagedModel(graph, num_blocks=4)
+        sid = m.add_sequence()
+        logits.append(np.stack([m.step([(sid, ids)])[0], m.step([(sid, [ids[0]])])[0]]))
+    assert np.isfinite(logits[0]).all()
+    np.testing.assert_array_equal(logits[0], logits[1])
