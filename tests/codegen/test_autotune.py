@@ -288,10 +288,7 @@ def test_autotune_off_leaves_the_artifact_as_without_a_gpu(tmp_path, monkeypatch
     off = _manifest(ingot.compile(TINY_KV, target="h200", out=tmp_path / "off.ingot", mode="llm"))
     assert off["cuda"] == plain["cuda"] and off["files"] == plain["files"]
     assert "autotune" not in json.dumps(off["cuda"])
-    # a GPU of another architecture: heuristics too
-    b200 = _manifest(ingot.compile(TINY_KV, target="b200", out=tmp_path / "b.ingot", mode="llm"))
-    monkeypatch.delenv(at.ENV)
-    assert "autotune" not in json.dumps(b200["cuda"])
+    # a GPU of another architecture (b200 wanted, an H200 here) also leaves the heuristics: test_when_it_tunes
 
 
 def test_autotune_required_without_a_gpu_fails_clearly(tmp_path, monkeypatch):
