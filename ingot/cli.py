@@ -84,6 +84,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     nbytes = sum((w.type.numel() or 0) * w.type.dtype.np.itemsize for w in graph.weights.values())
     out.print(f"parameters: {graph.num_parameters():,} in {len(graph.weights)} weights ({nbytes / 1e6:.2f} MB)")
     _print_quant_report(Path(args.model))
+    _print_autotune(Path(args.model))
     if args.ir:
         out.print(str(graph), markup=False)
     return 0
@@ -132,6 +133,32 @@ def _print_quant_report(artifact: Path) -> None:
 
     if (artifact / REPORT).is_file():
         out.print(report_table(json.loads((artifact / REPORT).read_text())))
+
+
+def _print_autotune(artifact: Path) -> None:
+    """The kernels a GPU artifact's compile autotuned (codegen/autotune.py): heuristic vs chosen time and config."""
+    path = artifact / "manifest.json"
+    if not path.is_file():
+        return
+    cuda = json.loads(path.read_text()).get("cuda") or {}
+    summary = cuda.get("autotune")
+    if not summary:
+        return
+    t = Table(title=f"autotuned kernels ({summary['kernels']}, {summary['changed']} changed; {summary['gpu']}, "
+                    f"driver {summary['driver']})", title_justify="left")
+    for col in ("kernel", "heuristic us", "chosen us", "speedup", "config (chosen / heuristic)"):
+        t.add_column(col, justify="left" if col.startswith(("kernel", "config")) else "right")
+    for table in ("kernels", "variant_kernels"):
+        for entry, k in (cuda.get(table) or {}).items():
+            rec = k.get("autotune")
+            if not rec:
+                continue
+            h, c = rec.get("heuristic_us"), rec.get("chosen_us")
+            diff = {n: v for n, v in rec["config"].items() if rec["heuristic_config"].get(n) != v}
+            cfg = ", ".join(f"{n} {v} / {rec['heuristic_config'][n]}" for n, v in diff.items()) or "heuristic"
+            t.add_row(escape(entry), "-" if h is None else f"{h:.2f}", "-" if c is None else f"{c:.2f}",
+                      f"{h / c:.2f}x" if h and c else "-", escape(cfg))
+    out.print(t)
 
 
 def _print_pass_times(timing) -> None:

@@ -328,3 +328,15 @@ def test_tuned_artifact_runs_on_the_cpu_backend(tmp_path, monkeypatch):
         logits.append(np.stack([m.step([(sid, ids)])[0], m.step([(sid, [ids[0]])])[0]]))
     assert np.isfinite(logits[0]).all()
     np.testing.assert_array_equal(logits[0], logits[1])
+
+
+def test_inspect_shows_the_autotuned_kernels(tmp_path, monkeypatch, capsys):
+    from ingot.cli import main
+
+    monkeypatch.setattr(at, "detect_gpu", lambda: GPU)
+    monkeypatch.setattr(at, "make_timer", lambda: TableTimer(prefer_wide))
+    path = ingot.compile(TINY_KV, target="h200", out=tmp_path / "t.ingot", mode="llm")
+    capsys.readouterr()
+    assert main(["inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "autotuned kernels (16," in text and "NVIDIA H200" in text and "WARPS 8 / 4" in text
