@@ -330,12 +330,19 @@ def autotune_for_lowering(specs: Sequence[KernelSpec], target: Target, bounds: M
     gpu = tuning_gpu(target)
     if gpu is None:
         return {}
+    timer: Timer | None = None
     try:
-        return autotune(specs, target, make_timer(), gpu, bounds=bounds, progress=progress)
+        timer = make_timer()
+        return autotune(specs, target, timer, gpu, bounds=bounds, progress=progress)
     except Exception as e:
         warnings.warn(f"autotune: gave up ({type(e).__name__}: {e}); the heuristics choose", AutotuneWarning,
                       stacklevel=2)
         return {}
+    finally:
+        try:
+            getattr(timer, "release", lambda: None)()
+        except Exception:  # freeing the timing buffers must not fail the compile either
+            pass
 
 
 def make_timer() -> Timer:

@@ -40,6 +40,11 @@ launch has ``"alternatives": [{"kernel": entry}]``, the plain template GEMM taki
 runtime without the CUTLASS launch path runs instead (listed under ``alternative_kernels``, same entry format).
 ``INGOT_NO_CUTLASS=1`` at compile time leaves CUTLASS out.
 
+Where the compiling machine has a GPU of the target's architecture, the tunable kernels (decode GEMV variants,
+split-KV attention) are autotuned before compiling (``codegen/autotune.py``; ``INGOT_AUTOTUNE=0`` turns it off):
+the chosen kernel's entry then has ``"autotune": {"heuristic": entry, "heuristic_us", "chosen_us", "config", ...}``
+and ``cuda`` has ``"autotune": {"gpu", "sm", "driver", "kernels", "changed"}``; without tuning neither key exists.
+
 An argument is ``{"buffer": value name}`` (a device pointer: the value's offset in the arena),
 ``{"null": true}`` (an absent optional input), ``{"dim": expression}`` (an integer evaluated from the
 step's bound dims, ``T``, ``(S+1)``, ...) or ``{"value": number}``. The grid of a launch comes from
