@@ -42,7 +42,7 @@ def _cache(tmp_path, tmp_path_factory, monkeypatch):
     kernels = os.environ.get("INGOT_TEST_KERNEL_CACHE") or str(tmp_path_factory.getbasetemp() / "kernel-cache")
     monkeypatch.setenv("INGOT_CACHE_DIR", kernels)
     monkeypatch.setattr(at, "cache_dir", lambda: tmp_path / "tune-cache")
-    monkeypatch.delenv(at.ENV, raising=False)
+    monkeypatch.setenv(at.ENV, "auto")
 
 
 def specs():
@@ -211,6 +211,9 @@ def test_cache_key_covers_the_problem():
 def test_when_it_tunes(monkeypatch):
     monkeypatch.setattr(at, "detect_gpu", lambda: GPU)
     assert at.tuning_gpu(H200) == GPU and at.tuning_gpu(get_target("h100")) == GPU
+    monkeypatch.delenv(at.ENV)
+    assert at.tuning_gpu(H200) is None  # off by default until the timing path has run on a GPU
+    monkeypatch.setenv(at.ENV, "auto")
     assert at.tuning_gpu(get_target("b200")) is None  # another architecture: heuristics
     monkeypatch.setenv(at.ENV, "0")
     assert at.tuning_gpu(H200) is None
