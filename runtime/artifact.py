@@ -95,25 +95,10 @@ def write_artifact(
                 raise ArtifactError(f"weight {name!r} has a non-static type {w.type}")
             entries.append((name, (w.type.dtype, tuple(int(d) for d in w.type.shape)), w.load))  # type: ignore
         safetensors_io.write(tmp / WEIGHTS, entries, metadata={"format": "ingot"}, progress=on_tensor)
-        for rel, src in (extra_files or {}).items():
-            dst = tmp / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
-        files = {
-            p.relative_to(tmp).as_posix(): sha256_file(p)
-            for p in sorted(tmp.rglob("*"))
-            if p.is_file()
-        }
-        from .. import __version__
-
+        copy_files(tmp, extra_files)
+        files = checksums(tmp)
         manifest: dict[str, Any] = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "ingot_version": __version__,
-            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "source": source,
-            "target": target,
-            "mode": mode,
+            **manifest_header(source, target, mode),
             "inputs": _signature(graph.inputs),
             "outputs": _signature(graph.outputs, graph.output_names),
             "weights": {
@@ -131,6 +116,34 @@ def write_artifact(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def copy_files(dst_dir: Path, files: dict[str, Path] | None) -> None:
+    """Copy ``files`` (path inside the artifact -> source file) into ``dst_dir``."""
+    for rel, src in (files or {}).items():
+        dst = dst_dir / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+
+
+def checksums(root: Path) -> dict[str, str]:
+    """sha256 of every file below ``root``, by its posix path relative to ``root``."""
+    return {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def manifest_header(source: Any, target: str, mode: str) -> dict[str, Any]:
+    """The fields every manifest starts with: format, versions, creation time, source, target, mode."""
+    from .. import __version__
+
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "ingot_version": __version__,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "source": source,
+        "target": target,
+        "mode": mode,
+    }
 
 
 def _replace_dir(new: Path, dst: Path) -> None:
@@ -175,6 +188,11 @@ def verify_files(path: Path, manifest: dict[str, Any]) -> None:
     files = manifest.get("files")
     if not isinstance(files, dict) or WEIGHTS not in files:
         raise ArtifactError(f"{path / MANIFEST}: the file list is missing or incomplete")
+    verify_checksums(path, files)
+
+
+def verify_checksums(path: Path, files: dict[str, str]) -> None:
+    """Every entry of ``files`` (path relative to ``path`` -> sha256) exists inside ``path`` with that digest."""
     for rel, digest in files.items():
         p = path / rel
         if ".." in Path(rel).parts or Path(rel).is_absolute():

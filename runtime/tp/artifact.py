@@ -22,7 +22,6 @@ place at the end.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import shutil
@@ -33,14 +32,15 @@ from typing import Any
 
 from ...ir.graph import Graph
 from ..artifact import (
-    FORMAT,
-    FORMAT_VERSION,
     MANIFEST,
     ArtifactError,
     _replace_dir,
+    checksums,
+    copy_files,
     load_graph,
+    manifest_header,
     read_manifest,
-    sha256_file,
+    verify_checksums,
     write_artifact,
 )
 
@@ -94,22 +94,11 @@ def write_tp_artifact(
                            extra_manifest={"kv_cache": g.meta["kv_cache"], "llm": g.meta["llm"], "tp": g.meta["tp"],
                                            **extra},
                            progress=(lambda s, d, t, r=r: progress(f"weights (rank {r})", d, t)) if progress else None)
-        for rel, src in (files or {}).items():
-            dst = tmp / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
+        copy_files(tmp, files)
         info = dict(graphs[0].meta["tp"])  # type: ignore[arg-type]
         nh, kv = int(info["num_heads"]), int(info["num_kv_heads"])
-        from ... import __version__
-
         manifest: dict[str, Any] = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "ingot_version": __version__,
-            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "source": source,
-            "target": target,
-            "mode": "llm",
+            **manifest_header(source, target, "llm"),
             "tp": {
                 "size": size,
                 "ranks": [rank_dir(r) for r in range(size)],
@@ -124,7 +113,7 @@ def write_tp_artifact(
             },
             "kv_cache": json.loads(json.dumps(graphs[0].meta["kv_cache"])),
             "llm": json.loads(json.dumps(graphs[0].meta["llm"])),
-            "files": {p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()},
+            "files": checksums(tmp),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str) + "\n")
         _replace_dir(tmp, out)
@@ -143,16 +132,7 @@ def verify_tp_files(path: Path, manifest: Mapping[str, Any]) -> None:
     for r in range(int(tp["size"])):
         if f"{rank_dir(r)}/{MANIFEST}" not in files:
             raise ArtifactError(f"{path / MANIFEST}: rank {r}'s manifest is not in the file list")
-    for rel, digest in files.items():
-        if ".." in Path(rel).parts or Path(rel).is_absolute():
-            raise ArtifactError(f"{path / MANIFEST}: file entry {rel!r} points outside the artifact")
-        p = path / rel
-        if not p.is_file():
-            raise ArtifactError(f"{p}: missing from the artifact")
-        got = sha256_file(p)
-        if got != digest:
-            raise ArtifactError(f"{p}: checksum mismatch (sha256 {got[:16]}..., manifest says {digest[:16]}...): "
-                                "the file was modified or corrupted")
+    verify_checksums(path, files)
 
 
 def read_tp_manifest(path: str | os.PathLike, check: bool = True) -> dict[str, Any]:
