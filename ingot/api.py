@@ -12,6 +12,7 @@ import numpy as np
 
 from .ir.graph import Graph
 from .passes import PassContext, PassError, run_passes
+from .runtime.artifact import GraphSignature
 
 TARGETS = ("cpu", "h100", "h200", "b200")
 MODES = ("auto", "graph", "llm")
@@ -323,7 +324,7 @@ def _lower_onnx(graph: Graph, src: Path, mode: str, progress: Progress | None = 
     return graph
 
 
-class Model:
+class Model(GraphSignature):
     """A loaded graph-mode artifact: ``run`` maps input names to arrays, returns output arrays."""
 
     def __init__(self, graph: Graph, manifest: dict[str, Any], path: Path | None = None) -> None:
@@ -333,14 +334,6 @@ class Model:
         self.manifest = manifest
         self.path = path
         self._executor = CpuExecutor(graph)
-
-    @property
-    def inputs(self) -> list[tuple[str, str]]:
-        return [(v.name, str(v.type)) for v in self.graph.inputs]
-
-    @property
-    def outputs(self) -> list[tuple[str, str]]:
-        return [(n, str(v.type)) for v, n in zip(self.graph.outputs, self.graph.output_names)]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._executor.run(feeds)
@@ -377,7 +370,7 @@ def load(path: str | os.PathLike, device: str = "cpu", **options: Any) -> Model:
     return Model(graph, manifest, Path(path))
 
 
-class TpModel:
+class TpModel(GraphSignature):
     """A tensor-parallel artifact loaded with ``ingot.load``: ``run`` takes the serving form's step inputs
     (``kv_cache.*`` feeds are ignored: each rank owns the cache of its KV heads, ``num_blocks`` blocks)
     and returns rank 0's outputs; ``paged()`` drives it like ``runtime/paged.PagedModel``."""
@@ -391,14 +384,6 @@ class TpModel:
                                                                                         None), **options)
         self.graph, self.manifest = self.executor.graph, self.executor.manifest
         self.tp = self.executor.size
-
-    @property
-    def inputs(self) -> list[tuple[str, str]]:
-        return [(v.name, str(v.type)) for v in self.graph.inputs]
-
-    @property
-    def outputs(self) -> list[tuple[str, str]]:
-        return [(n, str(v.type)) for v, n in zip(self.graph.outputs, self.graph.output_names)]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.executor.run(feeds)

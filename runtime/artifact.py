@@ -42,6 +42,20 @@ class ArtifactError(ValueError):
     """The artifact is missing, malformed, tampered with or of another format version."""
 
 
+class GraphSignature:
+    """``inputs`` / ``outputs`` as (name, type) pairs, for the loaded-model classes that hold a ``graph``."""
+
+    graph: Graph
+
+    @property
+    def inputs(self) -> list[tuple[str, str]]:
+        return [(v.name, str(v.type)) for v in self.graph.inputs]
+
+    @property
+    def outputs(self) -> list[tuple[str, str]]:
+        return [(n, str(v.type)) for v, n in zip(self.graph.outputs, self.graph.output_names)]
+
+
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

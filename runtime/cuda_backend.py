@@ -48,6 +48,7 @@ from ..codegen.memory_plan import ALIGN, eval_dim
 from ..ir.graph import Graph
 from ..ir.types import DType
 from . import cuda_driver as cd
+from .artifact import GraphSignature
 from .cuda_driver import CudaUnavailable  # noqa: F401  (re-exported for callers)
 from .paged import PagedModel, SequenceState
 
@@ -583,7 +584,7 @@ class CudaPagedModel(PagedModel):
         self._executor = executor  # type: ignore[assignment]
 
 
-class CudaModel:
+class CudaModel(GraphSignature):
     """``ingot.load(path, device="cuda")``: ``run`` maps input names to arrays, returns output arrays."""
 
     def __init__(self, path: str | os.PathLike, **kwargs: Any) -> None:
@@ -592,14 +593,6 @@ class CudaModel:
         self.path = Path(path)
         self.graph, self.manifest = load_graph(self.path)
         self.executor = CudaExecutor(self.graph, self.manifest, self.path, **kwargs)
-
-    @property
-    def inputs(self) -> list[tuple[str, str]]:
-        return [(v.name, str(v.type)) for v in self.graph.inputs]
-
-    @property
-    def outputs(self) -> list[tuple[str, str]]:
-        return [(n, str(v.type)) for v, n in zip(self.graph.outputs, self.graph.output_names)]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.executor.run(feeds)
