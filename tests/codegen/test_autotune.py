@@ -24,15 +24,13 @@ from ingot.codegen.target import get_target
 from ingot.ir.types import DType
 from ingot.runtime.artifact import load_graph
 from ingot.runtime.paged import PagedModel
+from tests.codegen.common import needs_compiler
 from tests.helpers import rng
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 TINY_KV = FIXTURES / "tiny_llama_kv.onnx"
 H200 = get_target("h200")
 GPU = at.GpuInfo("NVIDIA H200", 90, 13000, 132)
-needs_compiler = pytest.mark.skipif(
-    cc.nvrtc_version() is None and cc.nvcc_version() is None,
-    reason="no CUDA compiler: pip install cuda-bindings nvidia-cuda-nvrtc (or a toolkit's nvcc)")
 
 
 @pytest.fixture(autouse=True)

@@ -23,14 +23,14 @@ import pytest
 import ingot
 from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
 from ingot.codegen.kernels.gemm_cutlass.build import cutlass_available
-from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
+from ingot.codegen.sass import disassemble, opcodes, sass_arch
 from ingot.codegen.target import get_target
+from tests.codegen.common import needs_cuobjdump
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 needs_cutlass = pytest.mark.skipif(not cutlass_available(),
                                    reason="needs nvcc and CUTLASS headers: pip install nvidia-cutlass nvidia-cuda-nvcc")
-needs_cuobjdump = pytest.mark.skipif(find_cuobjdump() is None, reason="no cuobjdump: pip install nvidia-cuda-cuobjdump")
 
 
 def _cache(tmp_path_factory) -> str:

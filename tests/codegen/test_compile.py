@@ -5,7 +5,6 @@ or nvcc; cuobjdump (pip: nvidia-cuda-cuobjdump) for the SASS checks."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -14,30 +13,15 @@ import pytest
 from ingot.codegen import compile as cc
 from ingot.codegen.kernel import KernelSpec, render
 from ingot.codegen.registry import families, plan_op
-from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
+from ingot.codegen.sass import disassemble, opcodes, sass_arch
 from ingot.codegen.target import get_target
 from ingot.ir.ops.llm import Linear, PagedAttention
 from ingot.ir.ops.norm import RmsNorm
 from ingot.ir.types import DType, TensorType
+from tests.codegen.common import module_kernel_cache, needs_compiler, needs_cuobjdump  # noqa: F401 (autouse fixture)
 from tests.codegen.specs import family_specs
 
 TARGETS = ("h200", "b200")
-needs_compiler = pytest.mark.skipif(
-    cc.nvrtc_version() is None and cc.nvcc_version() is None,
-    reason="no CUDA compiler: pip install cuda-bindings nvidia-cuda-nvrtc (or a toolkit's nvcc)")
-needs_cuobjdump = pytest.mark.skipif(find_cuobjdump() is None, reason="no cuobjdump: pip install nvidia-cuda-cuobjdump")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache(tmp_path_factory):
-    """One fresh kernel cache for this module: the first compile of a spec is real, repeats hit."""
-    old = os.environ.get("INGOT_CACHE_DIR")
-    os.environ["INGOT_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernel-cache"))
-    yield
-    if old is None:
-        os.environ.pop("INGOT_CACHE_DIR")
-    else:
-        os.environ["INGOT_CACHE_DIR"] = old
 
 
 def test_every_family_has_specs_in_the_shared_list():

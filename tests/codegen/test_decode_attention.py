@@ -3,8 +3,6 @@ it, the split arithmetic the kernel uses (mirrored by ``split_plan``), grid and 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from ingot.codegen import compile as cc
@@ -26,22 +24,9 @@ from ingot.codegen.target import get_target
 from ingot.ir.ops.llm import PagedAttention
 from ingot.ir.ops.quantized import PagedAttentionFp8
 from ingot.ir.types import DType, TensorType
+from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
 
 bf16, f32, f8 = DType.bf16, DType.f32, DType.f8e4m3fn
-needs_compiler = pytest.mark.skipif(
-    cc.nvrtc_version() is None and cc.nvcc_version() is None,
-    reason="no CUDA compiler: pip install cuda-bindings nvidia-cuda-nvrtc (or a toolkit's nvcc)")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache(tmp_path_factory):
-    old = os.environ.get("INGOT_CACHE_DIR")
-    os.environ["INGOT_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernel-cache"))
-    yield
-    if old is None:
-        os.environ.pop("INGOT_CACHE_DIR")
-    else:
-        os.environ["INGOT_CACHE_DIR"] = old
 
 
 def attn_types(T, S, max_blocks, H=32, KV=8, D=128, bs=16, dtype=bf16, cache=bf16, fp8_scale=False):

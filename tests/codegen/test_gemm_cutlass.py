@@ -30,12 +30,12 @@ from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
 from ingot.codegen.target import get_target
 from ingot.ir.ops.llm import Linear
 from ingot.ir.types import DType, TensorType
+from tests.codegen.common import needs_cuobjdump
 
 SLOW = bool(os.environ.get("INGOT_SLOW"))
 needs_cutlass = pytest.mark.skipif(not cutlass_available(),
                                    reason="needs nvcc and CUTLASS headers: pip install nvidia-cutlass (and a "
                                           "CUDA toolkit or nvidia-cuda-nvcc)")
-needs_cuobjdump = pytest.mark.skipif(find_cuobjdump() is None, reason="no cuobjdump: pip install nvidia-cuda-cuobjdump")
 
 #: (target, kind) -> the MMA opcode prefix its SASS must contain
 EXPECTED_MMA = {

@@ -4,7 +4,6 @@ lowering records for ``linear`` launches, and compile + SASS checks for sm_90a a
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -14,24 +13,10 @@ from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
 from ingot.codegen.target import get_target
 from ingot.ir.ops.llm import Linear
 from ingot.ir.types import DType, TensorType
+from tests.codegen.common import module_kernel_cache, needs_compiler, needs_cuobjdump  # noqa: F401 (autouse fixture)
 
-needs_compiler = pytest.mark.skipif(
-    cc.nvrtc_version() is None and cc.nvcc_version() is None,
-    reason="no CUDA compiler: pip install cuda-bindings nvidia-cuda-nvrtc (or a toolkit's nvcc)")
-needs_cuobjdump = pytest.mark.skipif(find_cuobjdump() is None, reason="no cuobjdump: pip install nvidia-cuda-cuobjdump")
 #: the Llama-3.2-1B layer shapes of bench/bench_gemv.py, and awkward ones (N, K not multiples of the tiles)
 SHAPES = [(3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (576, 576), (200, 96), (1000, 4128)]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache(tmp_path_factory):
-    old = os.environ.get("INGOT_CACHE_DIR")
-    os.environ["INGOT_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernel-cache"))
-    yield
-    if old is None:
-        os.environ.pop("INGOT_CACHE_DIR")
-    else:
-        os.environ["INGOT_CACHE_DIR"] = old
 
 
 @pytest.mark.parametrize("n,k", SHAPES)

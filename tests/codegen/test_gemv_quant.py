@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from ingot.codegen import compile as cc
@@ -24,24 +22,11 @@ from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
 from ingot.codegen.target import get_target
 from ingot.ir.ops.quantized import QuantizedLinear
 from ingot.ir.types import DType, TensorType
+from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
 
-needs_compiler = pytest.mark.skipif(
-    cc.nvrtc_version() is None and cc.nvcc_version() is None,
-    reason="no CUDA compiler: pip install cuda-bindings nvidia-cuda-nvrtc (or a toolkit's nvcc)")
 #: the Llama-3.2-1B layer shapes of the benchmark, and smaller / odd-N ones
 SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (200, 256), (1000, 4224)]
 FORMATS = [("fp8", "none", "token"), ("fp8", "fp8", "token"), ("fp8", "fp8", "tensor"), ("nvfp4", "none", "token")]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache(tmp_path_factory):
-    old = os.environ.get("INGOT_CACHE_DIR")
-    os.environ["INGOT_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernel-cache"))
-    yield
-    if old is None:
-        os.environ.pop("INGOT_CACHE_DIR")
-    else:
-        os.environ["INGOT_CACHE_DIR"] = old
 
 
 def qtypes(fmt: str, n: int, k: int, act: str = "none", gran: str = "token", bias: bool = False,
