@@ -1,4 +1,5 @@
-"""What the codegen tests share: skip markers for the CUDA tools and a per-module kernel cache."""
+"""What the codegen tests share: skip markers for the CUDA tools and a per-module kernel cache (the GPU fixture
+is in conftest.py)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,4 @@ def module_kernel_cache(tmp_path_factory):
         os.environ.pop("INGOT_CACHE_DIR")
     else:
         os.environ["INGOT_CACHE_DIR"] = old
+

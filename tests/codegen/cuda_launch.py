@@ -95,7 +95,11 @@ class Gpu:
             cu = _driver()
             compiled = compile_spec(spec)
             module = check(cu.cuModuleLoadData(compiled.cubin))
-            self._functions[spec.key] = check(cu.cuModuleGetFunction(module, spec.entry.encode()))
+            fn = check(cu.cuModuleGetFunction(module, spec.entry.encode()))
+            if spec.smem > 48 * 1024:  # dynamic shared memory past 48 KiB must be opted into per function
+                check(cu.cuFuncSetAttribute(
+                    fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.smem))
+            self._functions[spec.key] = fn
         return self._functions[spec.key]
 
     def launch(self, spec: KernelSpec, **args) -> None:

@@ -9,8 +9,6 @@ counters must be reset by the first launch); the cache bytes must equal the refe
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -25,19 +23,6 @@ from tests.helpers import assert_close, rng
 
 pytestmark = pytest.mark.gpu
 bf16, f8 = DType.bf16, DType.f8e4m3fn
-
-
-@pytest.fixture(scope="module")
-def gpu(tmp_path_factory):
-    pytest.importorskip("cuda.bindings", reason="needs cuda-bindings (pip install 'ingot[cuda]')")
-    os.environ.setdefault("INGOT_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache")))
-    from tests.codegen.cuda_launch import Gpu
-
-    g = Gpu()
-    if g.arch not in ("sm_90a", "sm_100a"):
-        pytest.skip(f"kernels are built for sm_90a / sm_100a; this GPU is {g.arch}")
-    yield g
-    g.free_all()
 
 
 def attention_case(r, seqs, block_size, num_blocks, max_blocks):

@@ -6,8 +6,6 @@ twice (the split-K counters must be reset by the first for the second to be righ
 
 from __future__ import annotations
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -18,31 +16,6 @@ from tests.helpers import rng
 
 pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
-
-
-@pytest.fixture(scope="module")
-def gpu(tmp_path_factory):
-    pytest.importorskip("cuda.bindings", reason="needs cuda-bindings (pip install 'ingot[cuda]')")
-    os.environ.setdefault("INGOT_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache")))
-    from tests.codegen.cuda_launch import Gpu
-
-    g = Gpu()
-    if g.arch not in ("sm_90a", "sm_100a"):
-        pytest.skip(f"kernels are built for sm_90a / sm_100a; this GPU is {g.arch}")
-    yield g
-    g.free_all()
-
-
-def _launch(gpu, spec, **args) -> None:
-    from cuda.bindings import driver as cu
-
-    from tests.codegen.cuda_launch import check
-
-    fn = gpu.function(spec)
-    if spec.smem > 48 * 1024:
-        check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    spec.smem))
-    gpu.launch(spec, **args)
 
 
 @pytest.mark.parametrize("n,k,mb,ms", [
@@ -68,7 +41,7 @@ def test_gemv_matches_numpy(gpu, n, k, mb, ms, epilogue):
         xd, rd = gpu.upload(x), gpu.upload(res)
         for attempt in range(2):
             out = gpu.alloc((m, n), BF16)  # poisoned (0xFF: NaN)
-            _launch(gpu, spec, x=xd, weight=wd, weight_scale=None, bias=bd, residual=rd if has else None, out=out,
+            gpu.launch(spec, x=xd, weight=wd, weight_scale=None, bias=bd, residual=rd if has else None, out=out,
                     M=m)
             got = gpu.download(out).astype(np.float64)
             assert np.isfinite(got).all(), f"M={m} launch {attempt}: unwritten or non-finite outputs"

@@ -9,8 +9,6 @@ launch, each launch done twice (the split-K counters must be reset by the first)
 
 from __future__ import annotations
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -29,31 +27,6 @@ FORMATS = [("fp8", "none", "token"), ("fp8", "fp8", "token"), ("fp8", "fp8", "te
 CASES = [(3072, 2048, 8, (1, 3, 8)), (2048, 8192, 32, (1, 17, 32)), (200, 256, 64, (1, 33, 64)),
          (1000, 4224, 16, (5, 16)), (16384, 2048, 8, (1,)), (2048, 2048, 32, (32,))]
 TOL = 1e-2  # max |error| / max |reference|: bf16 output rounding plus f32 summation order
-
-
-@pytest.fixture(scope="module")
-def gpu(tmp_path_factory):
-    pytest.importorskip("cuda.bindings", reason="needs cuda-bindings (pip install 'ingot[cuda]')")
-    os.environ.setdefault("INGOT_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache")))
-    from tests.codegen.cuda_launch import Gpu
-
-    g = Gpu()
-    if g.arch not in ("sm_90a", "sm_100a"):
-        pytest.skip(f"kernels are built for sm_90a / sm_100a; this GPU is {g.arch}")
-    yield g
-    g.free_all()
-
-
-def _launch(gpu, spec, **args) -> None:
-    from cuda.bindings import driver as cu
-
-    from tests.codegen.cuda_launch import check
-
-    fn = gpu.function(spec)
-    if spec.smem > 48 * 1024:
-        check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    spec.smem))
-    gpu.launch(spec, **args)
 
 
 def quantized_weight(r: np.random.Generator, fmt: str, n: int, k: int) -> dict[str, np.ndarray | None]:
@@ -97,7 +70,7 @@ def run_case(gpu, spec, op: QuantizedLinear, wq: dict, x: np.ndarray, bias, res,
                 residual=gpu.upload(res) if res is not None else None)
     for attempt in range(2):
         out = gpu.alloc((m, n), BF16)  # poisoned (0xFF: NaN)
-        _launch(gpu, spec, **bufs, out=out, M=m)
+        gpu.launch(spec, **bufs, out=out, M=m)
         got = gpu.download(out).astype(np.float64)
         assert np.isfinite(got).all(), f"{spec.entry} M={m} launch {attempt}: unwritten or non-finite outputs"
         want = ref.astype(np.float64)
