@@ -119,3 +119,18 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def drive_steps(model, steps) -> list[np.ndarray]:
+    """Run a ``PagedModel``-like driver over ``steps``: each a list of (sequence number, new token ids); a
+    sequence is added at its first step. Returns each step's output."""
+    ids: dict[int, int] = {}
+    out = []
+    for step in steps:
+        batch = []
+        for s, toks in step:
+            if s not in ids:
+                ids[s] = model.add_sequence()
+            batch.append((ids[s], toks))
+        out.append(model.step(batch))
+    return out

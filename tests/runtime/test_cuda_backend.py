@@ -22,6 +22,7 @@ import ingot
 from ingot.runtime.artifact import load_graph
 from ingot.runtime.paged import PagedModel, iter_greedy
 from tests.frontend.dense_llama import random_weights, write_checkpoint
+from tests.runtime.serving_models import drive_steps
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SMOLLM2_CONFIG = {
@@ -83,19 +84,6 @@ def _mixed_steps(vocab: int, seed: int = 0) -> list[list[tuple[int, list[int]]]]
     ]
 
 
-def _drive(model, steps) -> list[np.ndarray]:
-    ids = {}
-    out = []
-    for step in steps:
-        batch = []
-        for s, toks in step:
-            if s not in ids:
-                ids[s] = model.add_sequence()
-            batch.append((ids[s], toks))
-        out.append(model.step(batch))
-    return out
-
-
 @pytest.mark.gpu
 def test_tiny_llama_matches_cpu(gpu_target, tmp_path):
     from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
@@ -104,13 +92,13 @@ def test_tiny_llama_matches_cpu(gpu_target, tmp_path):
     gpu = ingot.compile(src, target=gpu_target, out=tmp_path / "g.ingot", mode="llm")
     cpu = ingot.compile(src, target="cpu", out=tmp_path / "c.ingot", mode="llm")
     steps = _mixed_steps(256)
-    ref32 = _drive(PagedModel(load_graph(cpu)[0], 16), steps)
-    ref16 = _drive(PagedModel(load_graph(gpu)[0], 16), steps)
+    ref32 = drive_steps(PagedModel(load_graph(cpu)[0], 16), steps)
+    ref16 = drive_steps(PagedModel(load_graph(gpu)[0], 16), steps)
     errs = {}
     prev: list[np.ndarray] = []
     for graphs in (False, True):
         ex = CudaExecutor.from_artifact(gpu, num_blocks=16, cuda_graphs=graphs)
-        got = _drive(CudaPagedModel(ex), steps)
+        got = drive_steps(CudaPagedModel(ex), steps)
         e32 = [_rel(g, r) for g, r in zip(got, ref32)]
         e16 = [_rel(g, r) for g, r in zip(got, ref16)]
         errs[f"graphs={graphs}"] = {"vs_f32": e32, "vs_cpu_bf16": e16, "stats": dict(ex.stats)}

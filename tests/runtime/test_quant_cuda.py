@@ -26,6 +26,7 @@ from ingot.runtime.artifact import load_graph
 from ingot.runtime.paged import PagedModel, iter_greedy
 from tests.codegen.test_lower_quant import CASES, compile_quant, quant_checkpoint
 from tests.helpers import TOLERANCES, rng
+from tests.runtime.serving_models import drive_steps
 
 #: the normalized logits error allowed, max |gpu - cpu| / max |cpu| (module docstring): weight-only formats (the
 #: bf16 bound test_cuda_backend uses), and with FP8 activations (half an e4m3 ulp, relative)
@@ -57,19 +58,6 @@ def _steps() -> list[list[tuple[int, list[int]]]]:
     ]
 
 
-def _drive(model, steps) -> list[np.ndarray]:
-    ids: dict[int, int] = {}
-    out = []
-    for step in steps:
-        batch = []
-        for s, toks in step:
-            if s not in ids:
-                ids[s] = model.add_sequence()
-            batch.append((ids[s], toks))
-        out.append(model.step(batch))
-    return out
-
-
 def _greedy_ref(graph, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
     m = PagedModel(graph, NUM_BLOCKS)
     seq = m.add_sequence()
@@ -96,12 +84,12 @@ def test_quantized_artifact_matches_cpu(gpu_target, ckpt, tmp_path, case):
     kernels = {ln["kernel"] for ln in manifest["cuda"]["launches"] if ln["op"] == "quantized_linear"}
     assert kernels and all(k.startswith("gemv_") for k in kernels)
     steps = _steps()
-    ref = _drive(PagedModel(graph, NUM_BLOCKS), steps)
+    ref = drive_steps(PagedModel(graph, NUM_BLOCKS), steps)
     errors = {}
     prev: list[np.ndarray] = []
     for graphs in (False, True):
         ex = CudaExecutor.from_artifact(path, num_blocks=NUM_BLOCKS, cuda_graphs=graphs)
-        got = _drive(CudaPagedModel(ex), steps)
+        got = drive_steps(CudaPagedModel(ex), steps)
         errs = [_rel(g, r) for g, r in zip(got, ref)]
         errors[f"graphs={graphs}"] = errs
         print(f"{case} graphs={graphs}: logits rel. errors {[f'{e:.2e}' for e in errs]}, {ex.stats}")
