@@ -105,6 +105,11 @@ class CpuExecutor:
                 env.pop(v, None)
         return {name: env[v] for v, name in zip(g.outputs, g.output_names)}
 
+    def greedy_tokens(self, step_inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """A serving-form step's ``argmax(logits, axis=1)`` (``i64[S]``): the interface of the CUDA executor,
+        which takes it on the GPU (``runtime/engine.py``, "Device sampling"); here numpy's argmax of the logits."""
+        return np.argmax(self.run(step_inputs, check=False)["logits"], axis=1)
+
 
 def _matches(t: TensorType, a: np.ndarray) -> bool:
     if a.dtype != t.dtype.np:

@@ -15,7 +15,10 @@ Inputs larger than the compiled bounds are refused with a message naming the bou
 new token (``T == S``) is padded to the next batch-size bucket (1, 2, 4, ..., up to the compiled
 ``S``), its inputs copied into the fixed io buffers, and the bucket's graph, captured once on first
 use (``cuStreamBeginCapture`` / ``cuGraphInstantiate``), is replayed (``cuGraphLaunch``). Padding rows
-write no KV (slot -1) and attend to one position of block 0; their logits are dropped. Steps with
+write no KV (slot -1) and attend to one position of block 0; their logits are dropped. The padded inputs
+are written straight into typed views of the pinned staging copy (no per-step arrays). With
+``device_argmax`` the graph ends with the greedy-sampling kernel (docs/SERVING_FORM.md, "Greedy sampling on
+the device"), whose ids ``greedy_tokens`` copies back instead of the logits. Steps with
 prefill tokens, or more sequences than the largest bucket, run as plain launches.
 
 **The engine's interface** (``runtime/engine.py`` and ``runtime/paged.py`` call the CPU backend the
@@ -24,6 +27,7 @@ same way)::
     ex = CudaExecutor.from_artifact("m.ingot", num_blocks=1024)     # or CudaExecutor(graph, manifest)
     logits = ex.run(step_inputs)["logits"]    # step_inputs: docs/SERVING_FORM.md's names, numpy arrays
     logits = ex.logits(step_inputs)           # the same, as the array
+    ids = ex.greedy_tokens(step_inputs)       # argmax per row, i64[S]; with device_argmax=True taken on the GPU
 
 ``run(feeds, check=False)`` has ``CpuExecutor.run``'s signature and result (a dict of output arrays), so
 an engine can hold either executor. The KV cache lives on the device, owned by the executor
@@ -35,6 +39,7 @@ paged driver) over this executor; ``CudaModel`` is ``ingot.load(..., device="cud
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -51,6 +56,8 @@ from . import cuda_driver as cd
 from .artifact import GraphSignature
 from .cuda_driver import CudaUnavailable  # noqa: F401  (re-exported for callers)
 from .paged import PagedModel, SequenceState
+
+log = logging.getLogger("ingot.cuda")
 
 #: decode batch-size buckets captured as CUDA graphs (capped by the compiled max_num_seqs)
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -179,6 +186,38 @@ class _CollectiveLaunch:
         self.communicator.all_reduce(self.send, self.recv, int(dims[self.count]), self.dtype, _address(stream.handle))
 
 
+class _GreedyArgmax(_Launch):
+    """The greedy-sampling kernel (``codegen/kernels/sampling``) over the logits buffer: ``S`` rows' argmax into
+    a device ``i64`` buffer (``num_rows`` is the ``S`` dim), read back through a pinned copy of its own."""
+
+    def __init__(self, fn: Any, spec: KernelSpec, logits: int, max_rows: int) -> None:
+        self.tokens = cd.DeviceMemory(max_rows * 8)
+        self.host = cd.PinnedBuffer(max_rows * 8)
+        buffers = {"logits": logits, "tokens": self.tokens.ptr}
+        args = {"logits": {"buffer": "logits"}, "tokens": {"buffer": "tokens"}, "num_rows": {"dim": "S"}}
+        super().__init__(fn, spec, args, buffers.__getitem__, "greedy argmax")
+
+    def read(self, rows: int, stream: cd.Stream) -> np.ndarray:
+        """The first ``rows`` ids, once the stream has computed them."""
+        cd.memcpy_dtoh(self.host.ptr, self.tokens.ptr, rows * 8, stream)
+        stream.synchronize()
+        return self.host.view(0, np.int64, (rows,)).copy()
+
+    def free(self) -> None:
+        self.tokens.free()
+        self.host.free()
+
+
+class _StagedBucket:
+    """Typed views of the pinned staging copy where a decode bucket's inputs go (``CudaExecutor._stage_decode``),
+    and the end of the bytes the step copies."""
+
+    def __init__(self, staging: cd.PinnedBuffer, layout: Mapping[str, tuple[int, np.dtype, tuple[int, ...]]]) -> None:
+        self.views = {name: staging.view(off, dt, shape) for name, (off, dt, shape) in layout.items()}
+        self.end = max((off + v.nbytes for (off, _, _), v in zip(layout.values(), self.views.values()) if v.nbytes),
+                       default=0)
+
+
 def block_runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
     """``(position in block_ids, first block id, count)`` of each run of consecutive block ids (one copy each)."""
     runs: list[tuple[int, int, int]] = []
@@ -221,7 +260,7 @@ class CudaExecutor:
 
     def __init__(self, graph: Graph, manifest: Mapping[str, Any], path: str | os.PathLike | None = None, *,
                  num_blocks: int | None = None, kv_cache_bytes: int | None = None, device: int = 0,
-                 cuda_graphs: bool = True) -> None:
+                 cuda_graphs: bool = True, device_argmax: bool = False) -> None:
         cuda = manifest.get("cuda")
         target = manifest.get("target", "?")
         if not isinstance(cuda, dict):
@@ -306,13 +345,43 @@ class CudaExecutor:
         self.cuda_graphs = cuda_graphs and self.serving
         self.buckets = [b for b in GRAPH_BUCKETS if b <= self.bounds.get("S", 0)]
         self.graphs: dict[int, cd.CudaGraph] = {}
-        self.stats = {"graph_steps": 0, "eager_steps": 0, "captures": 0}
+        self.stats = {"graph_steps": 0, "eager_steps": 0, "captures": 0, "argmax_steps": 0}
+        self._staged: dict[int, _StagedBucket] = {}
+        self._staged_bucket: int | None = None  # the bucket whose constant inputs the staging copy holds
+        #: the greedy-sampling kernel (``greedy_tokens``); None: ``greedy_tokens`` takes the argmax on the host
+        self.argmax: _GreedyArgmax | None = self._load_argmax() if device_argmax and self.serving else None
         self.ctx.synchronize()
 
     def set_communicator(self, communicator: Any) -> None:
         """The tensor-parallel group's all-reduce (``runtime/tp/nccl.py``) for this rank's ``all_reduce`` launches."""
         for c in self.collectives:
             c.communicator = communicator
+
+    def _load_argmax(self) -> _GreedyArgmax | None:
+        """Build the greedy-sampling kernel for the logits (NVRTC or nvcc, through the kernel cache); None, logged,
+        where the artifact has no f32 ``logits [S, vocab]`` or no compiler is installed."""
+        from ..codegen.compile import CompileError, CompilerUnavailable, compile_spec
+        from ..codegen.kernels.sampling.rule import greedy_spec
+        from ..codegen.target import gpu_targets
+
+        names = self.graph.output_names
+        out = self.graph.outputs[names.index("logits")] if "logits" in names else None
+        vocab = out.type.shape[-1] if out is not None and out.type.shape and len(out.type.shape) == 2 else None
+        if out is None or out.type.dtype != DType.f32 or not isinstance(vocab, int):
+            log.info("device argmax off: the artifact has no f32 logits [S, vocab] output")
+            return None
+        target = next((t for t in gpu_targets() if t.arch == self.cuda["arch"]), None)
+        if target is None or "S" not in self.bounds:
+            return None
+        spec = greedy_spec(DType.f32, vocab, target)
+        try:
+            cubin = compile_spec(spec).cubin
+        except (CompilerUnavailable, CompileError, OSError) as e:
+            log.warning("device argmax off (greedy steps copy the logits to the host): %s", e)
+            return None
+        module = cd.Module(cubin, spec.entry)
+        self.modules[spec.entry] = module
+        return _GreedyArgmax(module.function(spec.entry), spec, self.address(out.name), self.bounds["S"])
 
     @classmethod
     def from_artifact(cls, path: str | os.PathLike, **kwargs: Any) -> CudaExecutor:
@@ -470,21 +539,39 @@ class CudaExecutor:
 
     def run(self, feeds: Mapping[str, np.ndarray], check: bool = True) -> dict[str, np.ndarray]:
         """One step (any graph): inputs by name (``kv_cache.*`` ignored), outputs by name."""
-        self.ctx.make_current()
-        if self.cuda_graphs:
-            bucket = self._decode_bucket(feeds)
-            if bucket is not None:
-                return self._run_graph(feeds, bucket)
-        dims, arrays = self._bind(feeds, check)
-        end = self._stage(arrays)
-        cd.memcpy_htod(self.arena.ptr + self.base["io"], self.staging.ptr, end, self.stream)
-        self._enqueue(dims)
-        self.stats["eager_steps"] += 1
-        return self._outputs(dims)
+        return self._outputs(self._launch_step(feeds, check, argmax=False))
 
     def logits(self, step_inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         """The serving form's next-token logits ``f32[S, vocab]`` for one step."""
         return self.run(step_inputs, check=False)["logits"]
+
+    def greedy_tokens(self, step_inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """One step, returning ``argmax(logits, axis=1)`` (``i64[S]``) instead of the logits: numpy's argmax
+        exactly (first index on ties, NaN above every number). With ``device_argmax`` the argmax runs on the
+        GPU (in the decode graphs, or launched after an eager step) and only ``S`` ids come back."""
+        if self.argmax is None:
+            return np.argmax(self.logits(step_inputs), axis=1)
+        dims = self._launch_step(step_inputs, False, argmax=True)
+        self.stats["argmax_steps"] += 1
+        return self.argmax.read(int(dims["S"]), self.stream)
+
+    def _launch_step(self, feeds: Mapping[str, np.ndarray], check: bool, argmax: bool) -> dict[str, int]:
+        """Stage the inputs and queue one step (a decode graph, else plain launches, then the argmax when asked
+        for); returns the step's dims (``S``: its sequences)."""
+        self.ctx.make_current()
+        if self.cuda_graphs:
+            bucket = self._decode_bucket(feeds)
+            if bucket is not None:
+                return self._launch_graph(feeds, bucket)
+        dims, arrays = self._bind(feeds, check)
+        end = self._stage(arrays)
+        self._staged_bucket = None
+        cd.memcpy_htod(self.arena.ptr + self.base["io"], self.staging.ptr, end, self.stream)
+        self._enqueue(dims)
+        if argmax and self.argmax is not None:
+            self.argmax.enqueue({"S": dims["S"]}, self.stream)
+        self.stats["eager_steps"] += 1
+        return dims
 
     # -- CUDA graphs for decode ------------------------------------------------------------------
     def _decode_bucket(self, feeds: Mapping[str, np.ndarray]) -> int | None:
@@ -505,38 +592,60 @@ class CudaExecutor:
     def _graph_dims(self, bucket: int) -> dict[str, int]:
         return {"T": bucket, "S": bucket, "max_blocks": self.bounds["max_blocks"], "num_blocks": self.num_blocks}
 
-    def _run_graph(self, feeds: Mapping[str, np.ndarray], bucket: int) -> dict[str, np.ndarray]:
+    def _record_graph(self, dims: Mapping[str, int]) -> None:
+        """What a decode graph holds: the step's launches and, with ``device_argmax``, the argmax of every row."""
+        self._enqueue(dims)
+        if self.argmax is not None:
+            self.argmax.enqueue(dims, self.stream)
+
+    def _staged_views(self, bucket: int) -> _StagedBucket:
+        views = self._staged.get(bucket)
+        if views is None:
+            dims = self._graph_dims(bucket)
+            views = _StagedBucket(self.staging, {
+                v.name: (int(self.buffers[v.name]["offset"]), v.type.dtype.np,
+                         tuple(eval_dim(d, dims) for d in (v.type.shape or ()))) for v in self.inputs})
+            self._staged[bucket] = views
+        return views
+
+    def _stage_decode(self, feeds: Mapping[str, np.ndarray], bucket: int) -> int:
+        """Write a decode step padded to ``bucket`` straight into the pinned staging copy; returns its end.
+
+        Padding rows: token 0 at position 0, slot -1 (no KV write), context 1, block table all block 0.
+        ``query_start_loc`` and ``logits_indices`` (``arange``) are written only when the bucket changes."""
         s = len(feeds["seq_lens"])
-        tables = np.asarray(feeds["block_tables"], np.int32)
+        tables = np.asarray(feeds["block_tables"])
         cap = self.bounds["max_blocks"]
         if tables.shape[1] > cap:
             raise CudaArtifactError(f"block_tables has {tables.shape[1]} columns, the compiled bound is {cap}")
-        pad = bucket - s
-        padded = {
-            "input_ids": np.concatenate([np.asarray(feeds["input_ids"], np.int64), np.zeros(pad, np.int64)]),
-            "positions": np.concatenate([np.asarray(feeds["positions"], np.int64), np.zeros(pad, np.int64)]),
-            "slot_mapping": np.concatenate([np.asarray(feeds["slot_mapping"], np.int64), np.full(pad, -1, np.int64)]),
-            "seq_lens": np.concatenate([np.asarray(feeds["seq_lens"], np.int32), np.ones(pad, np.int32)]),
-            "query_start_loc": np.arange(bucket + 1, dtype=np.int32),
-            "logits_indices": np.arange(bucket, dtype=np.int64),
-        }
-        bt = np.zeros((bucket, cap), np.int32)
+        st = self._staged_views(bucket)
+        for name, pad in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1), ("seq_lens", 1)):
+            view = st.views[name]
+            view[:s] = feeds[name]
+            view[s:] = pad
+        bt = st.views["block_tables"]
         bt[:s, : tables.shape[1]] = tables
-        padded["block_tables"] = bt
-        arrays = [padded[v.name] for v in self.inputs]
-        end = self._stage(arrays)
+        bt[:s, tables.shape[1] :] = 0
+        bt[s:] = 0
+        if self._staged_bucket != bucket:
+            st.views["query_start_loc"][:] = np.arange(bucket + 1)
+            st.views["logits_indices"][:] = np.arange(bucket)
+            self._staged_bucket = bucket
+        return st.end
+
+    def _launch_graph(self, feeds: Mapping[str, np.ndarray], bucket: int) -> dict[str, int]:
+        end = self._stage_decode(feeds, bucket)
         graph = self.graphs.get(bucket)
         dims = self._graph_dims(bucket)
         if graph is None:
             self.stream.synchronize()
-            graph = cd.CudaGraph(self.stream, lambda: self._enqueue(dims))
+            graph = cd.CudaGraph(self.stream, lambda: self._record_graph(dims))
             self.graphs[bucket] = graph
             self.stats["captures"] += 1
         cd.memcpy_htod(self.arena.ptr + self.base["io"], self.staging.ptr, end, self.stream)
         graph.launch(self.stream)
         self.stats["graph_steps"] += 1
-        out = self._outputs({**dims, "S": s})
-        return out
+        return {**dims, "S": len(feeds["seq_lens"])}
 
     def capture_all(self, max_batch: int | None = None) -> float:
         """Capture every bucket's graph up front (up to ``max_batch``); returns the seconds it took."""
@@ -546,7 +655,7 @@ class CudaExecutor:
                 break
             if b not in self.graphs:
                 dims = self._graph_dims(b)
-                self.graphs[b] = cd.CudaGraph(self.stream, lambda dims=dims: self._enqueue(dims))
+                self.graphs[b] = cd.CudaGraph(self.stream, lambda dims=dims: self._record_graph(dims))
                 self.stats["captures"] += 1
         return time.perf_counter() - t0
 
@@ -560,6 +669,8 @@ class CudaExecutor:
         self.modules.clear()
         self.staging.free()
         self.out_staging.free()
+        if self.argmax is not None:
+            self.argmax.free()
         self.arena.free()
         self.stream.destroy()
 

@@ -6,6 +6,8 @@
     step():  schedule()  -> step inputs + which rows sample
              executor.run(step inputs + kv_cache.{i})  -> logits[S, vocab]
              Sampler(logits[rows that sample])          -> one token per row
+               (or, when every row that samples is plain greedy: executor.greedy_tokens(step inputs) -> ids[S],
+                the argmax taken where the logits are, on the GPU for the CUDA executor; see ``device_sampling``)
              update_from_output(tokens)                 -> finished requests free their blocks
              detokenize, stop strings (finish_request)  -> list[RequestOutput] (deltas + totals)
 
@@ -18,6 +20,15 @@ this step's delta.
 its own thread and hands outputs to per-request asyncio queues through ``loop.call_soon_threadsafe``;
 adds and aborts reach the engine thread through a command list, so the scheduler is only ever
 touched by that thread.
+
+**Device sampling.** A step whose sampling rows all ask for plain greedy decoding (temperature 0, no
+penalties, no logprobs; ``_Seq.device_greedy``), or that samples no row, calls ``executor.greedy_tokens``
+instead of ``executor.run``: the CUDA executor takes the argmax on the GPU and copies back ``S`` ids instead of
+the ``f32[S, vocab]`` logits (33 MB at 64 rows of a 128k vocabulary), and the host sampler is skipped. The ids
+are numpy's argmax of the same logits (first index on ties, NaN first), so the tokens are those of the host
+path; any other step (one row sampling, with penalties or logprobs) runs the host path unchanged.
+``EngineArgs.device_sampling`` (default: on, unless ``INGOT_DEVICE_SAMPLING=0``) switches it; executors without
+``greedy_tokens`` (tensor parallelism, test stand-ins) always take the host path.
 
 Host time per step (bench/bench_engine_step.py, docs/PERF.md): ~1.2 ms for 256 decoding sequences,
 the model excluded. Per request and step: one ``DecodeStream`` call (detokenizer.py), one
@@ -90,6 +101,13 @@ class EngineArgs:
     long_prefill_token_threshold: int = 0
     policy: str = "fcfs"
     block_size: int | None = None  # None: the artifact's; the CPU backend takes any (its cache shape says it)
+    device_sampling: bool | None = None  # greedy steps' argmax on the executor; None: on unless INGOT_DEVICE_SAMPLING=0
+
+
+def device_sampling_default() -> bool:
+    """``EngineArgs.device_sampling`` when not given: on, unless the environment sets ``INGOT_DEVICE_SAMPLING=0``
+    (to compare against the host path without changing code)."""
+    return os.environ.get("INGOT_DEVICE_SAMPLING", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def check_prompt_length(prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int,
@@ -237,7 +255,7 @@ class _Seq:
 
     __slots__ = ("request", "index", "sampling_params", "generator", "prompt_token_ids", "output_token_ids",
                  "detok", "pending_text", "logprobs", "finish_reason", "stop_reason", "last_token_time", "delta_start",
-                 "delta_logprobs_start", "group")
+                 "delta_logprobs_start", "group", "device_greedy")
 
     def __init__(self, request: Request, index: int, params: SamplingParams,
                  detok: IncrementalDetokenizer | None, group: _Group) -> None:
@@ -245,6 +263,8 @@ class _Seq:
         self.request = request
         self.index = index
         self.sampling_params = params
+        #: the token is the argmax of the raw logits (no penalties) and nothing else of them is returned
+        self.device_greedy = params.greedy and not params.has_penalties and params.logprobs is None
         self.generator = params.make_generator(index)
         self.prompt_token_ids = request.prompt_token_ids
         self.output_token_ids = request.output_token_ids
@@ -285,6 +305,8 @@ class LLMEngine:
         args = args or EngineArgs(**kwargs)
         self.device = device
         self.path = Path(artifact)
+        #: greedy steps take their ids from ``executor.greedy_tokens`` (module docstring, "Device sampling")
+        self.device_sampling = device_sampling_default() if args.device_sampling is None else args.device_sampling
         from .tp.artifact import is_tp_artifact, load_tp
 
         #: a tensor-parallel artifact: ``self.executor`` is a ``TpExecutor`` (runtime/tp) owning the ranks' caches
@@ -339,6 +361,8 @@ class LLMEngine:
         #: prefilled requests (disaggregated serving) started from their transferred KV / recomputing their prompt
         self.num_prefilled_admitted = 0
         self.num_prefilled_recomputed = 0
+        #: steps whose tokens came from ``executor.greedy_tokens`` (no logits on the host)
+        self.num_device_sampled_steps = 0
 
     def _cuda_executor(self, args: EngineArgs, spec: dict[str, Any], info: dict[str, Any],
                        bytes_per_token: int) -> EngineArgs:
@@ -374,7 +398,7 @@ class LLMEngine:
                                        kv_cache_bytes=args.kv_cache_bytes)
         else:
             self.executor = CudaExecutor(self.graph, self.manifest, self.path, num_blocks=num_blocks,
-                                         kv_cache_bytes=args.kv_cache_bytes)
+                                         kv_cache_bytes=args.kv_cache_bytes, device_argmax=self.device_sampling)
         return dataclasses.replace(args, max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens,
                                    max_model_len=max_len)
 
@@ -641,15 +665,21 @@ class LLMEngine:
             return []
         feeds = out.step_inputs.as_feeds()
         feeds.update(self.kv_caches)
-        logits = self.executor.run(feeds, check=False)["logits"]
         rows = np.flatnonzero(out.do_sample)
+        seqs = [self._seqs[out.req_ids[r]] for r in rows.tolist()]
         tokens = np.zeros(len(out.req_ids), np.int64)
         logprobs: list[TokenLogprobs | None] = []
-        if len(rows):
-            seqs = [self._seqs[out.req_ids[r]] for r in rows.tolist()]
-            sampled = self.sampler(logits[rows] if len(rows) < len(out.req_ids) else logits, seqs)
-            tokens[rows] = sampled.token_ids
-            logprobs = sampled.logprobs
+        greedy_tokens = self._greedy_tokens(seqs)
+        if greedy_tokens is not None:
+            ids = greedy_tokens(feeds)
+            tokens[rows] = ids[rows]
+            self.num_device_sampled_steps += 1
+        else:
+            logits = self.executor.run(feeds, check=False)["logits"]
+            if len(rows):
+                sampled = self.sampler(logits[rows] if len(rows) < len(out.req_ids) else logits, seqs)
+                tokens[rows] = sampled.token_ids
+                logprobs = sampled.logprobs
         lp_by_id = ({out.req_ids[r]: lp for r, lp in zip(rows.tolist(), logprobs) if lp is not None}
                     if any(lp is not None for lp in logprobs) else {})
         updated = sched.update_from_output(out, tokens)
@@ -686,6 +716,13 @@ class LLMEngine:
         self._record(t_start, len(updated), out.total_num_scheduled_tokens, itl, ttft,
                      [r for r in results if r.finished])
         return results
+
+    def _greedy_tokens(self, seqs: Sequence[_Seq]) -> Callable[[Any], np.ndarray] | None:
+        """The executor's ``greedy_tokens`` when it gives this step's tokens: device sampling on and every
+        sampling row plain greedy (also when no row samples: the logits would go unused); else None."""
+        if not self.device_sampling or not all(s.device_greedy for s in seqs):
+            return None
+        return getattr(self.executor, "greedy_tokens", None)
 
     def _make_output(self, group: _Group) -> RequestOutput:
         outputs = []

@@ -1,7 +1,9 @@
 """Sampling on the GPU: greedy (row-wise argmax of the logits, ``arg_max`` over the last axis).
 
-The engine's sampler calls ``greedy_spec`` directly for its ``[S, vocab]`` logits; the rule also
-takes a graph's ``arg_max`` over the last axis without keepdims.
+The CUDA executor (``runtime/cuda_backend.py``) builds ``greedy_spec`` for its ``[S, vocab]`` f32 logits when
+the engine samples greedily on the device (docs/SERVING_FORM.md, "Greedy sampling on the device"); the rule
+also takes a graph's ``arg_max`` over the last axis without keepdims. The kernel is numpy's argmax exactly:
+the first index on ties, NaN above every number.
 """
 
 from __future__ import annotations
@@ -15,13 +17,24 @@ from ...kernel import GridDim, KernelSpec
 from ...target import Target
 
 BLOCK = 1024
+#: packs each thread loads before comparing (loads in flight per thread)
+UNROLL = 4
+
+
+def pack_width(dtype: DType, vocab: int) -> int:
+    """Elements per vector load: the widest of up to 16 bytes that divides a row (rows stay aligned)."""
+    vec = max(1, 16 // dtype.np.itemsize)
+    while vocab % vec:
+        vec //= 2
+    return vec
 
 
 def greedy_spec(dtype: DType, vocab: int, target: Target) -> KernelSpec:
     """``tokens[S] (i64) = argmax(logits[S, vocab])``, first index on ties; params: logits, tokens, num_rows."""
-    block = min(BLOCK, max(32, -(-vocab // 32) * 32))
+    vec = pack_width(dtype, vocab)
+    block = min(BLOCK, max(32, -(-vocab // vec // 32) * 32))
     return KernelSpec.make("sampling", "kernel.cu", f"greedy_{dtype.value}_v{vocab}", target.arch or "",
-                           {"DT": ctype(dtype), "VOCAB": vocab, "BLOCK": block},
+                           {"DT": ctype(dtype), "VOCAB": vocab, "BLOCK": block, "VEC": vec, "UNROLL": UNROLL},
                            [("logits", "ptr"), ("tokens", "ptr"), ("num_rows", "i64")], block, [GridDim("num_rows")])
 
 
