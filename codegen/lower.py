@@ -31,7 +31,11 @@ A launch may carry ``"variants": [{"kernel": entry, "max_rows": 8}, ...]`` (smal
 the same arguments that the executor runs instead of ``kernel`` when the launch's ``M`` argument (the step's
 row count) is at most ``max_rows`` -- the decode GEMV family (``codegen/kernels/gemv``) for ``linear``
 (``codegen/registry.py`` ``plan_variants``). Their kernels are listed under ``variant_kernels`` (same entry
-format as ``kernels``). ``INGOT_NO_GEMV=1`` at compile time leaves them out.
+format as ``kernels``). ``INGOT_NO_GEMV=1`` at compile time leaves them out. A launch whose row count is another
+argument names it: ``"rows_arg": "num_tokens"`` -- the bf16 ``paged_attention`` launch, whose ``kernel`` is the
+tensor-core prefill kernel and whose variant is the decode kernel the family rule picked, for steps of at most
+``DECODE_MAX_ROWS`` tokens (``codegen/kernels/attention/prefill_rule.py``; ``INGOT_NO_PREFILL_FLASH=1`` leaves the
+prefill kernel out).
 
 On tcgen05 targets (b200) a bf16 ``linear``'s ``kernel`` is a shape-generic CUTLASS GEMM (``codegen/kernels/
 gemm_cutlass/cutlass_params.py``): its kernel entry has ``"cutlass"``, the layout of its Params blob, which the
@@ -68,6 +72,7 @@ from ..ir.types import Dim, DType, TensorType, shape_numel
 from . import autotune
 from .compile import compile_source, compile_spec, nvcc_version, nvrtc_version
 from .kernel import KernelSpec
+from .kernels.attention import prefill_rule
 from .kernels.copy.rule import plan as plan_copy
 from .kernels.gemm_cutlass import cutlass_params
 from .memory_plan import KV_DIM, plan_memory
@@ -326,6 +331,16 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
             rows = args["M"].get("dim")
             if found and not (isinstance(rows, int) and rows > found[-1][0]):
                 variant_plans[j] = found
+    rows_args: dict[int, str] = {}
+    if os.environ.get("INGOT_NO_PREFILL_FLASH", "") in ("", "0"):  # prefill steps: tensor-core attention
+        for j, (i, node, spec, args) in enumerate(launches):
+            if spec is None or node.op.name != "paged_attention" or prefill_rule.ROWS_ARG not in args:
+                continue
+            flash = prefill_rule.plan_prefill(spec, args[prefill_rule.ROWS_ARG].get("dim", ""), tgt)
+            if flash is not None:
+                launches[j] = (i, node, flash, args)
+                variant_plans[j] = [(prefill_rule.DECODE_MAX_ROWS, spec)]
+                rows_args[j] = prefill_rule.ROWS_ARG
     bindings = default_bindings(graph, limits)
     tuned = _autotune([s for _, _, s, _ in launches if s is not None]
                       + [v for found in variant_plans.values() for _, v in found], tgt, bindings, progress)
@@ -390,6 +405,7 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         **({"alternative_kernels": alternative_kernels} if alternative_kernels else {}),
         "launches": [{"kernel": spec.entry, "node": i, "op": node.op.name, "source": node.source, "args": args,
                       **({"variants": launch_variants[j]} if j in launch_variants else {}),
+                      **({"rows_arg": rows_args[j]} if j in rows_args else {}),
                       **({"alternatives": [{"kernel": alternatives[j].entry}]} if j in alternatives else {})}
                      if spec is not None else
                      {"collective": node.op.name, "node": i, "op": node.op.name, "source": node.source, "args": args,
