@@ -118,6 +118,14 @@ def cutlass_include_dirs() -> tuple[str, ...]:
     return tuple(str(d) for d in dirs) if (dirs[0] / "cutlass" / "cutlass.h").is_file() else ()
 
 
+def key_options(options: tuple[str, ...] | list[str]) -> list[str]:
+    """``options`` as they enter a cache key: the CUTLASS include folders (wherever the wheel is installed)
+    become ``-I<cutlass>``, so a cache built on one machine serves another with the same versions (the
+    CUTLASS version is in the options as ``-DINGOT_CUTLASS_VERSION``)."""
+    dirs = {f"-I{d}" for d in cutlass_include_dirs()}
+    return ["-I<cutlass>" if o in dirs else o for o in options]
+
+
 @functools.cache
 def nvcc_version() -> str | None:
     path = nvcc_path()
@@ -215,7 +223,7 @@ def compile_source(source: str, arch: str, name: str = "kernel.cu", options: tup
         raise ValueError("ptx=False needs compiler='nvcc'")
     version = nvrtc_version() if which == "nvrtc" else nvcc_version()
     opts = (*BASE_OPTIONS, *options)
-    parts = [source, arch, *opts, str(version), *([] if ptx else ["no-ptx"])]
+    parts = [source, arch, *key_options(opts), str(version), *([] if ptx else ["no-ptx"])]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     folder = cache_dir() / key[:2]
     cubin_path, ptx_path = folder / f"{key}.cubin", folder / f"{key}.ptx"

@@ -31,6 +31,7 @@ from ingot.codegen.target import get_target
 from ingot.ir.ops.llm import Linear
 from ingot.ir.types import DType, TensorType
 from tests.codegen.common import needs_cuobjdump
+from tests.helpers import rng
 
 SLOW = bool(os.environ.get("INGOT_SLOW"))
 needs_cutlass = pytest.mark.skipif(not cutlass_available(),
@@ -156,6 +157,30 @@ def test_host_shim_exports():
     assert hasattr(lib, f"{spec.entry}_prepare")
 
 
+@needs_cutlass
+@pytest.mark.slow
+def test_sm90_params_layout_reproduces_cutlass():
+    """The h200 generic kernel's Params layout: derived from the probe and checked byte for byte against
+    CUTLASS's own blob for every probe shape (``derive_layout`` raises otherwise), with the sm90 persistent
+    scheduler's fields (fast divmods, raster order, tiles) written per launch."""
+    from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+
+    h200 = get_target("h200")
+    spec = cp.generic_linear_spec("bf16", h200)
+    layout = cp.params_layout(spec)
+    cfg = variant_config("bf16", h200)
+    assert layout["scheduler"]["kind"] == "sm90" and layout["scheduler"]["cluster"] == list(cfg.cluster)
+    assert layout["block"] == [cfg.threads, 1, 1] and layout["cluster"] == [*cfg.cluster, 1]
+    assert {t["tensor"] for t in layout["tma"]} == {"x", "weight", "out"}
+    blob, launch = cp.build_params(layout, {"x": 0x1000, "weight": 0x2000, "out": 0x3000}, 5000, 4096, 2048, 132,
+                                   encode=lambda *a: bytes(cp.TMA_BYTES))
+    assert len(blob) == layout["size"]
+    # 5000 rows -> 40 tiles of 128, 4096 columns -> 32: rasterized along N, one cluster's CTAs per grid row
+    tm, tn = cfg.tile[:2]
+    assert launch["grid"][2] == 1 and launch["grid"][0] * launch["grid"][1] <= 132
+    assert launch["grid"][0] * launch["grid"][1] <= -(-5000 // tm) * -(-4096 // tn)
+
+
 # -- on the GPU: sm_90a variants against numpy (the H200) ----------------------------------------
 
 
@@ -216,3 +241,52 @@ def test_sm90_linear_matches_numpy(kind):
         assert np.isfinite(out).all(), f"M={m}: NaN left in the output (unwritten elements)"
         np.testing.assert_allclose(out, ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max(), err_msg=f"M={m} err={err}")
         print(f"gemm_cutlass {kind} M={m} N={n} K={k}: max abs err {err:.3g} (max |ref| {np.abs(ref).max():.3g})")
+
+
+@pytest.mark.gpu
+@needs_cutlass
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_sm90_generic_linear_from_python_params(kind):
+    """The shape-generic sm_90a kernel the h200 lowering records (``cutlass_params.generic_linear_spec``),
+    launched the way the CUDA backend does: cubin + a Params blob built in Python from the probed layout (no
+    host shim), for several (M, N, K) including ones that are no tile multiple; against numpy."""
+    import ml_dtypes
+    import numpy as np
+
+    from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU (H100/H200)")
+    from cuda.bindings import driver as drv
+
+    spec = cp.generic_linear_spec(kind, get_target("h200"))
+    kernel, layout = cp.build_linear(spec)
+    torch.empty(1, device="cuda")  # the primary context
+    err, module = drv.cuModuleLoadData(kernel.cubin)
+    assert err == drv.CUresult.CUDA_SUCCESS, err
+    err, fn = drv.cuModuleGetFunction(module, spec.entry.encode())
+    assert err == drv.CUresult.CUDA_SUCCESS, err
+    attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    assert drv.cuFuncSetAttribute(fn, attr, int(layout["smem"]))[0] == drv.CUresult.CUDA_SUCCESS
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    gen = rng()
+    store, tdt, view = ((ml_dtypes.float8_e4m3fn, torch.float8_e4m3fn, np.uint8) if kind == "fp8"
+                        else (ml_dtypes.bfloat16, torch.bfloat16, np.uint16))
+    for m, n, k in ((1, 256, 128), (77, 960, 576), (300, 1064, 200 if kind == "bf16" else 208), (2048, 3072, 2048)):
+        x = np.clip(gen.standard_normal((m, k)), -448, 448).astype(store)
+        w = np.clip(gen.standard_normal((n, k)) * 0.1, -448, 448).astype(store)
+        ref = x.astype(np.float32) @ w.astype(np.float32).T
+        bufs = {"x": torch.from_numpy(x.view(view)).cuda().view(tdt),
+                "weight": torch.from_numpy(w.view(view)).cuda().view(tdt),
+                "out": torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")}
+        if kind == "fp8":
+            xs, ws = gen.uniform(0.5, 2, m).astype(np.float32), gen.uniform(0.5, 2, n).astype(np.float32)
+            ref = ref * xs[:, None] * ws[None, :]
+            bufs |= {"x_scale": torch.from_numpy(xs).cuda(), "weight_scale": torch.from_numpy(ws).cuda()}
+        blob, config = cp.build_params(layout, {name: t.data_ptr() for name, t in bufs.items()}, m, n, k, sm_count)
+        cp.launch(fn, blob, config, torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        out = bufs["out"].float().cpu().numpy()
+        assert np.isfinite(out).all(), f"M, N, K = {m, n, k}: unwritten outputs (grid {config['grid']})"
+        np.testing.assert_allclose(out, ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max(), err_msg=f"{m, n, k}")

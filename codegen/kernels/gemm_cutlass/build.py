@@ -40,6 +40,7 @@ from ...compile import (
     cache_dir,
     compile_source,
     cutlass_include_dirs,
+    key_options,
     nvcc_path,
     nvcc_version,
 )
@@ -85,7 +86,7 @@ def build_shim(spec: KernelSpec, use_cache: bool = True) -> Path:
     source = spec.source()
     opts = (*cutlass_options(), "-std=c++17", "-O2", "-DINGOT_HOST_SHIM", "-shared", "-Xcompiler=-fPIC",
             f"-arch={spec.arch}")
-    key = hashlib.sha256("\0".join([source, *opts, str(nvcc_version()), "shim"]).encode()).hexdigest()
+    key = hashlib.sha256("\0".join([source, *key_options(opts), str(nvcc_version()), "shim"]).encode()).hexdigest()
     path = cache_dir() / key[:2] / f"{key}.so"
     if use_cache and path.is_file():
         return path

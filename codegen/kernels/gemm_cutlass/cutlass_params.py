@@ -40,7 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from ....ir.graph import Node
-from ...compile import CompiledKernel, CompileError, cache_dir, compile_source, nvcc_path, nvcc_version
+from ...compile import (
+    CompiledKernel,
+    CompileError,
+    cache_dir,
+    compile_source,
+    key_options,
+    nvcc_path,
+    nvcc_version,
+)
 from ...kernel import KernelSpec
 from ...target import Target
 from .build import _jobs, cutlass_available, cutlass_options
@@ -66,6 +74,16 @@ _SYMBOLS = ("", "M", "N", "K", "M*N", "M*K", "N*K")
 _COEFS = (0, 1, 2, 4, 8, 16, 32)
 #: PersistentTileSchedulerSm100Params: problem_tiles_{m,n,l} at 0, 4, 8; raster_order_ at 48 (56 bytes)
 _SM100_SCHED = {"tiles_m": 0, "tiles_n": 4, "tiles_l": 8, "raster": 48, "size": 56}
+#: PersistentTileSchedulerSm90Params (CUTLASS 4.2 ``tile_scheduler_params.h``): FastDivmodU64Pow2
+#: divmod_cluster_shape_{major,minor}_ (u64 divisor, u32 shift; 16 bytes each) at 0 and 16, FastDivmodU64
+#: divmod_batch_ and divmod_cluster_blk_major_ (u64 divisor, u64 multiplier, u32 shift, u32 round_up) at 32 and
+#: 56, blocks_per_problem_ (u64) at 80, log_swizzle_size_ at 88, raster_order_ at 92, problem_tiles_{m,n,l}_ at
+#: 96, 100, 104, cluster_shape_{m,n}_ at 108, 112 (120 bytes). Every field is written per launch (field_bytes).
+_SM90_SCHED = {"major": 0, "minor": 16, "batch": 32, "blk_major": 56, "blocks": 80, "log_swizzle": 88,
+               "raster": 92, "tiles_m": 96, "tiles_n": 100, "tiles_l": 104, "cluster_m": 108, "cluster_n": 112,
+               "size": 120}
+#: CUTLASS's GH100 assumption in get_max_cta_occupancy (SMs per GPC)
+_SM90_MAX_SM_PER_GPC = 18
 
 
 class LayoutError(RuntimeError):
@@ -92,12 +110,13 @@ def generic_linear_spec(kind: str, target: Target, residual: bool = False) -> Ke
 
 def plan_linear(node: Node, planned: KernelSpec, target: Target) -> KernelSpec | None:
     """The generic CUTLASS kernel to record as ``node``'s primary kernel instead of ``planned`` (the plain
-    template GEMM, kept as the launch's alternative), or None: only bf16 ``linear`` on tcgen05 targets
-    (b200) with K % 8 == 0 and N % 8 == 0, when nvcc and CUTLASS's headers are here (else the plain
-    GEMM alone); ``INGOT_NO_CUTLASS=1`` leaves it out."""
+    template GEMM, kept as the launch's alternative), or None: only bf16 ``linear`` on tcgen05 (b200) and
+    wgmma (h100/h200) targets with K % 8 == 0 and N % 8 == 0, when nvcc and CUTLASS's headers are here (else
+    the plain GEMM alone); ``INGOT_NO_CUTLASS=1`` leaves it out. Small-M steps still run the GEMV variants
+    (``codegen/lower.py``); the CUTLASS kernel takes the prefill-sized ones."""
     if os.environ.get("INGOT_NO_CUTLASS", "") not in ("", "0"):
         return None
-    if node.op.name != "linear" or planned.family != "gemm" or not target.tcgen05:
+    if node.op.name != "linear" or planned.family != "gemm" or not (target.tcgen05 or target.wgmma):
         return None
     specs = plan(node.op, [v.type if v is not None else None for v in node.inputs], target)
     if not specs or not cutlass_available():
@@ -209,8 +228,10 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
             pointers.append([off, POINTERS[((word - sentinel) >> 32) - 1]])
     offsets = first["offsets"]
     sched = int(offsets["scheduler"])
-    if first["sizes"]["scheduler"] != _SM100_SCHED["size"] or not spec.template.startswith("sm100"):
-        raise LayoutError(f"{spec.entry}: only the sm100 tile scheduler's Params are known "
+    kind = "sm100" if spec.template.startswith("sm100") else "sm90" if spec.template == "sm90.cu" else None
+    known = {"sm100": _SM100_SCHED["size"], "sm90": _SM90_SCHED["size"]}
+    if kind is None or first["sizes"]["scheduler"] != known[kind]:
+        raise LayoutError(f"{spec.entry}: only the sm100 and sm90 persistent tile schedulers' Params are known "
                           f"(scheduler {first['sizes']['scheduler']} bytes, template {spec.template})")
     cfg_tile = (int(spec.value("TILE_M")), int(spec.value("TILE_N")))
     cluster = (int(spec.value("CLUSTER_M")), int(spec.value("CLUSTER_N")))
@@ -219,7 +240,7 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
         "block": first["block"], "cluster": first["cluster"], "smem": int(first["smem"]),
         "problem_shape": int(offsets["problem_shape"]), "sm_count": int(offsets["hw_info"]) + 4,
         "pointers": pointers, "tma": tmas,
-        "scheduler": {"kind": "sm100", "offset": sched, "tile": list(cfg_tile),
+        "scheduler": {"kind": kind, "offset": sched, "tile": list(cfg_tile),
                       "atom_m": 2 if spec.value("TWO_SM") else 1, "cluster": list(cluster)},
     }
     # padding: bytes that differ between any shape's runs (all shapes: a byte left unset is unset in every run);
@@ -228,7 +249,7 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
     variable = set(tma_bytes) | {o + j for o, _ in pointers for j in range(8)}
     variable |= set(range(layout["problem_shape"], layout["problem_shape"] + 16))
     variable |= set(range(layout["sm_count"], layout["sm_count"] + 4))
-    variable |= {sched + v + j for key, v in _SM100_SCHED.items() if key != "size" for j in range(4)}
+    variable |= {sched + i for i in _scheduler_field_bytes(kind)}
     template = bytearray(blob)
     for i in padding | variable:
         template[i] = 0
@@ -262,7 +283,7 @@ def _ranges(idx: set[int]) -> list[list[int]]:
 
 def params_layout(spec: KernelSpec, use_cache: bool = True) -> dict[str, Any]:
     """The spec's Params layout (probe built and run on this machine, cached by content like the cubin)."""
-    parts = [_probe_source(spec), *_probe_options(spec), str(nvcc_version()), f"layout-v{LAYOUT_VERSION}",
+    parts = [_probe_source(spec), *key_options(_probe_options(spec)), str(nvcc_version()), f"layout-v{LAYOUT_VERSION}",
              repr(PROBE_SHAPES), repr(PROBE_FILLS)]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     path = cache_dir() / key[:2] / f"{key}.layout.json"
@@ -340,6 +361,68 @@ def _sm100_schedule(s: Mapping[str, Any], m: int, n: int) -> tuple[int, int, int
     return tiles_m, tiles_n, raster, grid
 
 
+def _scheduler_field_bytes(kind: str) -> set[int]:
+    """Offsets (within the scheduler's Params) of every byte ``build_params`` writes."""
+    if kind == "sm100":
+        return {v + j for key, v in _SM100_SCHED.items() if key != "size" for j in range(4)}
+    f = _SM90_SCHED
+    out = {f[key] + j for key in ("major", "minor") for j in range(12)}
+    out |= {f[key] + j for key in ("batch", "blk_major") for j in range(24)}
+    out |= {f["blocks"] + j for j in range(8)}
+    out |= {f[key] + j for key in ("log_swizzle", "raster", "tiles_m", "tiles_n", "tiles_l", "cluster_m", "cluster_n")
+            for j in range(4)}
+    return out
+
+
+def _fast_divmod_u64(d: int) -> bytes:
+    """CUTLASS's ``FastDivmodU64(d)`` (``fast_math.h``): divisor, multiplier, shift_right, round_up."""
+    shift = d.bit_length() - 1
+    if d & (d - 1) == 0:
+        multiplier, round_up = 0, 0
+    else:
+        p = 1 << shift
+        lo = (p << 64) // d
+        multiplier = ((p << 64) + p) // d
+        round_up = 1 if lo == multiplier else 0
+    return struct.pack("<QQII", d, multiplier, shift, round_up)
+
+
+def _max_cta_occupancy(max_sm_per_gpc: int, cluster_size: int, sm_count: int) -> int:
+    """CUTLASS's ``get_max_cta_occupancy`` (``tile_scheduler_params.h``)."""
+    gpcs = 1 if sm_count < max_sm_per_gpc else sm_count // max_sm_per_gpc
+    cta = gpcs * (max_sm_per_gpc - max_sm_per_gpc % cluster_size)
+    residual = 0 if sm_count < max_sm_per_gpc else sm_count % max_sm_per_gpc
+    cta += residual - residual % cluster_size
+    return min(sm_count, cta)
+
+
+def _sm90_schedule(s: Mapping[str, Any], m: int, n: int, sm_count: int, blob: bytearray) -> tuple[int, int, int]:
+    """Writes PersistentTileSchedulerSm90Params into ``blob`` (max swizzle 1, Heuristic rasterization, the
+    defaults of the scheduler's Arguments) and returns its launch grid (``get_grid_shape``)."""
+    tm, tn = s["tile"]
+    cm, cn = s["cluster"]
+    blocks_m = _round_up(_ceil(m, tm), cm)
+    blocks_n = _round_up(_ceil(n, tn), cn)
+    raster = 0 if blocks_n > blocks_m else 1  # AlongM : AlongN
+    total = blocks_m * blocks_n
+    base, f = s["offset"], _SM90_SCHED
+    major, minor = (cn, cm) if raster == 1 else (cm, cn)
+    struct.pack_into("<QI", blob, base + f["major"], major, major.bit_length() - 1)
+    struct.pack_into("<QI", blob, base + f["minor"], minor, minor.bit_length() - 1)
+    blob[base + f["batch"]:base + f["batch"] + 24] = _fast_divmod_u64(total)
+    blk_major = blocks_n // cn if raster == 1 else blocks_m // cm
+    blob[base + f["blk_major"]:base + f["blk_major"] + 24] = _fast_divmod_u64(blk_major)
+    struct.pack_into("<Qii", blob, base + f["blocks"], total, 0, raster)
+    struct.pack_into("<5I", blob, base + f["tiles_m"], blocks_m // cm, blocks_n // cn, 1, cm, cn)
+    if cm * cn == 1:
+        ctas = min(sm_count, total)
+        return (cm, ctas, 1) if raster == 1 else (ctas, cn, 1)
+    cta = _max_cta_occupancy(_SM90_MAX_SM_PER_GPC, cm * cn, sm_count)
+    if raster == 1:
+        return cm, min(cta // cm, total // cm), 1
+    return min(cta // cn, total // cn), cn, 1
+
+
 def build_params(layout: Mapping[str, Any], pointers: Mapping[str, int], m: int, n: int, k: int, sm_count: int,
                  encode: Encoder | None = None) -> tuple[bytes, dict[str, Any]]:
     """The Params blob and launch config (grid, block, cluster, smem) for buffers ``pointers`` (names from
@@ -362,10 +445,13 @@ def build_params(layout: Mapping[str, Any], pointers: Mapping[str, int], m: int,
         strides = [c * _eval_sym(s, m, n, k) for c, s in t["strides"]]
         blob[t["offset"]:t["offset"] + TMA_BYTES] = encode(t, address, dims, strides)
     s = layout["scheduler"]
-    tiles_m, tiles_n, raster, grid = _sm100_schedule(s, m, n)
-    base = s["offset"]
-    struct.pack_into("<3I", blob, base + _SM100_SCHED["tiles_m"], tiles_m, tiles_n, 1)
-    struct.pack_into("<i", blob, base + _SM100_SCHED["raster"], raster)
+    if s["kind"] == "sm90":
+        grid = _sm90_schedule(s, m, n, sm_count, blob)
+    else:
+        tiles_m, tiles_n, raster, grid = _sm100_schedule(s, m, n)
+        base = s["offset"]
+        struct.pack_into("<3I", blob, base + _SM100_SCHED["tiles_m"], tiles_m, tiles_n, 1)
+        struct.pack_into("<i", blob, base + _SM100_SCHED["raster"], raster)
     return bytes(blob), {"grid": grid, "block": tuple(layout["block"]), "cluster": tuple(layout["cluster"]),
                          "smem": int(layout["smem"])}
 

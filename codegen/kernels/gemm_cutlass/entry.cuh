@@ -21,15 +21,19 @@ extern "C" unsigned long long ${KERNEL}_params_size() { return sizeof(typename G
 // cluster x, y, z, dynamic shared memory bytes}. Returns 0, or 1 when CUTLASS cannot run this
 // problem, 2 when it would need a workspace, 3 when `capacity` is too small, 4 when building
 // the params failed (a TMA descriptor the driver rejected).
-extern "C" int ${KERNEL}_prepare(const void* x, const void* w, const void* x_block_scale,
-                                 const void* w_block_scale, const void* x_scale, const void* w_scale,
-                                 const void* bias, const void* residual, void* out, long long M, int sm_count,
-                                 void* params, unsigned long long capacity, int* launch) {
+// `_prepare_nk` is the same for a run-time N and K (a spec rendered with N = K = 0 is shape-generic: its
+// device code never depended on them); `_prepare` uses the spec's own N and K.
+extern "C" int ${KERNEL}_prepare_nk(const void* x, const void* w, const void* x_block_scale,
+                                    const void* w_block_scale, const void* x_scale, const void* w_scale,
+                                    const void* bias, const void* residual, void* out, long long M, long long N,
+                                    long long K, int sm_count, void* params, unsigned long long capacity,
+                                    int* launch) {
   cutlass::KernelHardwareInfo hw;
   hw.device_id = 0;
   hw.sm_count = sm_count;
   typename GemmKernel::Arguments args = make_arguments(x, w, x_block_scale, w_block_scale, x_scale, w_scale,
-                                                       bias, residual, out, static_cast<int>(M), hw);
+                                                       bias, residual, out, static_cast<int>(M),
+                                                       static_cast<int>(N), static_cast<int>(K), hw);
   if (GemmKernel::can_implement(args) != true) return 1;
   if (GemmKernel::get_workspace_size(args) != 0) return 2;
   if (capacity < sizeof(typename GemmKernel::Params)) return 3;
@@ -43,5 +47,13 @@ extern "C" int ${KERNEL}_prepare(const void* x, const void* w, const void* x_blo
                      int(GemmKernel::SharedStorageSize)};
   std::memcpy(launch, out_cfg, sizeof(out_cfg));
   return 0;
+}
+
+extern "C" int ${KERNEL}_prepare(const void* x, const void* w, const void* x_block_scale,
+                                 const void* w_block_scale, const void* x_scale, const void* w_scale,
+                                 const void* bias, const void* residual, void* out, long long M, int sm_count,
+                                 void* params, unsigned long long capacity, int* launch) {
+  return ${KERNEL}_prepare_nk(x, w, x_block_scale, w_block_scale, x_scale, w_scale, bias, residual, out, M, ${N},
+                              ${K}, sm_count, params, capacity, launch);
 }
 #endif

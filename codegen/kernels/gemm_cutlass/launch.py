@@ -51,6 +51,11 @@ class CutlassGemm:
         self._prepare.restype = ctypes.c_int
         self._prepare.argtypes = [ctypes.c_void_p] * len(POINTERS) + [
             ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_int)]
+        self._prepare_nk = getattr(self._lib, f"{spec.entry}_prepare_nk")
+        self._prepare_nk.restype = ctypes.c_int
+        self._prepare_nk.argtypes = [ctypes.c_void_p] * len(POINTERS) + [
+            ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p,
+            ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_int)]
         self._cubin = cubin  # cuModuleLoadData reads it; keep it alive
         if not int(_check(driver.cuCtxGetCurrent())):  # no context yet: use device 0's primary one
             _check(driver.cuInit(0))
@@ -60,15 +65,22 @@ class CutlassGemm:
         self.function = _check(driver.cuModuleGetFunction(self.module, spec.entry.encode()))
         self._smem_set = 0
 
-    def prepare(self, pointers: dict[str, int], M: int, sm_count: int) -> Prepared:
-        """Params for ``pointers`` (names from ``POINTERS``; missing ones are null) and ``M`` rows."""
+    def prepare(self, pointers: dict[str, int], M: int, sm_count: int, N: int | None = None,
+                K: int | None = None) -> Prepared:
+        """Params for ``pointers`` (names from ``POINTERS``; missing ones are null) and ``M`` rows; ``N`` and
+        ``K`` default to the spec's own (give them for a shape-generic spec, rendered with N = K = 0)."""
         unknown = set(pointers) - set(POINTERS)
         if unknown:
             raise ValueError(f"unknown pointers {sorted(unknown)}; known: {POINTERS}")
         size = int(self._size())
         buf = (ctypes.c_uint8 * size)()
         cfg = (ctypes.c_int * 10)()
-        rc = self._prepare(*[pointers.get(n) or None for n in POINTERS], M, sm_count, buf, size, cfg)
+        ptrs = [pointers.get(n) or None for n in POINTERS]
+        if N is None and K is None:
+            rc = self._prepare(*ptrs, M, sm_count, buf, size, cfg)
+        else:
+            n, k = N or self.spec.value("N"), K or self.spec.value("K")
+            rc = self._prepare_nk(*ptrs, M, n, k, sm_count, buf, size, cfg)
         if rc != 0:
             raise RuntimeError(f"{self.spec.entry}_prepare failed with {rc} (see entry.cuh for the codes)")
         return Prepared(buf, tuple(cfg[0:3]), tuple(cfg[3:6]), tuple(cfg[6:9]), int(cfg[9]))

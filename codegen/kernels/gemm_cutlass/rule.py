@@ -74,6 +74,41 @@ def variant_config(kind: str, target: Target) -> Config:
     raise ValueError(f"gemm_cutlass: no {kind} variant for target {target.name} ({target.arch})")
 
 
+#: sm_90a configurations worth timing per kind (the first is ``variant_config``'s default): CTA tile,
+#: cluster and schedule (Cooperative: two consumer warp groups share one tile; Pingpong: each owns a tile and
+#: their epilogues overlap the other's MMAs). ``bench/bench_gemm.py`` times them against cuBLAS/cuBLASLt.
+SM90_CANDIDATES: dict[str, tuple[Config, ...]] = {
+    "bf16": (
+        Config("sm90.cu", (128, 128, 64), (1, 2), schedule="Cooperative", threads=384),
+        Config("sm90.cu", (128, 256, 64), (2, 1), schedule="Cooperative", threads=384),
+        Config("sm90.cu", (256, 128, 64), (1, 2), schedule="Cooperative", threads=384),
+        Config("sm90.cu", (128, 128, 64), (2, 1), schedule="Pingpong", threads=384),
+        Config("sm90.cu", (64, 256, 64), (1, 2), schedule="Pingpong", threads=384),
+    ),
+    "fp8": (
+        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384),
+        Config("sm90.cu", (128, 256, 128), (2, 1), schedule="Cooperative", threads=384),
+        Config("sm90.cu", (256, 128, 128), (1, 2), schedule="Cooperative", threads=384),
+        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Pingpong", threads=384),
+        Config("sm90.cu", (64, 256, 128), (1, 2), schedule="Pingpong", threads=384),
+    ),
+}
+
+
+def candidate_configs(kind: str, target: Target) -> tuple[Config, ...]:
+    """Configurations to time for ``kind`` on ``target`` (the default alone where no candidates are listed)."""
+    if target.wgmma and not target.tcgen05 and kind in SM90_CANDIDATES:
+        return SM90_CANDIDATES[kind]
+    return (variant_config(kind, target),)
+
+
+def config_tag(cfg: Config) -> str:
+    """A short name for a configuration, e.g. ``coop128x256x64c2x1``."""
+    sched = {"Cooperative": "coop", "Pingpong": "pp", "": ""}.get(cfg.schedule, cfg.schedule.lower())
+    return (f"{sched}{'2sm' if cfg.two_sm else ''}{'x'.join(map(str, cfg.tile))}"
+            f"c{cfg.cluster[0]}x{cfg.cluster[1]}")
+
+
 def supports(kind: str, target: Target) -> bool:
     try:
         variant_config(kind, target)
@@ -104,10 +139,13 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
     }
     if cfg.template == "sm90.cu":
         values["SCHEDULE"] = cfg.schedule
+        values["EPILOGUE_SCHEDULE"] = "Cooperative" if cfg.schedule == "Cooperative" else ""
     if cfg.template == "sm100_blockscaled.cu":
         values["SF_VECTOR"] = 16 if kind == "nvfp4" else 32
     cluster = cfg.cluster[0] * cfg.cluster[1]
     tag = f"linear_cutlass_{kind}_n{n}_k{k}{'_res' if residual else ''}"
+    if config is not None and config != variant_config(kind, target):
+        tag += f"_{config_tag(cfg)}"
     doc = (f"CUTLASS {kind} GEMM {cfg.template}, tile {'x'.join(map(str, cfg.tile))}, cluster "
            f"{cfg.cluster[0]}x{cfg.cluster[1]}; launch through the host shim (ABI {ABI}, build.py)")
     return KernelSpec.make("gemm_cutlass", cfg.template, tag, target.arch or "", values, PARAMS, cfg.threads,

@@ -39,9 +39,8 @@ using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int
 #if defined(INGOT_HOST_SHIM)
 static typename GemmKernel::Arguments make_arguments(const void* x, const void* w, const void*, const void*,
                                                      const void* x_scale, const void* w_scale, const void* bias,
-                                                     const void* residual, void* out, int M,
+                                                     const void* residual, void* out, int M, int N, int K,
                                                      cutlass::KernelHardwareInfo hw) {
-  constexpr int N = ${N}, K = ${K};
   using K_ = GemmKernel;
   auto sa = cutlass::make_cute_packed_stride(typename K_::StrideA{}, cute::make_shape(M, K, 1));
   auto sb = cutlass::make_cute_packed_stride(typename K_::StrideB{}, cute::make_shape(N, K, 1));

@@ -42,8 +42,7 @@ using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int
 static typename GemmKernel::Arguments make_arguments(const void* x, const void* w, const void* x_block_scale,
                                                      const void* w_block_scale, const void* x_scale,
                                                      const void* w_scale, const void* bias, const void* residual,
-                                                     void* out, int M, cutlass::KernelHardwareInfo hw) {
-  constexpr int N = ${N}, K = ${K};
+                                                     void* out, int M, int N, int K, cutlass::KernelHardwareInfo hw) {
   using K_ = GemmKernel;
   using Mainloop = typename K_::CollectiveMainloop;
   using Config = typename Mainloop::Sm1xxBlkScaledConfig;

@@ -13,7 +13,7 @@ using ClusterShape = Shape<Int<${CLUSTER_M}>, Int<${CLUSTER_N}>, _1>;
 using Epi = ingot::Epilogue<CtaTile, ElementOut, ElementOut, ${HAS_RESIDUAL}>;
 constexpr int kAlignOut = 128 / cutlass::sizeof_bits<ElementOut>::value;
 using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecialized${SCHEDULE};
-using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized${SCHEDULE};
+using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized${EPILOGUE_SCHEDULE};
 
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, CtaTile, ClusterShape,
@@ -37,9 +37,8 @@ using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int
 #if defined(INGOT_HOST_SHIM)
 static typename GemmKernel::Arguments make_arguments(const void* x, const void* w, const void*, const void*,
                                                      const void* x_scale, const void* w_scale, const void* bias,
-                                                     const void* residual, void* out, int M,
+                                                     const void* residual, void* out, int M, int N, int K,
                                                      cutlass::KernelHardwareInfo hw) {
-  constexpr int N = ${N}, K = ${K};
   using K_ = GemmKernel;
   auto sa = cutlass::make_cute_packed_stride(typename K_::StrideA{}, cute::make_shape(M, K, 1));
   auto sb = cutlass::make_cute_packed_stride(typename K_::StrideB{}, cute::make_shape(N, K, 1));

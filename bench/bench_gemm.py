@@ -1,0 +1,291 @@
+"""Prefill GEMMs on sm_90a: ingot's CUTLASS wgmma kernels vs cuBLAS (bf16) and cuBLASLt (fp8), same run.
+
+    python bench/bench_gemm.py --build /tmp/gemm_kernels          # CPU machine: build every candidate (nvcc)
+    python bench/bench_gemm.py --kernels /tmp/gemm_kernels        # H200: check and time them
+    python bench/bench_gemm.py                                    # both, where nvcc, CUTLASS and a GPU are
+
+What is timed: ``out[M, N] = x[M, K] @ w[N, K]^T`` with bf16 output, on square 4096/8192 problems and on
+the Llama-3.2-1B layer shapes at M = 8192 prefill tokens (qkv 3072x2048, o 2048x2048, gate+up 16384x2048,
+down 2048x8192), for
+
+- ``bf16``: bf16 x and w; reference ``torch.matmul(x, w.T)`` (cuBLAS);
+- ``fp8-row``: e4m3 x with a per-token scale f32[M], e4m3 w with a per-channel scale f32[N]; reference
+  ``torch._scaled_mm(x, w.T, scale_a=[M, 1], scale_b=[1, N], out_dtype=bf16)`` (rowwise scaling);
+- ``fp8-tensor``: the same with one scale per tensor; reference ``torch._scaled_mm`` with scalar scales
+  (cuBLASLt). ingot's kernel has vector scales in its epilogue only, so it reads the scalar broadcast into
+  [M] and [N] vectors: slightly more work than the reference, never less.
+
+Every candidate configuration of ``gemm_cutlass/rule.py`` (``SM90_CANDIDATES``: tile, cluster, schedule)
+is one shape-generic build (the shim's ``_prepare_nk``). Each is first checked against an f32 matmul of
+the same (dequantized) operands on fresh random inputs, output poisoned with NaN before the run; a
+candidate that fails the check is reported and not timed. Timing: ``--iters`` back-to-back launches
+captured in one CUDA graph, replayed ``--reps`` times between CUDA events, median per launch; the
+reference is timed the same way in the same run. Printed: TFLOP/s of the reference and of ingot's best
+candidate, their ratio, and each as a fraction of the measured ceilings (747 TFLOP/s bf16, 1363 fp8;
+``shared/GPU.md``). ``--out FILE`` writes every figure as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CEILING_TFLOPS = {"bf16": 747.0, "fp8": 1363.0}
+SQUARE = ((4096, 4096, 4096), (8192, 8192, 8192))
+LLAMA_1B_PREFILL = ((8192, 3072, 2048), (8192, 2048, 2048), (8192, 16384, 2048), (8192, 2048, 8192))
+MODES = ("bf16", "fp8-row", "fp8-tensor")
+
+
+def _kind(mode: str) -> str:
+    return "bf16" if mode == "bf16" else "fp8"
+
+
+# -- build (CPU machine) ----------------------------------------------------------------------------
+
+
+def build(out_dir: Path, target_name: str = "h200", kinds: tuple[str, ...] = ("bf16", "fp8")) -> dict[str, Any]:
+    """Build every candidate's cubin and host shim into ``out_dir`` with a ``manifest.json``."""
+    from ingot.codegen.kernels.gemm_cutlass.build import build_shim, compile_cutlass
+    from ingot.codegen.kernels.gemm_cutlass.rule import candidate_configs, config_tag, linear_cutlass_spec
+    from ingot.codegen.target import get_target
+
+    target = get_target(target_name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [(kind, cfg) for kind in kinds for cfg in candidate_configs(kind, target)]
+
+    def one(job: tuple[str, Any]) -> dict[str, Any]:
+        kind, cfg = job
+        spec = linear_cutlass_spec(kind, 0, 0, target, config=cfg)
+        kernel = compile_cutlass(spec)
+        shim = build_shim(spec)
+        (out_dir / f"{spec.entry}.cubin").write_bytes(kernel.cubin)
+        shutil.copyfile(shim, out_dir / f"{spec.entry}.so")
+        print(f"built {kind} {config_tag(cfg)} ({spec.entry})", flush=True)
+        return {"kind": kind, "config": config_tag(cfg), "entry": spec.entry, "spec": spec.to_dict(with_doc=False)}
+
+    with ThreadPoolExecutor(max_workers=max(1, int(os.environ.get("INGOT_CUTLASS_JOBS", "2")))) as pool:
+        entries = list(pool.map(one, jobs))
+    manifest = {"target": target_name, "arch": target.arch, "kernels": entries}
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+# -- run (GPU machine) -----------------------------------------------------------------------------
+
+
+def _spec_from_dict(d: dict[str, Any]) -> Any:
+    from ingot.codegen.kernel import KernelSpec
+
+    return KernelSpec.from_dict(d)
+
+
+def _operands(torch: Any, mode: str, m: int, n: int, k: int, gen: Any) -> dict[str, Any]:
+    """Fresh random operands, the reference callable and the f32 check of one problem."""
+    dev = "cuda"
+    x = torch.randn(m, k, device=dev, generator=gen)
+    w = torch.randn(n, k, device=dev, generator=gen) * (0.5 + torch.rand(n, 1, device=dev, generator=gen))
+    if mode == "bf16":
+        xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
+        return {"x": xb, "w": wb, "xs": None, "ws": None, "ref": lambda: torch.matmul(xb, wb.t()),
+                "exact": lambda: xb.float() @ wb.float().t(), "ref_name": "cuBLAS torch.matmul"}
+    f8 = torch.float8_e4m3fn
+    fmax = torch.finfo(f8).max
+    if mode == "fp8-row":
+        xs = x.abs().amax(dim=1).clamp(min=1e-12) / fmax
+        ws = w.abs().amax(dim=1).clamp(min=1e-12) / fmax
+    else:
+        xs = (x.abs().amax() / fmax).expand(m).contiguous()
+        ws = (w.abs().amax() / fmax).expand(n).contiguous()
+    x8 = (x / xs[:, None]).clamp(-fmax, fmax).to(f8)
+    w8 = (w / ws[:, None]).clamp(-fmax, fmax).to(f8)
+    xs, ws = xs.float().contiguous(), ws.float().contiguous()
+    if mode == "fp8-row":
+        sa, sb = xs[:, None].contiguous(), ws[None, :].contiguous()
+        name = "torch._scaled_mm rowwise"
+    else:
+        sa, sb = xs[:1].reshape(()).contiguous(), ws[:1].reshape(()).contiguous()
+        name = "torch._scaled_mm tensorwise (cuBLASLt)"
+    w8t = w8.t()
+
+    def ref() -> Any:
+        return torch._scaled_mm(x8, w8t, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+    def exact() -> Any:
+        return (x8.float() * xs[:, None]) @ (w8.float() * ws[:, None]).t()
+
+    return {"x": x8, "w": w8, "xs": xs, "ws": ws, "ref": ref, "exact": exact, "ref_name": name}
+
+
+def _graph_time(torch: Any, fn: Any, iters: int, reps: int) -> float:
+    """Median seconds per call of ``fn``: ``iters`` calls in one CUDA graph, replayed ``reps`` times."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / iters)
+    return statistics.median(times)
+
+
+def _close(torch: Any, got: Any, exact: Any) -> tuple[bool, float]:
+    if not bool(torch.isfinite(got).all()):
+        return False, float("nan")
+    err = (got.float() - exact).abs().max().item() / max(exact.abs().max().item(), 1e-30)
+    return err < 1.5e-2, err  # bf16 output rounding is 2^-9 of each value; K-long f32 sums add a little
+
+
+def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], iters: int, reps: int,
+        seed: int) -> list[dict[str, Any]]:
+    import torch
+
+    from ingot.codegen.kernels.gemm_cutlass.launch import CutlassGemm
+
+    manifest = json.loads((kernel_dir / "manifest.json").read_text())
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # the primary context, which CutlassGemm then shares
+    gemms: dict[str, list[tuple[str, CutlassGemm]]] = {}
+    for e in manifest["kernels"]:
+        spec = _spec_from_dict(e["spec"])
+        cubin = (kernel_dir / f"{e['entry']}.cubin").read_bytes()
+        gemms.setdefault(e["kind"], []).append((e["config"], CutlassGemm(spec, cubin, kernel_dir / f"{e['entry']}.so")))
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    rows = []
+    for m, n, k in shapes:
+        for mode in modes:
+            ops = _operands(torch, mode, m, n, k, gen)
+            exact = ops["exact"]()
+            flops = 2.0 * m * n * k
+            ref_out = ops["ref"]()
+            ref_ok, ref_err = _close(torch, ref_out, exact)
+            t_ref = _graph_time(torch, ops["ref"], iters, reps)
+            row: dict[str, Any] = {"M": m, "N": n, "K": k, "mode": mode, "reference": ops["ref_name"],
+                                   "ref_tflops": flops / t_ref / 1e12, "ref_err": ref_err, "ref_ok": ref_ok,
+                                   "candidates": {}}
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            ptrs = {"x": ops["x"].data_ptr(), "weight": ops["w"].data_ptr(), "out": out.data_ptr()}
+            if ops["xs"] is not None:
+                ptrs |= {"x_scale": ops["xs"].data_ptr(), "weight_scale": ops["ws"].data_ptr()}
+            for tag, gemm in gemms.get(_kind(mode), []):
+                try:
+                    prepared = gemm.prepare(ptrs, m, sm_count, N=n, K=k)
+                except RuntimeError as exc:
+                    row["candidates"][tag] = {"error": str(exc)}
+                    continue
+                out.fill_(float("nan"))
+
+                def launch(g: CutlassGemm = gemm, p: Any = prepared) -> None:
+                    g.launch(p, torch.cuda.current_stream().cuda_stream)
+
+                launch()
+                torch.cuda.synchronize()
+                ok, err = _close(torch, out, exact)
+                cand: dict[str, Any] = {"ok": ok, "err": err}
+                if ok:
+                    t = _graph_time(torch, launch, iters, reps)
+                    cand["tflops"] = flops / t / 1e12
+                row["candidates"][tag] = cand
+            timed = {t: c["tflops"] for t, c in row["candidates"].items() if "tflops" in c}
+            if timed:
+                best = max(timed, key=timed.__getitem__)
+                row |= {"best": best, "ingot_tflops": timed[best], "ratio": timed[best] / row["ref_tflops"]}
+            rows.append(row)
+            _print_row(row)
+            del ops, exact, ref_out, out
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _print_row(r: dict[str, Any]) -> None:
+    ceiling = CEILING_TFLOPS[_kind(r["mode"])]
+    shape = f"{r['M']}x{r['N']}x{r['K']}"
+    if "ingot_tflops" not in r:
+        print(f"| {shape} | {r['mode']} | {r['ref_tflops']:.0f} | no candidate passed: {r['candidates']} |",
+              flush=True)
+        return
+    print(f"| {shape} | {r['mode']} | {r['ref_tflops']:.0f} ({r['ref_tflops'] / ceiling:.0%}) | "
+          f"{r['ingot_tflops']:.0f} ({r['ingot_tflops'] / ceiling:.0%}) | **{r['ratio']:.2f}x** | {r['best']} | "
+          + ", ".join(f"{t} {c.get('tflops', 0):.0f}" if c.get("ok") else f"{t} FAIL({c.get('err', c.get('error'))})"
+                      for t, c in r["candidates"].items()) + " |", flush=True)
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", type=Path, default=None, help="build the candidates into this folder and stop")
+    ap.add_argument("--kernels", type=Path, default=None, help="folder of prebuilt candidates (from --build)")
+    ap.add_argument("--target", default="h200")
+    ap.add_argument("--shapes", default="all", help="all | square | llama1b | MxNxK[,MxNxK...]")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--iters", type=int, default=20, help="launches per CUDA graph")
+    ap.add_argument("--reps", type=int, default=7, help="graph replays timed (median)")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=None, help="write all figures as JSON here")
+    a = ap.parse_args()
+    if a.build is not None:
+        build(a.build, a.target)
+        return
+    kernel_dir = a.kernels
+    if kernel_dir is None:
+        import tempfile
+
+        kernel_dir = Path(tempfile.mkdtemp(prefix="ingot-gemm-"))
+        build(kernel_dir, a.target)
+    if a.shapes == "all":
+        shapes = [*SQUARE, *LLAMA_1B_PREFILL]
+    elif a.shapes == "square":
+        shapes = list(SQUARE)
+    elif a.shapes == "llama1b":
+        shapes = list(LLAMA_1B_PREFILL)
+    else:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]  # type: ignore[misc]
+    seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
+    import torch
+
+    print(f"# bench_gemm: commit {_git_commit()}, {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+          f"seed {seed}, {a.iters} launches per graph, median of {a.reps}")
+    print("| M x N x K | mode | reference TFLOP/s (of ceiling) | ingot best | ingot / reference | best config | "
+          "all candidates |")
+    print("|---|---|---|---|---|---|---|")
+    rows = run(kernel_dir, shapes, a.modes.split(","), a.iters, a.reps, seed)
+    if a.out is not None:
+        a.out.write_text(json.dumps({"commit": _git_commit(), "gpu": torch.cuda.get_device_name(0),
+                                     "torch": torch.__version__, "seed": seed, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
