@@ -4,6 +4,10 @@ distributions on the stdlib-docstring eval set (``ingot.quant.eval_data``), weig
     python bench/quant_smollm2.py fp8 nvfp4:wo mxfp4:wo nvfp4:w4a4 mxfp4:w4a4 --tokens 20480
     python bench/quant_smollm2.py nvfp4 --budget top1=0.95
     python bench/quant_smollm2.py fp8 nvfp4:wo --rounding gptq
+    python bench/quant_smollm2.py fp8 nvfp4:w4a4 --rounding gptq --smooth 0.5 0.8   # SmoothQuant alphas
+
+Every spec is measured once per ``--smooth`` alpha (``none``: without smoothing), reusing the
+reference's hidden states.
 
 Writes one JSON line per spec to stdout (the figures in docs/QUANTIZATION.md).
 """
@@ -31,6 +35,8 @@ def main() -> None:
     ap.add_argument("--budget", default=None)
     ap.add_argument("--kv-cache", default=None)
     ap.add_argument("--rounding", default="nearest", choices=["nearest", "gptq"])
+    ap.add_argument("--smooth", nargs="+", default=["none"], metavar="ALPHA",
+                    help="SmoothQuant alpha(s) for activation-quantized layers; 'none': off")
     args = ap.parse_args()
     src = resolve_model("smollm2")
     graph = import_model(src)
@@ -43,15 +49,16 @@ def main() -> None:
 
     calib = [E.calibration_tokens(encode)]
     ev = Evaluator(graph, E.eval_tokens(encode, args.tokens))
-    for spec in args.specs:
+    alphas = [None if a == "none" else float(a) for a in args.smooth]
+    for spec, alpha in [(s, a) for s in args.specs for a in alphas]:
         t0 = time.perf_counter()
         cfg = load_config({"default": spec, "kv_cache": args.kv_cache, "accuracy_budget": args.budget,
-                           "rounding": args.rounding})
+                           "rounding": args.rounding, "smooth": alpha})
         r = quantize_model(graph, cfg, calib_sequences=calib, eval_tokens=None, evaluator=ev,
                            log=lambda s: print(s, flush=True))
         rep = r.report
-        print(json.dumps({"spec": spec, "rounding": args.rounding, "budget": args.budget, "kv_cache": args.kv_cache,
-                          **rep["eval"],
+        print(json.dumps({"spec": spec, "rounding": args.rounding, "smooth": alpha, "budget": args.budget,
+                          "kv_cache": args.kv_cache, **rep["eval"],
                           "fallbacks": rep["fallbacks"], "bytes": rep["bytes"],
                           "fell_back": [(x["name"], x["spec"]) for x in rep["layers"] if x["fell_back"]],
                           "wall_s": round(time.perf_counter() - t0, 1)}), flush=True)

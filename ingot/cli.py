@@ -92,6 +92,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from .api import compile
+    from .quant.config import with_overrides
 
     t0 = time.perf_counter()
     with Progress(
@@ -117,7 +118,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         path = compile(args.model, target=args.target, out=args.output, quant=args.quant, mode=args.mode,
                        progress=progress, passes=pipeline, disable_passes=args.disable_pass or (),
                        pass_context=PassContext(target=args.target, instruments=instruments),
-                       quant_config=args.quant_config, calib=args.calib, accuracy_budget=args.accuracy_budget,
+                       quant_config=with_overrides(args.quant_config, smooth=args.quant_smooth)
+                       if args.quant or args.quant_config else None,
+                       calib=args.calib, accuracy_budget=args.accuracy_budget,
                        quant_log=lambda line: console.print(line, markup=False), tp=args.tp,
                        quant_rounding=args.quant_rounding)
     if args.verbose:
@@ -360,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quant-rounding", default=None, choices=["nearest", "gptq"],
                    help="how weights land on the grid: nearest (default) or gptq (error-compensating, uses the "
                         "calibration data; docs/QUANTIZATION.md)")
+    s.add_argument("--quant-smooth", type=float, default=None, metavar="ALPHA",
+                   help="migrate activation outliers into the weights before quantizing activations "
+                        "(SmoothQuant, strength ALPHA in [0, 1], e.g. 0.5; docs/QUANTIZATION.md)")
     s.add_argument("--accuracy-budget", metavar="BUDGET", help="e.g. top1=0.95,kl=0.01: fall back layers until the "
                    "quantized model agrees this well with the unquantized one, or fail")
     s.add_argument("--passes", help="pipeline to run: a name (O0, O1, O2, llm) or a comma-separated list of passes "

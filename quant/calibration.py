@@ -1,5 +1,6 @@
 """Calibration: run the unquantized model over calibration sequences and record, per linear layer, the
-input's amax and a sample of input rows, and per attention layer the K/V amax of every KV head.
+input's amax (overall and per input channel) and a sample of input rows, and per attention layer the
+K/V amax of every KV head.
 
 From those: static activation scales (``amax``, ``percentile`` or ``mse``: the clip value whose
 quantize-dequantize error over the sampled inputs is smallest) and per-layer SNR of each candidate
@@ -31,6 +32,7 @@ class LinearStats:
     weight: str
     shape: tuple[int, int]  # [N, K]
     amax: float = 0.0
+    channel_amax: np.ndarray | None = None  # max |x| per input channel [K] (for smoothing, ``ingot.quant.smooth``)
     rows: list[np.ndarray] = dataclasses.field(default_factory=list)
     gram: np.ndarray | None = None  # X^T X over every calibration token (f64 [K, K]); only when asked for
 
@@ -102,7 +104,9 @@ def collect(graph: Graph, sequences: Sequence[np.ndarray], seq_len: int = 512, r
         if name in linears:
             x = np.asarray(args[0], np.float32).reshape(-1, args[0].shape[-1])
             st = linears[name]
-            st.amax = max(st.amax, float(np.abs(x).max(initial=0.0)))
+            col = np.abs(x).max(axis=0, initial=0.0)
+            st.channel_amax = col if st.channel_amax is None else np.maximum(st.channel_amax, col)
+            st.amax = max(st.amax, float(col.max(initial=0.0)))
             want = step_rows[name]
             idx = np.sort(rng.choice(len(x), size=min(want, len(x)), replace=False))
             st.rows.append(x[idx].copy())

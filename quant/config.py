@@ -19,7 +19,7 @@ A layer's format is a spec string ``FORMAT[:OPTION...]``:
 A config file (JSON or YAML)::
 
     {"default": "nvfp4", "layers": {"model.layers.0.*": "fp8"}, "skip": ["*.mlp_out"],
-     "kv_cache": "fp8:head", "calibration": {"method": "mse", "tokens": 2048}}
+     "kv_cache": "fp8:head", "calibration": {"method": "mse", "tokens": 2048}, "rounding": "gptq", "smooth": 0.5}
 
 ``layers`` patterns are globs matched (first match wins, in file order) against a linear's node name
 (``layers.0.qkv``), its weight's name (``model.layers.0.self_attn.qkv_proj.weight``) and that name
@@ -198,6 +198,9 @@ class QuantConfig:
     #: needs calibration data; options in ``gptq``: damp, block, act_order)
     rounding: str = "nearest"
     gptq: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: SmoothQuant-style activation-outlier migration strength alpha (``ingot.quant.smooth``) for layers
+    #: with quantized activations; None: off
+    smooth: float | None = None
 
     def spec_for(self, names: Sequence[str]) -> LayerQuant | None:
         """The spec of the linear known by ``names`` (node name, weight name); None when skipped."""
@@ -223,6 +226,9 @@ class QuantConfig:
         damp = self.gptq.get("damp", 0.01)
         if not isinstance(damp, (int, float)) or not damp > 0:
             raise QuantConfigError(f"gptq damp must be a positive number, got {damp!r}")
+        if self.smooth is not None and (isinstance(self.smooth, bool) or not isinstance(self.smooth, (int, float))
+                                        or not 0.0 <= self.smooth <= 1.0):
+            raise QuantConfigError(f"smooth (alpha) must be a number in [0, 1] or null, got {self.smooth!r}")
         block = self.gptq.get("block", 128)
         if not isinstance(block, int) or block < 1:
             raise QuantConfigError(f"gptq block must be a positive integer, got {block!r}")
@@ -236,7 +242,10 @@ def parse_kv_spec(spec: str) -> str:
     return parts[1] if len(parts) == 2 else "head"
 
 
-_KEYS = {"default", "layers", "skip", "kv_cache", "calibration", "accuracy_budget", "eval_tokens", "rounding", "gptq"}
+_KEYS = {"default", "layers", "skip", "kv_cache", "calibration", "accuracy_budget", "eval_tokens", "rounding", "gptq",
+         "smooth"}
+#: ``"smooth": true`` means this alpha
+SMOOTH_ALPHA = 0.5
 ROUNDINGS = ("nearest", "gptq")
 
 
@@ -249,24 +258,7 @@ def load_config(source: str | Path | Mapping[str, Any] | None, *, default: str |
     elif isinstance(source, Mapping):
         data = dict(source)
     else:
-        path = Path(source)
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise QuantConfigError(f"quantization config {path}: {e.strerror or e}") from None
-        if path.suffix in (".yaml", ".yml"):
-            try:
-                import yaml
-            except ImportError:
-                raise QuantConfigError(f"{path}: reading YAML needs PyYAML (pip install pyyaml)") from None
-            data = yaml.safe_load(text) or {}
-        else:
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise QuantConfigError(f"quantization config {path}: not valid JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise QuantConfigError(f"quantization config {path}: expected a mapping at the top level")
+        data = _read_file(Path(source))
     unknown = set(data) - _KEYS
     if unknown:
         raise QuantConfigError(f"quantization config: unknown key(s) {sorted(unknown)}; known: {sorted(_KEYS)}")
@@ -287,8 +279,62 @@ def load_config(source: str | Path | Mapping[str, Any] | None, *, default: str |
         target=target,
         rounding=str(data.get("rounding") or "nearest"),
         gptq=dict(data.get("gptq") or {}),
+        smooth=_smooth_alpha(data.get("smooth")),
     )
     if default is not None and "default" not in data:
         cfg.default = default
     cfg.validate()
     return cfg
+
+
+def _smooth_alpha(value: Any) -> float | None:
+    """The config's ``smooth``: an alpha, ``true`` (``SMOOTH_ALPHA``), or ``false`` / null (off)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return SMOOTH_ALPHA
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise QuantConfigError(f"smooth (alpha) must be a number in [0, 1] or null, got {value!r}") from None
+    return value
+
+
+def with_overrides(source: str | Path | Mapping[str, Any] | None,
+                   **overrides: Any) -> str | Path | Mapping[str, Any] | None:
+    """``source`` (a config path, a mapping or None) with the non-None ``overrides`` set on top, as a
+    mapping; ``source`` itself when there is nothing to override (for command-line options such as
+    ``--quant-smooth``)."""
+    extra = {k: v for k, v in overrides.items() if v is not None}
+    if not extra:
+        return source
+    if source is None:
+        base: dict[str, Any] = {}
+    elif isinstance(source, Mapping):
+        base = dict(source)
+    else:
+        base = _read_file(Path(source))
+    return {**base, **extra}
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """A JSON or YAML config file's top-level mapping."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise QuantConfigError(f"quantization config {path}: {e.strerror or e}") from None
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise QuantConfigError(f"{path}: reading YAML needs PyYAML (pip install pyyaml)") from None
+        data = yaml.safe_load(text) or {}
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise QuantConfigError(f"quantization config {path}: not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise QuantConfigError(f"quantization config {path}: expected a mapping at the top level")
+    return data

@@ -158,19 +158,33 @@ def quantize_model(
     calib_meta: dict[str, Any] | None = None
     gptq = cfg.rounding == "gptq"
     quantizer = None
+    # the graph that gets quantized: the reference, or the reference with smoothing folded in (same function)
+    base, smoothed = reference, None
+    act_quantized = {la.node for la in layers if la.spec.act != "none"}
     if calib_sequences:
         say(f"calibrating on {sum(len(s) for s in calib_sequences)} tokens ({calib_method})")
         stats = C.collect(reference, calib_sequences, seq_len=seq_len, gram=gptq)
+        if cfg.smooth is not None and act_quantized:
+            from .smooth import smooth_graph, smooth_stats
+
+            sm = smooth_graph(reference, stats, cfg.smooth, wanted=act_quantized.__contains__)
+            base, smoothed = sm.graph, sm.summary
+            rng_s = f", s in [{smoothed['s_min']:.3g}, {smoothed['s_max']:.3g}]" if smoothed["sites"] else ""
+            say(f"smoothing activation outliers (alpha {cfg.smooth:g}): sites {smoothed['sites']}{rng_s}")
+            if kv:  # V's ranges inside a head changed: measure them on the smoothed model
+                stats = C.collect(base, calib_sequences, seq_len=seq_len, gram=gptq)
+            else:
+                stats = smooth_stats(stats, sm.scales)
         calib_meta = C.summary(stats, list(ladder.values()), calib_method)
-        snr = C.sensitivity(reference, stats, list(ladder.values()), calib_method)
+        snr = C.sensitivity(base, stats, list(ladder.values()), calib_method)
         if gptq:
             quantizer = _gptq_quantizer(stats, cfg, say)
-    elif kv or gptq or any(q.needs_static_scale() for q in ladder.values()):
-        raise QuantizationError("static activation scales, GPTQ rounding and an FP8 KV cache need calibration "
-                                "data (--calib)")
+    elif kv or gptq or cfg.smooth is not None or any(q.needs_static_scale() for q in ladder.values()):
+        raise QuantizationError("static activation scales, GPTQ rounding, smoothing and an FP8 KV cache need "
+                                "calibration data (--calib)")
 
     def build(plan: dict[str, LayerQuant], with_kv: bool) -> Graph:
-        g = clone_graph(reference)
+        g = clone_graph(base)
         if calib_meta is not None:
             g.meta["quant_calibration"] = calib_meta
         ctx = PassContext(target=cfg.target, options={"quantize": {
@@ -214,6 +228,7 @@ def quantize_model(
     graph = build(plan, with_kv)
     report = _report(reference, cfg, layers, plan, with_kv, steps[:chosen], snr, final, budget, history,
                      calib_meta, graph)
+    report["smooth"] = smoothed
     return QuantResult(graph, report)
 
 
