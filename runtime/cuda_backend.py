@@ -86,11 +86,13 @@ class _Launch:
     """One kernel launch with its argument block packed once; integer arguments set per step.
 
     ``variants``: ``(max_rows, fn, spec)``, smallest first, kernels with the same parameters run instead
-    when the ``M`` argument (the step's row count) is at most ``max_rows`` (the decode GEMV for ``linear``,
+    when the ``rows_arg`` argument (the step's row count: ``M`` for linears, ``num_tokens`` for attention) is at
+    most ``max_rows`` (the decode GEMV for ``linear``, the decode kernel beside the prefill attention kernel,
     ``codegen/lower.py``); a CUDA graph captured for a bucket holds the variant chosen for that bucket."""
 
     def __init__(self, fn: Any, spec: KernelSpec, args: Mapping[str, Mapping[str, Any]],
-                 address: Any, what: str, variants: Sequence[tuple[int, Any, KernelSpec]] = ()) -> None:
+                 address: Any, what: str, variants: Sequence[tuple[int, Any, KernelSpec]] = (),
+                 rows_arg: str = "M") -> None:
         self.fn, self.spec, self.what = fn, spec, what
         self.variants = list(variants)
         self.variant_launches = 0
@@ -111,7 +113,7 @@ class _Launch:
         self.params = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
         self.params_addr = ctypes.addressof(self.params)
         names = [p.name for p in spec.params]
-        self.rows = self.values[names.index("M")] if self.variants and "M" in names else None
+        self.rows = self.values[names.index(rows_arg)] if self.variants and rows_arg in names else None
 
     def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> None:
         ints = {}
@@ -336,7 +338,7 @@ class CudaExecutor:
             if layout is not None:  # the launch's plain alternative, taking the same arguments
                 fn, kspec = functions[ln["alternatives"][0]["kernel"]]
             self.launches.append(_Launch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}",
-                                         variants))
+                                         variants, ln.get("rows_arg", "M")))
         self.exprs = {a["dim"] for ln in cuda["launches"] for a in ln["args"].values() if "dim" in a}
         self.staging = cd.PinnedBuffer(regions["io"])
         out_bytes = max((self.buffers[v.name]["nbytes"] for v in graph.outputs), default=1)

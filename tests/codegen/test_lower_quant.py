@@ -146,7 +146,13 @@ def _check_attention(cuda: dict, kv_fp8: bool) -> None:
     assert len(attn) == 4  # 2 layers x (cache write, attention)
     for write, attend in zip(attn[::2], attn[1::2]):
         assert write["op"] == attend["op"] == ("paged_attention_fp8" if kv_fp8 else "paged_attention")
-        assert cuda["kernels"][attend["kernel"]]["spec"]["template"] == "decode_split.cu"
+        if kv_fp8:
+            assert cuda["kernels"][attend["kernel"]]["spec"]["template"] == "decode_split.cu"
+        else:  # bf16 cache: the tensor-core prefill kernel, the split-KV decode kernel its small-step variant
+            assert cuda["kernels"][attend["kernel"]]["spec"]["template"] == "prefill_flash.cu"
+            assert attend["rows_arg"] == "num_tokens"
+            variant = cuda["variant_kernels"][attend["variants"][0]["kernel"]]
+            assert variant["spec"]["template"] == "decode_split.cu"
         wt = cuda["kernels"][write["kernel"]]["spec"]["template"]
         assert wt == ("cache_write_fp8.cu" if kv_fp8 else "cache_write.cu")
         if kv_fp8:

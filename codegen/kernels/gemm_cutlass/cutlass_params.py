@@ -52,7 +52,7 @@ from ...compile import (
 from ...kernel import KernelSpec
 from ...target import Target
 from .build import _jobs, cutlass_available, cutlass_options
-from .rule import linear_cutlass_spec, plan, variant_config
+from .rule import OPERANDS, linear_cutlass_spec, plan, variant_config
 
 LAYOUT_VERSION = 1
 #: the probe's pointer arguments, in order (sentinel i is SENTINEL + ((i + 1) << 32))
@@ -157,6 +157,12 @@ def _run_probe(exe: Path, m: int, n: int, k: int, fill: int) -> dict[str, Any]:
     return out
 
 
+def probe_shapes(spec: KernelSpec) -> tuple[tuple[int, int, int], ...]:
+    """``PROBE_SHAPES`` with K rounded up to the operand kind's alignment (FP8: 16 elements, FP4: 32)."""
+    align = max(a for ctype, _, a in OPERANDS.values() if ctype == spec.value("A_TYPE"))
+    return tuple((m, n, _round_up(k, align)) for m, n, k in PROBE_SHAPES)
+
+
 def _probe(spec: KernelSpec) -> list[tuple[Any, ...]]:
     """Builds and runs the probe: per PROBE_SHAPES entry, runs with the stack filled with 0 and PROBE_FILLS."""
     nvcc = nvcc_path()
@@ -171,7 +177,7 @@ def _probe(spec: KernelSpec) -> list[tuple[Any, ...]]:
         if r.returncode != 0:
             raise CompileError(f"nvcc failed to build the Params probe of {spec.entry}", r.stdout + r.stderr, source)
         return [(shape, _run_probe(exe, *shape, 0), *(_run_probe(exe, *shape, f) for f in PROBE_FILLS))
-                for shape in PROBE_SHAPES]
+                for shape in probe_shapes(spec)]
 
 
 def _symbolic(values: Sequence[int], shapes: Sequence[tuple[int, int, int]]) -> list[int | str]:
@@ -246,6 +252,11 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
     # padding: bytes that differ between any shape's runs (all shapes: a byte left unset is unset in every run);
     # variable: everything build_params fills
     padding = {i for _, run, *others in runs for o in others for i in range(size) if run["blob"][i] != o["blob"][i]}
+    # the scheduler's own padding (FastDivmod structs copied from temporaries): indeterminate even where the
+    # stack fills happened to agree (seen on a GPU host: garbage from registers, not from the stack)
+    if kind == "sm90":  # every sm90 field is written per launch: the rest of the struct is padding
+        fields = _scheduler_field_bytes(kind)
+        padding |= {sched + i for i in range(known[kind]) if i not in fields}
     variable = set(tma_bytes) | {o + j for o, _ in pointers for j in range(8)}
     variable |= set(range(layout["problem_shape"], layout["problem_shape"] + 16))
     variable |= set(range(layout["sm_count"], layout["sm_count"] + 4))
@@ -284,7 +295,7 @@ def _ranges(idx: set[int]) -> list[list[int]]:
 def params_layout(spec: KernelSpec, use_cache: bool = True) -> dict[str, Any]:
     """The spec's Params layout (probe built and run on this machine, cached by content like the cubin)."""
     parts = [_probe_source(spec), *key_options(_probe_options(spec)), str(nvcc_version()), f"layout-v{LAYOUT_VERSION}",
-             repr(PROBE_SHAPES), repr(PROBE_FILLS)]
+             repr(probe_shapes(spec)), repr(PROBE_FILLS)]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     path = cache_dir() / key[:2] / f"{key}.layout.json"
     if use_cache and path.is_file():

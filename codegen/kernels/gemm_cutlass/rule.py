@@ -76,21 +76,25 @@ def variant_config(kind: str, target: Target) -> Config:
 
 #: sm_90a configurations worth timing per kind (the first is ``variant_config``'s default): CTA tile,
 #: cluster and schedule (Cooperative: two consumer warp groups share one tile; Pingpong: each owns a tile and
-#: their epilogues overlap the other's MMAs). ``bench/bench_gemm.py`` times them against cuBLAS/cuBLASLt.
+#: their epilogues overlap the other's MMAs; ``FP8FastAccum``: FP8 MMAs accumulate without CUTLASS's periodic
+#: promotion to f32 registers, what ``torch._scaled_mm(use_fast_accum=True)`` asks of cuBLASLt).
+#: ``bench/bench_gemm.py`` times them against cuBLAS/cuBLASLt.
 SM90_CANDIDATES: dict[str, tuple[Config, ...]] = {
     "bf16": (
         Config("sm90.cu", (128, 128, 64), (1, 2), schedule="Cooperative", threads=384),
         Config("sm90.cu", (128, 256, 64), (2, 1), schedule="Cooperative", threads=384),
         Config("sm90.cu", (256, 128, 64), (1, 2), schedule="Cooperative", threads=384),
+        Config("sm90.cu", (256, 128, 64), (2, 1), schedule="Cooperative", threads=384),
         Config("sm90.cu", (128, 128, 64), (2, 1), schedule="Pingpong", threads=384),
-        Config("sm90.cu", (64, 256, 64), (1, 2), schedule="Pingpong", threads=384),
+        Config("sm90.cu", (128, 128, 64), (1, 2), schedule="Pingpong", threads=384),
     ),
     "fp8": (
         Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384),
-        Config("sm90.cu", (128, 256, 128), (2, 1), schedule="Cooperative", threads=384),
         Config("sm90.cu", (256, 128, 128), (1, 2), schedule="Cooperative", threads=384),
-        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Pingpong", threads=384),
-        Config("sm90.cu", (64, 256, 128), (1, 2), schedule="Pingpong", threads=384),
+        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="CooperativeFP8FastAccum", threads=384),
+        Config("sm90.cu", (128, 256, 128), (2, 1), schedule="CooperativeFP8FastAccum", threads=384),
+        Config("sm90.cu", (256, 128, 128), (1, 2), schedule="CooperativeFP8FastAccum", threads=384),
+        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="PingpongFP8FastAccum", threads=384),
     ),
 }
 
@@ -104,7 +108,7 @@ def candidate_configs(kind: str, target: Target) -> tuple[Config, ...]:
 
 def config_tag(cfg: Config) -> str:
     """A short name for a configuration, e.g. ``coop128x256x64c2x1``."""
-    sched = {"Cooperative": "coop", "Pingpong": "pp", "": ""}.get(cfg.schedule, cfg.schedule.lower())
+    sched = cfg.schedule.replace("Cooperative", "coop").replace("Pingpong", "pp").replace("FP8FastAccum", "fa")
     return (f"{sched}{'2sm' if cfg.two_sm else ''}{'x'.join(map(str, cfg.tile))}"
             f"c{cfg.cluster[0]}x{cfg.cluster[1]}")
 
@@ -139,7 +143,7 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
     }
     if cfg.template == "sm90.cu":
         values["SCHEDULE"] = cfg.schedule
-        values["EPILOGUE_SCHEDULE"] = "Cooperative" if cfg.schedule == "Cooperative" else ""
+        values["EPILOGUE_SCHEDULE"] = "Cooperative" if cfg.schedule.startswith("Cooperative") else ""
     if cfg.template == "sm100_blockscaled.cu":
         values["SF_VECTOR"] = 16 if kind == "nvfp4" else 32
     cluster = cfg.cluster[0] * cfg.cluster[1]
