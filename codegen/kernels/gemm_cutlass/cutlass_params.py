@@ -339,8 +339,10 @@ def tma_encoder() -> Encoder:
     from cuda.bindings import driver as drv
 
     def encode(t: Mapping[str, Any], address: int, dims: list[int], strides: list[int]) -> bytes:
+        u64, u32 = drv.cuuint64_t, drv.cuuint32_t  # cuda.bindings 13 takes no plain ints in these lists
         err, tmap = drv.cuTensorMapEncodeTiled(
-            drv.CUtensorMapDataType(t["dtype"]), t["rank"], address, dims, strides, t["box"], t["elem_strides"],
+            drv.CUtensorMapDataType(t["dtype"]), t["rank"], address, [u64(d) for d in dims],
+            [u64(s) for s in strides], [u32(b) for b in t["box"]], [u32(e) for e in t["elem_strides"]],
             drv.CUtensorMapInterleave(t["interleave"]), drv.CUtensorMapSwizzle(t["swizzle"]),
             drv.CUtensorMapL2promotion(t["l2"]), drv.CUtensorMapFloatOOBfill(t["oob"]))
         if err != drv.CUresult.CUDA_SUCCESS:
