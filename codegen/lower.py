@@ -2,6 +2,9 @@
 
 ``lower_for_target(graph, target, workdir)`` does, in order:
 
+0. **serving-fuse** (serving form only; ``INGOT_NO_SERVING_FUSE=1`` skips it): the ``split`` copies of the fused
+   qkv / gate_up outputs are folded into ``rope_qkv`` and a packed ``swiglu`` (``passes/fuse_split_*.py``); here
+   because quantization and tensor-parallel sharding, which run before the lowering, read the split form.
 1. **Types** (serving form only): weights, activations and the KV cache become bf16 (kernels
    accumulate in f32); f32 inputs that kernels read as f32 stay f32 (``F32_INPUTS``: RoPE tables, the
    quantization scales ``weight_scale``/``weight_scale_2``/``input_scale`` of ``quantized_linear`` and
@@ -105,7 +108,8 @@ def _bf16_loader(w: Weight) -> Callable[[], np.ndarray]:
 #: angles); ``quantized_linear``'s weight_scale (FP8), weight_scale_2 (NVFP4 global) and input_scale (static
 #: activation scale); ``paged_attention_fp8``'s kv_scale. The formats define these scales as float32
 #: (docs/QUANTIZATION.md), and the ops' type inference refuses anything else.
-F32_INPUTS: dict[str, tuple[int, ...]] = {"rope": (2, 3), "quantized_linear": (2, 3, 4), "paged_attention_fp8": (8,)}
+F32_INPUTS: dict[str, tuple[int, ...]] = {"rope": (2, 3), "rope_qkv": (2, 3), "quantized_linear": (2, 3, 4),
+                                          "paged_attention_fp8": (8,)}
 
 
 def _read_as_f32(v: Value, users: list[Node]) -> bool:
@@ -180,8 +184,14 @@ def bind_args(node: Node, specs: list[KernelSpec]) -> list[dict[str, dict[str, A
     if op == "rope":
         return [{"x": _buf(x), "positions": _buf(node.inputs[1]), "cos": _buf(node.inputs[2]),
                  "sin": _buf(node.inputs[3]), "out": _buf(out), "num_tokens": _dim(x.type.shape[0])}]
-    if op == "swiglu":
-        return [{"a": _buf(x), "b": _buf(node.inputs[1]), "out": _buf(out), "num_tokens": _rows(x)}]
+    if op == "rope_qkv":  # codegen/kernels/rope/qkv.cu
+        q, k, v = node.outputs
+        return [{"qkv": _buf(x), "positions": _buf(node.inputs[1]), "cos": _buf(node.inputs[2]),
+                 "sin": _buf(node.inputs[3]), "q": _buf(q), "k": _buf(k), "v": _buf(v),
+                 "num_tokens": _dim(x.type.shape[0])}]
+    if op == "swiglu":  # packed: both halves from one buffer, the kernel offsets b by the width
+        b = x if getattr(node.op, "packed", False) else node.inputs[1]
+        return [{"a": _buf(x), "b": _buf(b), "out": _buf(out), "num_tokens": _rows(x)}]
     if op == "linear":
         return [{"x": _buf(x), "weight": _buf(node.inputs[1]), "weight_scale": _buf(None),
                  "bias": _buf(_in(node, 2)), "residual": _buf(_in(node, 3)), "out": _buf(out), "M": _rows(x)}]
@@ -303,6 +313,8 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
     limits = dict(limits or {})
     serving = isinstance(graph.meta.get("kv_cache"), dict)
     if serving:
+        if os.environ.get("INGOT_NO_SERVING_FUSE", "") in ("", "0"):
+            _serving_fuse(graph, tgt)
         to_device_dtypes(graph, DType.bf16)
     else:  # graph mode: static shapes and constants as weights where generated kernels are needed
         from .tvm.specialize import SpecializeError, prepare_graph
@@ -421,6 +433,18 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
     if serving:
         manifest["kv_cache"] = graph.meta["kv_cache"]
     return files, manifest
+
+
+def _serving_fuse(graph: Graph, target: Target) -> None:
+    """The ``serving-fuse`` pipeline (``passes/manager.py``): split copies folded into their consumers (swiglu
+    over the whole gate_up output, ``rope_qkv`` over the whole qkv output). Here, not in the compile's pass
+    pipeline, because quantization and tensor-parallel sharding, which run between the two, read the split form."""
+    from ..passes import PassContext, PassError, run_passes
+
+    try:
+        run_passes(graph, "serving-fuse", PassContext(target=target.name))
+    except PassError as e:
+        raise LoweringError(str(e)) from None
 
 
 def _autotune(specs: list[KernelSpec], target: Target, bindings: Mapping[str, int],

@@ -13,6 +13,10 @@ The order, top to bottom::
     fuse-qkv           linears sharing an input -> one linear + split
     fuse-elementwise   remaining single-use elementwise chains -> fused_elementwise
 
+The serving form's own split-removing fusions (fuse-split-swiglu, fuse-split-rope) are not in this list: they
+run as the ``serving-fuse`` pipeline at the GPU lowering (``codegen/lower.py``), after quantization and
+tensor-parallel sharding, which read the ``split`` nodes (and llm-lower, which recognizes them).
+
 Passes not registered (yet) are skipped; ``ctx.option("fuse", "skip", ())`` leaves named ones out.
 ``stats`` holds every inner rule's hits as ``"<pass>/<rule>"``.
 """

@@ -114,6 +114,9 @@ PIPELINES: dict[str, list[str]] = {
     "O1": ["canonicalize"],
     "O2": ["canonicalize", "fuse", "canonicalize"],
     "llm": ["canonicalize", "fuse", "canonicalize", "llm-lower"],
+    # the serving form's last fusions, run by the GPU lowering (codegen/lower.py) after quantization and
+    # tensor-parallel sharding, which still read the form's split nodes (docs/SERVING_FORM.md)
+    "serving-fuse": ["fuse-split-swiglu", "fuse-split-rope"],
 }
 
 

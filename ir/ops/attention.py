@@ -271,13 +271,32 @@ class RotaryEmbedding(Op):
 @register
 @dataclass(frozen=True, eq=False)
 class SwiGLU(Op):
-    """``a * sigmoid(alpha * a) * b`` (the gate ``a`` and value ``b`` have one shape)."""
+    """``a * sigmoid(alpha * a) * b`` (the gate ``a`` and value ``b`` have one shape).
+
+    ``packed``: one input ``x`` [..., 2 * I] holding the gate in its first half and the value in its
+    second (a fused gate_up projection's output, ``passes/fuse_split_swiglu.py``); the output is [..., I].
+    """
 
     name: ClassVar[str] = "swiglu"
-    num_inputs: ClassVar[tuple[int, int | None]] = (2, 2)
+    num_inputs: ClassVar[tuple[int, int | None]] = (1, 2)
     alpha: float = 1.0
+    packed: bool = False
 
     def infer(self, inputs: Sequence[TensorType | None]) -> list[TensorType]:
+        if self.packed:
+            if len(inputs) != 1:
+                raise OpError(f"packed swiglu takes one input (gate and value halves), got {len(inputs)}")
+            x = require(inputs[0], "x")
+            if x.dtype not in _FLOATS:
+                raise OpError(f"swiglu needs a float input, got {x}")
+            if x.shape is None:
+                return [TensorType(x.dtype, None)]
+            last = x.shape[-1] if x.shape else None
+            if not isinstance(last, int) or last % 2:
+                raise OpError(f"packed swiglu needs an even static last dim, got {x}")
+            return [TensorType(x.dtype, (*x.shape[:-1], last // 2))]
+        if len(inputs) != 2:
+            raise OpError(f"swiglu takes two inputs (gate, value), got {len(inputs)}")
         a, b = require(inputs[0], "a"), require(inputs[1], "b")
         if a.dtype not in _FLOATS or b.dtype != a.dtype:
             raise OpError(f"swiglu needs float inputs of one dtype, got {a}, {b}")
@@ -287,7 +306,11 @@ class SwiGLU(Op):
                 raise OpError(f"swiglu inputs differ in shape: {a}, {b}")
         return [same_as(a)]
 
-    def ref(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def ref(self, a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        if self.packed:
+            half = a.shape[-1] // 2
+            a, b = a[..., :half], a[..., half:]
+        assert b is not None
         ct = _ct(a.dtype)
         af = a.astype(ct)
         with np.errstate(over="ignore"):

@@ -149,6 +149,48 @@ class Rope(Op):
 
 @register
 @dataclass(frozen=True, eq=False)
+class RopeQKV(Op):
+    """``rope`` on the query and key parts of a fused qkv projection's output, in one op.
+
+    ``qkv`` [T, (num_heads + 2 * num_kv_heads) * head_dim] holds q, k, v side by side (that order);
+    the outputs are the rotated q [T, num_heads * head_dim], the rotated k and the unchanged v
+    [T, num_kv_heads * head_dim]: exactly ``split`` then ``rope(q)``, ``rope(k)`` with the attributes
+    of ``rope`` (``passes/fuse_split_rope.py``), computed the same way, so the values are equal.
+    """
+
+    name: ClassVar[str] = "rope_qkv"
+    num_inputs: ClassVar[tuple[int, int | None]] = (4, 4)
+    num_heads: int = 1
+    num_kv_heads: int = 1
+    head_dim: int = 64
+    rotary_dim: int = 64
+    interleaved: bool = False
+
+    def rope(self) -> Rope:
+        return Rope(head_dim=self.head_dim, rotary_dim=self.rotary_dim, interleaved=self.interleaved)
+
+    def infer(self, inputs: Sequence[TensorType | None]) -> list[TensorType]:
+        qkv = require(inputs[0], "qkv")
+        self.rope().infer(inputs)  # positions, tables, rotary_dim
+        width = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        if qkv.shape is not None and (len(qkv.shape) != 2 or not dims_compatible(qkv.shape[1], width)):
+            raise OpError(f"rope_qkv: qkv must be [T, {width}] (num_heads {self.num_heads} + 2 * num_kv_heads "
+                          f"{self.num_kv_heads} heads of {self.head_dim}), got {qkv}")
+        rows = qkv.shape[0] if qkv.shape is not None else "?"
+        return [TensorType(qkv.dtype, (rows, n * self.head_dim))
+                for n in (self.num_heads, self.num_kv_heads, self.num_kv_heads)]
+
+    def ref(self, qkv: np.ndarray, positions: np.ndarray, cos: np.ndarray,
+            sin: np.ndarray) -> list[np.ndarray]:
+        nq, nk = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        rope = self.rope()
+        q = rope.ref(np.ascontiguousarray(qkv[:, :nq]), positions, cos, sin)
+        k = rope.ref(np.ascontiguousarray(qkv[:, nq:nq + nk]), positions, cos, sin)
+        return [q, k, np.ascontiguousarray(qkv[:, nq + nk:])]
+
+
+@register
+@dataclass(frozen=True, eq=False)
 class PagedAttention(Op):
     """Causal attention of a ragged token batch over a paged KV cache; writes the new K/V first.
 

@@ -10,7 +10,7 @@ from ingot.codegen.kernels.gemm.rule import linear_spec
 from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec
 from ingot.codegen.kernels.gemv.rule import gemv_spec
 from ingot.codegen.kernels.norm.rule import norm_spec
-from ingot.codegen.kernels.rope.rule import rope_spec
+from ingot.codegen.kernels.rope.rule import rope_qkv_spec, rope_spec
 from ingot.codegen.kernels.sampling.rule import greedy_spec
 from ingot.codegen.target import Target
 from ingot.ir.types import DType
@@ -25,8 +25,11 @@ def family_specs(target: Target) -> dict[str, list[KernelSpec]]:
         "norm": [norm_spec("rms", bf16, bf16, 2048, 1e-5, target),
                  norm_spec("rms", bf16, bf16, 2048, 1e-6, target, residual=True),
                  norm_spec("layer", f32, f32, 1000, 1e-5, target, bias=True)],
-        "rope": [rope_spec(bf16, f32, 32, 64, 64, False, target), rope_spec(f32, f32, 4, 80, 32, True, target)],
-        "activation": [gated_spec("swiglu", bf16, 8192, target), gated_spec("geglu", f32, 1000, target)],
+        "rope": [rope_spec(bf16, f32, 32, 64, 64, False, target), rope_spec(f32, f32, 4, 80, 32, True, target),
+                 rope_qkv_spec(bf16, f32, 32, 8, 64, 64, False, target),
+                 rope_qkv_spec(f32, f32, 4, 2, 80, 32, True, target)],
+        "activation": [gated_spec("swiglu", bf16, 8192, target), gated_spec("geglu", f32, 1000, target),
+                       gated_spec("swiglu", bf16, 8192, target, a_stride=16384, b_stride=16384, b_offset=8192)],
         "gemm": [linear_spec(bf16, bf16, 2048, 2048, target, bias=True, residual=True),
                  linear_spec(bf16, f8, 1000, 520, target),
                  linear_spec(f32, f32, 1000, 520, target, bias=True)],

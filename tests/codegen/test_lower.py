@@ -66,7 +66,8 @@ def test_tiny_llama_compiles_for_gpu(tmp_path, target):
     manifest = check_kernels(path, target)
     cuda = manifest["cuda"]
     ops = {ln["op"] for ln in cuda["launches"]}
-    assert {"embedding", "rms_norm", "linear", "rope", "paged_attention", "swiglu", "split", "gather", "cast"} <= ops
+    assert {"embedding", "rms_norm", "linear", "rope_qkv", "paged_attention", "swiglu", "gather", "cast"} <= ops
+    assert not {"split", "rope"} & ops  # serving-fuse: rope_qkv and the packed swiglu read the fused outputs
     assert manifest["kv_cache"]["dtype"] == "bf16"
     dtypes = _weights_dtypes(path)
     assert dtypes["rope.cos"] == "f32" and dtypes["model.layers.0.self_attn.qkv_proj.weight"] == "bf16"

@@ -1,7 +1,8 @@
 #include "../common.cuh"
 
 // Gated activations, out[t, i] = act(a[t, i]) * b[t, i] for i < ${WIDTH}; rows of a and b are
-// ${A_STRIDE} and ${B_STRIDE} elements apart (so both may be halves of one fused gate/up buffer).
+// ${A_STRIDE} and ${B_STRIDE} elements apart and b's start ${B_OFFSET} elements in (so both may be halves of one
+// fused gate/up buffer: a packed swiglu passes that buffer as both a and b, with B_OFFSET = WIDTH).
 //   ACT 0: swiglu  act(a) = a * sigmoid(${ALPHA} * a)
 //   ACT 1: geglu   act(a) = gelu_tanh(a)
 extern "C" __global__ void __launch_bounds__(${BLOCK}) ${KERNEL}(
@@ -10,7 +11,7 @@ extern "C" __global__ void __launch_bounds__(${BLOCK}) ${KERNEL}(
   const i64 t = blockIdx.y;
   const int i = blockIdx.x * ${BLOCK} + threadIdx.x;
   if (t >= num_tokens || i >= ${WIDTH}) return;
-  const float av = to_f32(a[t * ${A_STRIDE} + i]), bv = to_f32(b[t * ${B_STRIDE} + i]);
+  const float av = to_f32(a[t * ${A_STRIDE} + i]), bv = to_f32(b[t * ${B_STRIDE} + ${B_OFFSET} + i]);
   float g;
   if (ACT == 0) {
     g = av / (1.0f + expf(-(${ALPHA}) * av));

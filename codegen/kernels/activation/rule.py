@@ -1,4 +1,5 @@
-"""Gated activations (``swiglu``; GeGLU with the tanh GELU through ``gated_spec``)."""
+"""Gated activations (``swiglu``, also ``packed`` over one fused gate_up buffer; GeGLU with the tanh GELU
+through ``gated_spec``)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,31 @@ ACTS = {"swiglu": 0, "geglu": 1}
 
 
 def gated_spec(act: str, dtype: DType, width: int, target: Target, alpha: float = 1.0,
-               a_stride: int | None = None, b_stride: int | None = None) -> KernelSpec:
-    """``out[T, width] = act(a) * b``; params: a, b, out, num_tokens."""
+               a_stride: int | None = None, b_stride: int | None = None, b_offset: int = 0) -> KernelSpec:
+    """``out[T, width] = act(a) * b``; params: a, b, out, num_tokens. Row t of b starts ``b_offset`` elements
+    after ``b + t * b_stride`` (a packed swiglu passes its one buffer as both a and b, b_offset = width)."""
+    name = f"{act}_{dtype.value}_w{width}" + ("_packed" if b_offset else "")
     return KernelSpec.make(
-        "activation", "kernel.cu", f"{act}_{dtype.value}_w{width}", target.arch or "",
+        "activation", "kernel.cu", name, target.arch or "",
         {"DT": ctype(dtype), "WIDTH": width, "A_STRIDE": a_stride or width, "B_STRIDE": b_stride or width,
-         "ACT": ACTS[act], "ALPHA": float(alpha), "BLOCK": BLOCK},
+         "B_OFFSET": b_offset, "ACT": ACTS[act], "ALPHA": float(alpha), "BLOCK": BLOCK},
         [("a", "ptr"), ("b", "ptr"), ("out", "ptr"), ("num_tokens", "i64")],
         BLOCK, [GridDim(const=-(-width // BLOCK)), GridDim("num_tokens")])
 
 
 def plan(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[KernelSpec] | None:
+    if getattr(op, "packed", False):  # one [T, 2I] input: gate = first half, up = second half
+        x = inputs[0]
+        full = static_dim(x, -1)
+        if not target.is_gpu or x is None or full is None or full % 2 or x.rank != 2:
+            return None
+        if x.dtype not in ACTIVATION_DTYPES:
+            return None
+        half = full // 2
+        return [gated_spec("swiglu", x.dtype, half, target, alpha=op.alpha, a_stride=full, b_stride=full,
+                           b_offset=half)]
+    if len(inputs) != 2:
+        return None
     a, b = inputs[0], inputs[1]
     width = static_dim(a, -1)
     if not target.is_gpu or a is None or b is None or width is None or a.rank != 2:
