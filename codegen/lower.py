@@ -74,7 +74,7 @@ from ..ir.ops.core import Cast
 from ..ir.types import Dim, DType, TensorType, shape_numel
 from . import autotune
 from .compile import compile_source, compile_spec, nvcc_version, nvrtc_version
-from .kernel import KernelSpec
+from .kernel import KernelSpec, has_pdl
 from .kernels.attention import prefill_rule
 from .kernels.copy.rule import plan as plan_copy
 from .kernels.gemm_cutlass import cutlass_params
@@ -388,6 +388,7 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
             "params": d["params"], "block": d["block"], "grid": d["grid"], "smem": d["smem"], "spec": d,
             **({"cutlass": layout} if layout is not None else {}),
             **({"autotune": records[spec.key]} if spec.key in records else {}),
+            **({"pdl": True} if has_pdl(src) else {}),
         }
 
     for _, _, spec, _ in launches:

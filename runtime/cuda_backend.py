@@ -92,8 +92,11 @@ class _Launch:
 
     def __init__(self, fn: Any, spec: KernelSpec, args: Mapping[str, Mapping[str, Any]],
                  address: Any, what: str, variants: Sequence[tuple[int, Any, KernelSpec]] = (),
-                 rows_arg: str = "M") -> None:
+                 rows_arg: str = "M", pdl: frozenset[str] = frozenset()) -> None:
         self.fn, self.spec, self.what = fn, spec, what
+        #: launched with programmatic stream serialization (their kernels wait for the grid before them)
+        self.pdl = spec.entry in pdl
+        self.variant_pdl = [v[2].entry in pdl for v in variants]
         self.variants = list(variants)
         self.variant_launches = 0
         self.values: list[Any] = []
@@ -124,12 +127,13 @@ class _Launch:
             return
         if self.rows is not None:
             m = int(self.rows.value)
-            for max_rows, fn, spec in self.variants:
+            for (max_rows, fn, spec), pdl in zip(self.variants, self.variant_pdl):
                 if m <= max_rows:
                     self.variant_launches += 1
-                    cd.launch(fn, spec.grid_dims(ints), spec.block, spec.smem, stream, self.params_addr, self.what)
+                    cd.launch(fn, spec.grid_dims(ints), spec.block, spec.smem, stream, self.params_addr, self.what,
+                              pdl)
                     return
-        cd.launch(self.fn, grid, self.spec.block, self.spec.smem, stream, self.params_addr, self.what)
+        cd.launch(self.fn, grid, self.spec.block, self.spec.smem, stream, self.params_addr, self.what, self.pdl)
 
 
 class _CutlassLaunch(_Launch):
@@ -139,8 +143,8 @@ class _CutlassLaunch(_Launch):
 
     def __init__(self, fn: Any, spec: KernelSpec, args: Mapping[str, Mapping[str, Any]], address: Any, what: str,
                  variants: Sequence[tuple[int, Any, KernelSpec]], layout: Mapping[str, Any], n: int, k: int,
-                 sm_count: int) -> None:
-        super().__init__(fn, spec, args, address, what, variants)
+                 sm_count: int, pdl: frozenset[str] = frozenset()) -> None:
+        super().__init__(fn, spec, args, address, what, variants, pdl=pdl)
         self.layout, self.n, self.k, self.sm_count = layout, n, k, sm_count
         names = [p.name for p in spec.params]
         self.pointers = {nm: int(v.value or 0) for nm, v, p in zip(names, self.values, spec.params) if p.ctype == "ptr"}
@@ -156,10 +160,10 @@ class _CutlassLaunch(_Launch):
         m = int(self.m_value.value)
         if m <= 0:
             return
-        for max_rows, fn, spec in self.variants:
+        for (max_rows, fn, spec), pdl in zip(self.variants, self.variant_pdl):
             if m <= max_rows:
                 self.variant_launches += 1
-                cd.launch(fn, spec.grid_dims(ints), spec.block, spec.smem, stream, self.params_addr, self.what)
+                cd.launch(fn, spec.grid_dims(ints), spec.block, spec.smem, stream, self.params_addr, self.what, pdl)
                 return
         if m not in self.blobs:
             self.blobs[m] = cutlass_params.build_params(self.layout, self.pointers, m, self.n, self.k, self.sm_count)
@@ -321,6 +325,10 @@ class CudaExecutor:
                 cd.check(cd.driver().cuFuncSetAttribute(fn, attr, kspec.smem), f"cuFuncSetAttribute({entry})")
             functions[entry] = (fn, kspec)
         use_cutlass = os.environ.get("INGOT_NO_CUTLASS", "") in ("", "0")
+        # kernels with the PDL prologue, as the kernel table marks them (codegen/kernel.py); INGOT_PDL=0: none
+        pdl = frozenset(e for table in tables for e, k in table.items() if k.get("pdl")) if cd.pdl_enabled() \
+            else frozenset()
+        self.pdl_kernels = pdl
         self.collectives: list[_CollectiveLaunch] = []
         for ln in cuda["launches"]:
             if "collective" in ln:  # tensor parallelism: an all_reduce between the ranks (runtime/tp)
@@ -333,12 +341,12 @@ class CudaExecutor:
             if layout is not None and use_cutlass:  # a CUTLASS GEMM: Params built here (codegen/lower.py)
                 n, k = (int(d) for d in self.buffers[ln["args"]["weight"]["buffer"]]["shape"])
                 self.launches.append(_CutlassLaunch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}",
-                                                    variants, layout, n, k, self.ctx.num_sms))
+                                                    variants, layout, n, k, self.ctx.num_sms, pdl))
                 continue
             if layout is not None:  # the launch's plain alternative, taking the same arguments
                 fn, kspec = functions[ln["alternatives"][0]["kernel"]]
             self.launches.append(_Launch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}",
-                                         variants, ln.get("rows_arg", "M")))
+                                         variants, ln.get("rows_arg", "M"), pdl))
         self.exprs = {a["dim"] for ln in cuda["launches"] for a in ln["args"].values() if "dim" in a}
         self.staging = cd.PinnedBuffer(regions["io"])
         out_bytes = max((self.buffers[v.name]["nbytes"] for v in graph.outputs), default=1)

@@ -11,6 +11,7 @@ that says so and points at ``device="cpu"``.
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 import numpy as np
@@ -253,9 +254,42 @@ class Module:
 
 
 def launch(fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: Stream,
-           params_addr: int, what: str = "kernel") -> None:
-    """``cuLaunchKernel`` with ``params_addr`` the address of an array of pointers to the arguments."""
-    check(driver().cuLaunchKernel(fn, *grid, *block, smem, stream.handle, params_addr, 0), f"cuLaunchKernel({what})")
+           params_addr: int, what: str = "kernel", pdl: bool = False) -> None:
+    """``cuLaunchKernel`` with ``params_addr`` the address of an array of pointers to the arguments. ``pdl``:
+    ``cuLaunchKernelEx`` with programmatic stream serialization, for kernels that start with the PDL prologue
+    (``codegen/kernel.py``: they wait for the previous grid themselves, so it may be scheduled before that grid
+    ends; captured into CUDA graphs as programmatic edges)."""
+    if not pdl:
+        check(driver().cuLaunchKernel(fn, *grid, *block, smem, stream.handle, params_addr, 0),
+              f"cuLaunchKernel({what})")
+        return
+    key = (grid, block, smem, int(stream.handle))
+    config = _PDL_CONFIGS.get(key)
+    if config is None:
+        cu = driver()
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = smem
+        config.hStream = stream.handle
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config.attrs = [attr]
+        config.numAttrs = 1
+        if len(_PDL_CONFIGS) > 4096:
+            _PDL_CONFIGS.clear()
+        _PDL_CONFIGS[key] = config
+    check(driver().cuLaunchKernelEx(config, fn, params_addr, 0), f"cuLaunchKernelEx({what}, PDL)")
+
+
+#: launch configurations of PDL launches, by (grid, block, smem, stream): built once, reused every step
+_PDL_CONFIGS: dict[tuple[Any, ...], Any] = {}
+
+
+def pdl_enabled() -> bool:
+    """Programmatic dependent launch for kernels marked ``pdl`` (default on; ``INGOT_PDL=0`` turns it off)."""
+    return os.environ.get("INGOT_PDL", "1").strip() != "0"
 
 
 class CudaGraph:

@@ -1,0 +1,65 @@
+"""Programmatic dependent launch (``codegen/kernel.py`` ``PDL_PROLOGUE``): every template kernel starts by waiting
+for the grid before it (``griddepcontrol.wait``) and then lets the next one be scheduled; the kernel table marks
+those kernels ``"pdl": true`` and only those are launched with programmatic stream serialization
+(``runtime/cuda_driver.py``). The GPU check (same logits with and without) is in tests/runtime/test_cuda_backend.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import ingot
+from ingot.codegen.compile import compile_spec
+from ingot.codegen.kernel import PDL_MARKER, has_pdl
+from ingot.codegen.kernels.gemm_cutlass.rule import linear_cutlass_spec
+from ingot.codegen.kernels.gemv.rule import gemv_spec
+from ingot.codegen.sass import disassemble, opcodes
+from ingot.codegen.target import get_target
+from ingot.runtime import cuda_driver
+from tests.codegen.common import module_kernel_cache, needs_compiler, needs_cuobjdump  # noqa: F401 (autouse fixture)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def test_template_kernels_start_with_the_prologue():
+    src = gemv_spec(2048, 2048, 8, get_target("h200")).source()
+    kernels = re.findall(r'extern "C" __global__[^{;]*\{', src)
+    assert kernels and src.count(PDL_MARKER) == len(kernels)
+    body = src[src.index(kernels[0]) + len(kernels[0]):]
+    assert body.lstrip().startswith("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900")
+    assert body.index("griddepcontrol.wait") < body.index("griddepcontrol.launch_dependents") < body.index("#endif")
+
+
+def test_cutlass_kernels_have_no_prologue():
+    assert not has_pdl(linear_cutlass_spec("bf16", 0, 0, get_target("h200")).source())
+
+
+@needs_compiler
+@needs_cuobjdump
+@pytest.mark.parametrize("target", ["h200", "b200"])
+def test_prologue_is_in_the_sass(target):
+    ops = opcodes(disassemble(compile_spec(gemv_spec(2048, 2048, 8, get_target(target))).cubin))
+    assert "ACQBULK" in ops and "PREEXIT" in ops  # griddepcontrol.wait / .launch_dependents
+
+
+@needs_compiler
+def test_kernel_table_marks_pdl_kernels(tmp_path, monkeypatch):
+    monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
+    path = ingot.compile(FIXTURES / "tiny_llama_kv.onnx", target="h200", out=tmp_path / "t.ingot", mode="llm")
+    cuda = json.loads((path / "manifest.json").read_text())["cuda"]
+    tables = {**cuda["kernels"], **cuda.get("variant_kernels", {}), **cuda.get("alternative_kernels", {})}
+    assert tables
+    for entry, k in tables.items():
+        source = (path / k["source"]).read_text()
+        assert k.get("pdl", False) == has_pdl(source), entry
+        assert k.get("pdl") == (k["spec"]["family"] not in ("gemm_cutlass", "tvm")), entry
+
+
+def test_switch(monkeypatch):
+    monkeypatch.delenv("INGOT_PDL", raising=False)
+    assert cuda_driver.pdl_enabled()
+    monkeypatch.setenv("INGOT_PDL", "0")
+    assert not cuda_driver.pdl_enabled()
