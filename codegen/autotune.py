@@ -17,9 +17,9 @@ dropped with an ``AutotuneWarning``; if the heuristic itself fails, it stays. Re
 template's text, the candidates, the workloads, the architecture, the GPU's name, the driver and compiler
 versions and ingot's version: a second compile on the same machine times nothing.
 
-**When** (``tuning_gpu``): with ``INGOT_AUTOTUNE=auto``, ``lower_for_target`` tunes when a CUDA GPU is present whose
-compute capability is the target's (sm_90 for h100/h200, sm_100 for b200); unset or ``0`` is off for now
-(``DEFAULT_MODE``: the timing path has not run on a GPU yet); ``INGOT_AUTOTUNE=1`` makes it
+**When** (``tuning_gpu``): with ``INGOT_AUTOTUNE=auto`` (the default, ``DEFAULT_MODE``), ``lower_for_target`` tunes
+when a CUDA GPU is present whose compute capability is the target's (sm_90 for h100/h200, sm_100 for b200); ``0``
+is off; ``INGOT_AUTOTUNE=1`` makes it
 required (``AutotuneUnavailable`` without such a GPU). Otherwise the heuristics choose, and the artifact is exactly
 what it was without autotuning. The chosen kernel's entry in the kernel table gets an ``"autotune"`` record
 (``Result.record``: the heuristic's entry, both times, the knobs' values) that ``ingot inspect`` shows.
@@ -50,9 +50,9 @@ from .kernel import KernelSpec
 from .target import Target
 
 ENV = "INGOT_AUTOTUNE"
-#: unset means this: off until the timing path has run on real hardware (it has not yet; docs/PERF.md,
-#: "Autotuning"); ``auto`` tunes when a GPU of the target's architecture is present
-DEFAULT_MODE = "0"
+#: unset means this: tune when a GPU of the target's architecture is present (the timing path and the tuned
+#: kernels pass tests/codegen/test_autotune_gpu.py on the H200, 2026-11-29; docs/PERF.md, "Autotuning")
+DEFAULT_MODE = "auto"
 #: a candidate replaces the heuristic only when it is at least this much faster (timing noise is ~1-2%)
 MIN_GAIN = 0.02
 #: at most this many candidates per spec (the heuristic's included): each is compiled and timed

@@ -210,7 +210,7 @@ def test_when_it_tunes(monkeypatch):
     monkeypatch.setattr(at, "detect_gpu", lambda: GPU)
     assert at.tuning_gpu(H200) == GPU and at.tuning_gpu(get_target("h100")) == GPU
     monkeypatch.delenv(at.ENV)
-    assert at.tuning_gpu(H200) is None  # off by default until the timing path has run on a GPU
+    assert at.tuning_gpu(H200) == GPU  # unset: auto, tunes where a GPU of the architecture is present
     monkeypatch.setenv(at.ENV, "auto")
     assert at.tuning_gpu(get_target("b200")) is None  # another architecture: heuristics
     monkeypatch.setenv(at.ENV, "0")

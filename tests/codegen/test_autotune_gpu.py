@@ -61,7 +61,6 @@ def _tune(spec, timer, bounds):
 def test_tuned_gemv_is_correct_and_not_slower(gpu, timer, n, k, mb):
     spec = gemv_spec(n, k, mb, H200, bias=True)
     res = _tune(spec, timer, {})
-    from tests.codegen.test_gemv_gpu import _launch
 
     r = rng()
     bf16 = ml_dtypes.bfloat16
@@ -74,7 +73,7 @@ def test_tuned_gemv_is_correct_and_not_slower(gpu, timer, n, k, mb):
         xd = gpu.upload(x)
         for attempt in range(2):
             out = gpu.alloc((m, n), bf16)
-            _launch(gpu, res.chosen, x=xd, weight=wd, weight_scale=None, bias=bd, residual=None, out=out, M=m)
+            gpu.launch(res.chosen, x=xd, weight=wd, weight_scale=None, bias=bd, residual=None, out=out, M=m)
             got = gpu.download(out).astype(np.float64)
             assert np.isfinite(got).all(), f"M={m} launch {attempt}: unwritten outputs"
             err = np.abs(got - ref).max() / np.abs(ref).max()
