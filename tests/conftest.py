@@ -33,6 +33,12 @@ def pytest_report_header(config):
     return f"ingot test inputs: fresh draws; replay this run with INGOT_TEST_SEED={SESSION_SEED}"
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The seed again at the end: ``pytest -q`` (CI) prints no header, and a failure needs it to replay."""
+    if exitstatus != 0:
+        terminalreporter.write_line(f"replay this run's inputs with INGOT_TEST_SEED={SESSION_SEED}")
+
+
 @pytest.fixture(autouse=True)
 def _seed_per_test(request):
     from tests.helpers import reset_seeds
