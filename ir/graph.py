@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -168,6 +168,12 @@ class Graph:
             n = w.type.numel()
             total += n or 0
         return total
+
+    def replace_uses(self, replaced: Mapping[Value, Value]) -> None:
+        """Every use of a key of ``replaced`` (node inputs, graph outputs) becomes its value."""
+        for n in self.nodes:
+            n.inputs = [replaced.get(v, v) if v is not None else None for v in n.inputs]
+        self.outputs = [replaced.get(v, v) for v in self.outputs]
 
     def remove_unused(self) -> int:
         """Drop nodes and weights whose outputs nothing uses. Returns how many nodes went."""

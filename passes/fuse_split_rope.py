@@ -91,9 +91,7 @@ class FuseSplitRope(Pass):
         if not replaced:
             self.stats = {}
             return False
-        for n in graph.nodes:
-            n.inputs = [replaced.get(v, v) if v is not None else None for v in n.inputs]
-        graph.outputs = [replaced.get(v, v) for v in graph.outputs]
+        graph.replace_uses(replaced)
         graph.remove_unused()
         self.stats = {"split-rope": fused}
         return True
