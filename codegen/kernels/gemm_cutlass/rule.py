@@ -66,15 +66,13 @@ def variant_config(kind: str, target: Target) -> Config:
             return Config("sm100.cu", (256, 128, 128), (2, 1), two_sm=True)
         if kind in ("nvfp4", "mxfp4"):
             return Config("sm100_blockscaled.cu", (128, 128, 256), (1, 1))
-    elif target.wgmma:
-        if kind == "bf16":  # the fastest on the 1B model's prefill shapes (docs/PERF.md, bench/bench_gemm.py)
-            return Config("sm90.cu", (128, 128, 64), (2, 1), schedule="Pingpong", threads=384)
-        if kind == "fp8":
-            return Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384)
+    elif target.wgmma and kind in SM90_CANDIDATES:
+        return SM90_CANDIDATES[kind][0]
     raise ValueError(f"gemm_cutlass: no {kind} variant for target {target.name} ({target.arch})")
 
 
-#: sm_90a configurations worth timing per kind (the first is ``variant_config``'s default): CTA tile,
+#: sm_90a configurations worth timing per kind, the first ``variant_config``'s choice (bf16: the fastest on the 1B
+#: model's prefill shapes, docs/PERF.md; fp8: the fastest with f32 promotion): CTA tile,
 #: cluster and schedule (Cooperative: two consumer warp groups share one tile; Pingpong: each owns a tile and
 #: their epilogues overlap the other's MMAs; ``FP8FastAccum``: FP8 MMAs accumulate without CUTLASS's periodic
 #: promotion to f32 registers, what ``torch._scaled_mm(use_fast_accum=True)`` asks of cuBLASLt).
