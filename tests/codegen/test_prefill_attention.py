@@ -27,22 +27,14 @@ from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
 from ingot.codegen.target import get_target
 from ingot.ir.ops.llm import PagedAttention
 from ingot.ir.ops.quantized import PagedAttentionFp8
-from ingot.ir.types import DType, TensorType
+from ingot.ir.types import DType
 from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
+from tests.codegen.test_decode_attention import attn_types
 from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
 from tests.helpers import rng
 
 bf16, f32, f8 = DType.bf16, DType.f32, DType.f8e4m3fn
 h200 = get_target("h200")
-
-
-def attn_types(T, S, max_blocks, H=32, KV=8, D=128, bs=16, dtype=bf16, cache=bf16, fp8_scale=False):
-    ins = [TensorType(dtype, (T, H * D)), TensorType(dtype, (T, KV * D)), TensorType(dtype, (T, KV * D)),
-           TensorType(cache, ("num_blocks", 2, bs, KV, D)), TensorType(DType.i32, (S, max_blocks)),
-           TensorType(DType.i32, (S,)), TensorType(DType.i32, ("S+1",)), TensorType(DType.i64, (T,))]
-    if fp8_scale:
-        ins.append(TensorType(f32, (2, KV)))
-    return ins
 
 
 def family_attend(T, S, max_blocks, H=32, KV=8, D=128, dtype=bf16, softcap=0.0, window=0):
