@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gemv import COPY_TBPS, _cu, check, time_graph  # noqa: E402
+from bench_gemv import COPY_TBPS, init_gpu, time_graph  # noqa: E402
 from bench_gemv_quant import SpecKernel  # noqa: E402
 
 
@@ -74,10 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     from ingot.codegen.target import get_target
     from ingot.ir.types import DType
 
-    os.environ.setdefault("INGOT_CACHE_DIR", "/tmp/ingot-kernel-cache")
-    torch.cuda.init()
-    torch.zeros(1, device="cuda")
-    check(_cu().cuInit(0))
+    init_gpu()
     tgt = get_target("h200")
     B, L, H, KV, D, bs = a.batch, a.context, a.heads, a.kv_heads, a.head_dim, a.block_size
     scale = D ** -0.5

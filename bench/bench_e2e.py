@@ -267,47 +267,23 @@ def engine_decode(engine: Any, batch: int, context: int, warmup: int, steps: int
                   probe_steps: int = 0) -> dict[str, Any]:
     """``batch`` requests of ``context`` random tokens: prefill, ``warmup`` decode steps, ``steps`` timed steps,
     then ``probe_steps`` steps under a ``StepProbe`` (the per-step breakdown)."""
-    from bench.bench_tp import prefill_steps
-    from ingot.runtime.sampling import SamplingParams
+    from bench.bench_tp import decode_rate
 
-    r = np.random.default_rng(seed)
-    extra = prefill_steps(batch, context, engine.args) + 2  # requests prefilled early decode while others prefill
-    params = SamplingParams(max_tokens=warmup + steps + probe_steps + extra, temperature=0.0, ignore_eos=True)
-    ids = [engine.add_request([int(t) for t in r.integers(0, engine.vocab_size, context)], params)
-           for _ in range(batch)]
-    started: set[str] = set()
-    t0 = time.perf_counter()
-    while len(started) < batch:
-        for o in engine.step():
-            if o.outputs[0].token_ids:
-                started.add(o.request_id)
-        if time.perf_counter() - t0 > 600:
-            raise RuntimeError(f"prefill of {batch} x {context} tokens did not finish in 600 s")
-    prefill_s = time.perf_counter() - t0
-    for _ in range(warmup):
-        engine.step()
-    tokens = 0
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        for o in engine.step():
-            tokens += len(o.outputs[0].delta_token_ids)
-    dt = time.perf_counter() - t0
-    res: dict[str, Any] = {"tokens_per_s": round(tokens / dt, 1), "step_ms": round(dt / steps * 1e3, 4),
-                           "tokens": tokens, "expected_tokens": batch * steps, "prefill_s": round(prefill_s, 3)}
-    if probe_steps:
+    def probe() -> dict[str, Any]:
         step_s: list[float] = []
-        with StepProbe(engine) as probe:
+        with StepProbe(engine) as p:
             for _ in range(probe_steps):
                 t1 = time.perf_counter()
                 engine.step()
                 step_s.append(time.perf_counter() - t1)
-        res["breakdown"] = {"steps": probe_steps, "engine_step_ms": _median_ms(step_s),
-                            "executor_run_ms": _median_ms(probe.run_s), "gpu_ms": _median_ms(probe.gpu_s),
-                            "executor_calls": probe.calls}
-    for rid in ids:
-        engine.abort(rid)
-    if tokens != batch * steps:
-        raise RuntimeError(f"batch {batch}: {tokens} tokens in {steps} steps, expected {batch * steps}")
+        return {"breakdown": {"steps": probe_steps, "engine_step_ms": _median_ms(step_s),
+                              "executor_run_ms": _median_ms(p.run_s), "gpu_ms": _median_ms(p.gpu_s),
+                              "executor_calls": p.calls}}
+
+    res = decode_rate(engine, batch, context, warmup, steps, seed, extra_steps=probe_steps,
+                      after=probe if probe_steps else None)
+    if res["tokens"] != batch * steps:
+        raise RuntimeError(f"batch {batch}: {res['tokens']} tokens in {steps} steps, expected {batch * steps}")
     return res
 
 

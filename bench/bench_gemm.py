@@ -45,6 +45,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_gemv import capture_graph, replay_seconds, time_graph  # noqa: E402
 
 CEILING_TFLOPS = {"bf16": 747.0, "fp8": 1363.0}
 SQUARE = ((4096, 4096, 4096), (8192, 8192, 8192))
@@ -140,47 +143,19 @@ def _operands(torch: Any, mode: str, m: int, n: int, k: int, gen: Any) -> dict[s
     return {"x": x8, "w": w8, "xs": xs, "ws": ws, "ref": ref, "exact": exact, "ref_name": name}
 
 
-def _graph(torch: Any, fn: Any, iters: int) -> Any:
-    """``iters`` calls of ``fn`` captured in one CUDA graph (after three warm-up calls)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
-
-
-def _replay_time(torch: Any, graph: Any, iters: int) -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    graph.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / 1e3 / iters
-
-
-def _graph_time(torch: Any, fn: Any, iters: int, reps: int) -> float:
+def _graph_time(fn: Any, iters: int, reps: int) -> float:
     """Median seconds per call of ``fn``: ``iters`` calls in one CUDA graph, replayed ``reps`` times."""
-    graph = _graph(torch, fn, iters)
-    return statistics.median(_replay_time(torch, graph, iters) for _ in range(reps))
+    return time_graph(lambda i: fn(), iters, reps)
 
 
-def _ab_time(torch: Any, fns: list[Any], iters: int, reps: int) -> list[float]:
+def _ab_time(fns: list[Any], iters: int, reps: int) -> list[float]:
     """Median seconds per call of each of ``fns``, their graph replays interleaved (A B A B ...) so clock and
     temperature drift over the run reach every one alike."""
-    graphs = [_graph(torch, fn, iters) for fn in fns]
+    graphs = [capture_graph(lambda i, fn=fn: fn(), iters) for fn in fns]
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
         for g, t in zip(graphs, times):
-            t.append(_replay_time(torch, g, iters))
+            t.append(replay_seconds(g, iters))
     return [statistics.median(t) for t in times]
 
 
@@ -216,7 +191,7 @@ def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], 
             flops = 2.0 * m * n * k
             ref_out = ops["ref"]()
             ref_ok, ref_err = _close(torch, ref_out, exact)
-            t_ref = _graph_time(torch, ops["ref"], iters, reps)
+            t_ref = _graph_time(ops["ref"], iters, reps)
             row: dict[str, Any] = {"M": m, "N": n, "K": k, "mode": mode, "reference": ops["ref_name"],
                                    "ref_tflops": flops / t_ref / 1e12, "ref_err": ref_err, "ref_ok": ref_ok,
                                    "candidates": {}}
@@ -243,14 +218,14 @@ def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], 
                 ok, err = _close(torch, out, exact)
                 cand: dict[str, Any] = {"ok": ok, "err": err}
                 if ok:
-                    t = _graph_time(torch, launch, iters, reps)
+                    t = _graph_time(launch, iters, reps)
                     cand["tflops"] = flops / t / 1e12
                     launches[tag] = launch
                 row["candidates"][tag] = cand
             timed = {t: c["tflops"] for t, c in row["candidates"].items() if "tflops" in c}
             if timed:  # the screen's winner against the reference again, interleaved: the figures reported
                 best = max(timed, key=timed.__getitem__)
-                t_ref, t_best = _ab_time(torch, [ops["ref"], launches[best]], iters, 2 * reps)
+                t_ref, t_best = _ab_time([ops["ref"], launches[best]], iters, 2 * reps)
                 row |= {"best": best, "ref_tflops": flops / t_ref / 1e12, "ingot_tflops": flops / t_best / 1e12,
                         "ratio": t_ref / t_best}
             rows.append(row)

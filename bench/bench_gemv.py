@@ -46,6 +46,17 @@ def check(ret):
     return rest[0] if len(rest) == 1 else (rest or None)
 
 
+def init_gpu() -> None:
+    """torch's primary context (the kernels here launch on torch's streams with torch's tensors) and the driver
+    API; kernels cached in ``$INGOT_CACHE_DIR`` (default /tmp/ingot-kernel-cache)."""
+    import torch
+
+    os.environ.setdefault("INGOT_CACHE_DIR", "/tmp/ingot-kernel-cache")
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    check(_cu().cuInit(0))
+
+
 class Kernel:
     """A compiled GEMV spec, launched on torch's current stream with torch tensors."""
 
@@ -74,8 +85,8 @@ class Kernel:
         check(cu.cuLaunchKernel(self.fn, *grid, *self.spec.block, self.spec.smem, s, ctypes.addressof(ptrs), 0))
 
 
-def time_graph(record, launches: int, reps: int) -> float:
-    """Median seconds per launch: ``record(i)`` enqueues launch i; ``launches`` of them form one graph."""
+def capture_graph(record, launches: int):
+    """A CUDA graph of ``launches`` calls ``record(i)`` (three warm-up calls outside the capture first)."""
     import torch
 
     s = torch.cuda.Stream()
@@ -89,15 +100,25 @@ def time_graph(record, launches: int, reps: int) -> float:
             record(i)
     g.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3 / launches)
-    return statistics.median(times)
+    return g
+
+
+def replay_seconds(g, launches: int) -> float:
+    """Seconds per launch of one replay of ``g`` (CUDA events)."""
+    import torch
+
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / 1e3 / launches
+
+
+def time_graph(record, launches: int, reps: int) -> float:
+    """Median seconds per launch: ``record(i)`` enqueues launch i; ``launches`` of them form one graph."""
+    g = capture_graph(record, launches)
+    return statistics.median(replay_seconds(g, launches) for _ in range(reps))
 
 
 def configs(n: int, k: int, mb: int, sweep: bool):
@@ -183,10 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ingot.codegen.target import get_target
 
-    os.environ.setdefault("INGOT_CACHE_DIR", "/tmp/ingot-kernel-cache")
-    torch.cuda.init()
-    torch.zeros(1, device="cuda")
-    check(_cu().cuInit(0))
+    init_gpu()
     tgt = get_target("h200")
     shapes = [tuple(int(v) for v in s.split(",")) for s in a.shapes.split(";")] if a.shapes else SHAPES
     rows = []

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gemv import COPY_TBPS, ROTATE_BYTES, _cu, check, time_graph  # noqa: E402
+from bench_gemv import COPY_TBPS, ROTATE_BYTES, _cu, check, init_gpu, time_graph  # noqa: E402
 
 SHAPES = [(3072, 2048, "qkv"), (2048, 2048, "o"), (16384, 2048, "gate_up"), (2048, 8192, "down"),
           (128256, 2048, "lm_head")]
@@ -196,10 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ingot.codegen.target import get_target
 
-    os.environ.setdefault("INGOT_CACHE_DIR", "/tmp/ingot-kernel-cache")
-    torch.cuda.init()
-    torch.zeros(1, device="cuda")
-    check(_cu().cuInit(0))
+    init_gpu()
     tgt = get_target("h200")
     shapes = ([(*(int(v) for v in s.split(",")), s) for s in a.shapes.split(";")] if a.shapes else SHAPES)
     gen = torch.Generator(device="cuda").manual_seed(0)

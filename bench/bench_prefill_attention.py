@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gemv import _cu, check, time_graph  # noqa: E402
+from bench_gemv import init_gpu, time_graph  # noqa: E402
 from bench_gemv_quant import SpecKernel  # noqa: E402
 
 #: B x L x heads x kv heads x head_dim
@@ -156,12 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--old-reps", type=int, default=3)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    import torch
 
-    os.environ.setdefault("INGOT_CACHE_DIR", "/tmp/ingot-kernel-cache")
-    torch.cuda.init()
-    torch.zeros(1, device="cuda")
-    check(_cu().cuInit(0))
+    init_gpu()
     rows = []
     for shape in a.shapes:
         rows.append(bench_shape(shape, a))

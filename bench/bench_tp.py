@@ -80,12 +80,15 @@ def prefill_steps(batch: int, context: int, args) -> int:
     return -(-batch * context // args.max_num_batched_tokens) + 1
 
 
-def decode_rate(engine, batch: int, context: int, warmup: int, steps: int, seed: int) -> dict:
+def decode_rate(engine, batch: int, context: int, warmup: int, steps: int, seed: int, extra_steps: int = 0,
+                after=None) -> dict:
+    """``batch`` requests of ``context`` random tokens: prefill, ``warmup`` decode steps, ``steps`` timed steps;
+    then ``after()`` (more steps of the same requests, up to ``extra_steps``), whose dict joins the result."""
     from ingot.runtime.sampling import SamplingParams
 
     r = np.random.default_rng(seed)
     # requests prefilled in an early chunk decode while the others still prefill: room for those steps too
-    params = SamplingParams(max_tokens=warmup + steps + prefill_steps(batch, context, engine.args) + 2,
+    params = SamplingParams(max_tokens=warmup + steps + extra_steps + prefill_steps(batch, context, engine.args) + 2,
                             temperature=0.0, ignore_eos=True)
     ids = [engine.add_request([int(t) for t in r.integers(0, engine.vocab_size, context)], params)
            for _ in range(batch)]
@@ -106,10 +109,13 @@ def decode_rate(engine, batch: int, context: int, warmup: int, steps: int, seed:
         for o in engine.step():
             tokens += len(o.outputs[0].delta_token_ids)
     dt = time.perf_counter() - t0
+    res = {"tokens_per_s": round(tokens / dt, 1), "step_ms": round(dt / steps * 1e3, 4), "tokens": tokens,
+           "expected_tokens": batch * steps, "prefill_s": round(prefill_s, 3)}
+    if after is not None:
+        res |= after()
     for rid in ids:
         engine.abort(rid)
-    return {"tokens_per_s": round(tokens / dt, 1), "step_ms": round(dt / steps * 1e3, 3), "tokens": tokens,
-            "prefill_s": round(prefill_s, 3), "expected_tokens": batch * steps}
+    return res
 
 
 def greedy_tokens(engine, prompts: list[list[int]], max_tokens: int) -> list:
