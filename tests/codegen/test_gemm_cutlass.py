@@ -99,6 +99,126 @@ def test_plan_through_the_registry():
     assert first.family == "gemm"
 
 
+# -- per-shape configuration (rule.shape_config) ---------------------------------------------------------
+
+#: (kind, N, K) -> the configuration the h200 rule table picks. The first six bf16 rows are the shapes measured in
+#: docs/PERF.md ("Prefill GEMMs", M = 8192), each picking its measured winner; the rest follow the rules' thresholds
+#: (Llama-3-8B's projections, lm_heads, the tiny test model) or fall back to the default.
+SHAPE_CHOICES = [
+    ("bf16", 3072, 2048, "pp128x128x64c2x1"),  # 1B qkv: the default was the winner
+    ("bf16", 2048, 2048, "pp128x128x64c2x1"),  # 1B o
+    ("bf16", 16384, 2048, "pp128x128x64c1x2"),  # 1B gate+up
+    ("bf16", 2048, 8192, "coop256x128x64c1x2"),  # 1B down
+    ("bf16", 8192, 8192, "coop256x128x64c1x2"),
+    ("bf16", 4096, 4096, "coop128x256x64c2x1"),
+    ("bf16", 128256, 2048, "pp128x128x64c1x2"),  # a 1B lm_head: wide
+    ("bf16", 6144, 4096, "coop128x256x64c2x1"),  # 8B qkv
+    ("bf16", 28672, 4096, "pp128x128x64c1x2"),  # 8B gate+up
+    ("bf16", 4096, 14336, "coop256x128x64c1x2"),  # 8B down
+    ("bf16", 960, 576, "pp128x128x64c2x1"),  # SmolLM2-135M: small, the default
+    ("bf16", 256, 64, "pp128x128x64c2x1"),  # tiny: wide but small, the default
+    ("bf16", 8192, 2048, "pp128x128x64c1x2"),  # the wide rule's edge: N = 4K = 8192
+    ("bf16", 6144, 2048, "pp128x128x64c2x1"),  # 3x wide: the default
+    ("fp8", 16384, 2048, "coop128x128x128c1x2"),  # FP8 (f32 promotion): its default won every measured shape
+    ("fp8", 2048, 8192, "coop128x128x128c1x2"),
+]
+
+
+@pytest.mark.parametrize("kind,n,k,tag", SHAPE_CHOICES, ids=[f"{c[0]}-{c[1]}x{c[2]}" for c in SHAPE_CHOICES])
+def test_shape_config_per_shape(kind, n, k, tag):
+    from ingot.codegen.kernels.gemm_cutlass.rule import config_tag, shape_config
+
+    h200, h100 = get_target("h200"), get_target("h100")
+    assert config_tag(shape_config(kind, n, k, h200)) == tag
+    assert shape_config(kind, n, k, h100) == shape_config(kind, n, k, h200)  # the same sm_90a table
+    assert shape_config(kind, n, k, get_target("b200")) == variant_config(kind, get_target("b200"))  # one config
+
+
+def test_shape_rules_agree_with_their_measurements():
+    """Each rule's measured shapes reach it (no earlier rule takes them), and its configuration is a candidate, so
+    the autotuner's candidates always include the heuristic's choice."""
+    from ingot.codegen.kernels.gemm_cutlass.rule import SM90_CANDIDATES, SM90_SHAPE_RULES, shape_config
+
+    h200 = get_target("h200")
+    assert SM90_SHAPE_RULES and len({r.name for r in SM90_SHAPE_RULES}) == len(SM90_SHAPE_RULES)
+    for rule in SM90_SHAPE_RULES:
+        assert rule.config in SM90_CANDIDATES[rule.kind] and rule.measured
+        for n, k in rule.measured:
+            assert shape_config(rule.kind, n, k, h200) == rule.config, (rule.name, n, k)
+    # few configurations: an artifact of one model family builds at most this many CUTLASS kernels per epilogue
+    assert len({r.config for r in SM90_SHAPE_RULES} | {variant_config("bf16", h200)}) <= 4
+
+
+def test_generic_specs_per_configuration(monkeypatch):
+    """plan_linear picks the shape's configuration; linears of one configuration (and epilogue) share one kernel;
+    the default configuration's kernel is the one recorded before per-shape choice (same entry, same cache key)."""
+    from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+    from ingot.codegen.kernels.gemm_cutlass.rule import config_tag, shape_config
+
+    monkeypatch.setattr(cp, "cutlass_available", lambda: True)
+    h200 = get_target("h200")
+
+    class _Value:
+        def __init__(self, t):
+            self.type = t
+
+    class _Node:
+        op = Linear()
+
+        def __init__(self, n, k, residual=False, rows="T"):
+            self.inputs = [_Value(TensorType(DType.bf16, (rows, k))), _Value(TensorType(DType.bf16, (n, k))), None,
+                           _Value(TensorType(DType.bf16, (rows, n))) if residual else None]
+
+    def primary(n, k, residual=False):
+        node = _Node(n, k, residual)
+        x, w = node.inputs[0].type, node.inputs[1].type
+        plain = plan_op(Linear(), [x, w], "h200")[0]
+        return cp.plan_linear(node, plain, h200)
+
+    qkv, o, gate_up, down, lm_head = (primary(3072, 2048), primary(2048, 2048, True), primary(16384, 2048),
+                                      primary(2048, 8192, True), primary(128256, 2048))
+    assert qkv.entry == cp.generic_linear_spec("bf16", h200).entry and qkv.name == "linear_cutlass_bf16"
+    assert o.name == "linear_cutlass_bf16_res"
+    assert gate_up.name == "linear_cutlass_bf16_pp128x128x64c1x2" and gate_up.entry == lm_head.entry
+    assert down.name == "linear_cutlass_bf16_res_coop256x128x64c1x2"
+    for spec, (n, k) in ((gate_up, (16384, 2048)), (down, (2048, 8192))):
+        cfg = shape_config("bf16", n, k, h200)
+        assert (spec.value("TILE_M"), spec.value("TILE_N"), spec.value("CLUSTER_M"), spec.value("CLUSTER_N"),
+                spec.value("SCHEDULE")) == (*cfg.tile[:2], *cfg.cluster, cfg.schedule)
+        assert spec.value("N") == spec.value("K") == 0 and spec.block == (cfg.threads, 1, 1)
+        assert config_tag(cfg) in spec.name and f"tile {'x'.join(map(str, cfg.tile))}" in spec.doc
+    # the shaped spec autotuning is asked about, and back to the kernel
+    shaped = cp.tuning_spec(down, _Node(2048, 8192, True))
+    assert (shaped.value("N"), shaped.value("K"), shaped.value("ROWS"), shaped.value("HAS_BIAS")) == (2048, 8192, "T",
+                                                                                                     False)
+    assert shaped.key != down.key and cp.kernel_spec(shaped) == down and cp.kernel_spec(down) == down
+    assert cp.tuning_spec(shaped, _Node(2048, 8192, True)) == shaped and cp.tuning_spec(None, _Node(8, 8)) is None
+    static = cp.tuning_spec(qkv, _Node(3072, 2048, rows=4096))
+    assert static.value("ROWS") == 4096 and cp.kernel_spec(static) == qkv
+
+
+def test_cache_keys_stay_location_independent():
+    """Every candidate's source and build options enter the cache keys without this machine's paths (the CUTLASS
+    headers as ``-I<cutlass>``), so a kernel cache built elsewhere serves here."""
+    from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+    from ingot.codegen.kernels.gemm_cutlass.rule import SM90_CANDIDATES
+
+    if not cc.cutlass_include_dirs():
+        pytest.skip("needs the nvidia-cutlass wheel's headers (their location is what must not enter the keys)")
+    from ingot.codegen.kernels.gemm_cutlass.build import cutlass_options
+
+    h200 = get_target("h200")
+    dirs = cc.cutlass_include_dirs()
+    options = cc.key_options(cutlass_options())
+    assert "-I<cutlass>" in options and not any(d in o for o in options for d in dirs)
+    probe = cc.key_options(cp._probe_options(cp.generic_linear_spec("bf16", h200)))
+    assert not any(d in o for o in probe for d in dirs)
+    for kind, configs in SM90_CANDIDATES.items():
+        for cfg in configs:
+            src = cp.generic_linear_spec(kind, h200, config=cfg).source()
+            assert not any(d in src for d in dirs) and str(Path.home()) not in src
+
+
 # -- builds and SASS -------------------------------------------------------------------------------
 
 

@@ -20,8 +20,14 @@ code and an artifact's loading never executes shipped code (``shared/DESIGN.md``
    the kernel table (``kernels[entry]["cutlass"]``).
 
 The kernel itself is shape-generic (M, N, K are all run-time values), so the lowering uses one
-*generic* spec per (kind, residual, target) (``generic_linear_spec``): SmolLM2 and the tiny Llama
-share one ~40 s build. N and K come from the weight buffer's shape at launch.
+*generic* spec per (kind, residual, configuration, target) (``generic_linear_spec``): SmolLM2 and the tiny Llama
+share one ~40 s build. N and K come from the weight buffer's shape at launch. The configuration (tile, cluster,
+schedule) is chosen per linear from its N and K (``rule.shape_config``), so linears whose shapes favour different
+configurations run different builds, and all linears of one configuration share one.
+
+Autotuning (``codegen/autotune.py``, ``tune.py``) tunes per launch shape while kernels stay shape-generic: the
+lowering hands it each launch's *shaped* spec (``tuning_spec``: the generic spec with the launch's N, K and row
+dimension in its values; never compiled), and what is compiled for a shaped spec is ``kernel_spec`` of it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import math
 import os
 import struct
 import subprocess
@@ -52,7 +59,7 @@ from ...compile import (
 from ...kernel import KernelSpec
 from ...target import Target
 from .build import _jobs, cutlass_available, cutlass_options
-from .rule import OPERANDS, linear_cutlass_spec, plan, variant_config
+from .rule import OPERANDS, Config, config_tag, linear_cutlass_spec, plan, shape_config, variant_config
 
 LAYOUT_VERSION = 1
 #: the probe's pointer arguments, in order (sentinel i is SENTINEL + ((i + 1) << 32))
@@ -93,27 +100,36 @@ class LayoutError(RuntimeError):
 # -- the generic spec --------------------------------------------------------------------------------
 
 
-def generic_linear_spec(kind: str, target: Target, residual: bool = False) -> KernelSpec:
-    """One shape-generic CUTLASS ``linear`` kernel per (kind, residual, target), taking ``linear``'s own
-    launch arguments (``LINEAR_PARAMS``); the grid recorded is the persistent bound, the real one comes
-    from the layout for each M."""
-    base = linear_cutlass_spec(kind, 0, 0, target, residual=residual)
+def generic_linear_spec(kind: str, target: Target, residual: bool = False, config: Config | None = None) -> KernelSpec:
+    """One shape-generic CUTLASS ``linear`` kernel per (kind, residual, configuration, target), taking ``linear``'s
+    own launch arguments (``LINEAR_PARAMS``); the grid recorded is the persistent bound, the real one comes
+    from the layout for each M. ``config`` defaults to the kind's (``variant_config``); another one is named in
+    the entry (``linear_cutlass_bf16_coop256x128x64c1x2_...``)."""
+    default = variant_config(kind, target)
+    cfg = config or default
+    base = linear_cutlass_spec(kind, 0, 0, target, residual=residual, config=cfg)
     values = dict(base.values)
     values["ABI"] = ABI
-    cfg = variant_config(kind, target)
     doc = (f"CUTLASS {kind} GEMM {cfg.template}, tile {'x'.join(map(str, cfg.tile))}, cluster "
            f"{cfg.cluster[0]}x{cfg.cluster[1]}, shape-generic; launched with a Params blob built from the "
            f"kernel table's layout (gemm_cutlass/cutlass_params.py, ABI {ABI})")
-    return KernelSpec.make("gemm_cutlass", base.template, f"linear_cutlass_{kind}{'_res' if residual else ''}",
-                           base.arch, values, LINEAR_PARAMS, base.block, list(base.grid), smem=base.smem, doc=doc)
+    name = f"linear_cutlass_{kind}{'_res' if residual else ''}{'' if cfg == default else '_' + config_tag(cfg)}"
+    return KernelSpec.make("gemm_cutlass", base.template, name, base.arch, values, LINEAR_PARAMS, base.block,
+                           list(base.grid), smem=base.smem, doc=doc)
+
+
+def is_generic(spec: KernelSpec) -> bool:
+    """A shape-generic CUTLASS ``linear`` spec (compiled with a Params layout), shaped (``tuning_spec``) or not."""
+    return spec.family == "gemm_cutlass" and dict(spec.values).get("ABI") == ABI
 
 
 def plan_linear(node: Node, planned: KernelSpec, target: Target) -> KernelSpec | None:
     """The generic CUTLASS kernel to record as ``node``'s primary kernel instead of ``planned`` (the plain
     template GEMM, kept as the launch's alternative), or None: only bf16 ``linear`` on tcgen05 (b200) and
     wgmma (h100/h200) targets with K % 8 == 0 and N % 8 == 0, when nvcc and CUTLASS's headers are here (else
-    the plain GEMM alone); ``INGOT_NO_CUTLASS=1`` leaves it out. Small-M steps still run the GEMV variants
-    (``codegen/lower.py``); the CUTLASS kernel takes the prefill-sized ones."""
+    the plain GEMM alone); ``INGOT_NO_CUTLASS=1`` leaves it out. Its configuration is ``rule.shape_config``'s for
+    the weight's N and K. Small-M steps still run the GEMV variants (``codegen/lower.py``); the CUTLASS kernel takes
+    the prefill-sized ones."""
     if os.environ.get("INGOT_NO_CUTLASS", "") not in ("", "0"):
         return None
     if node.op.name != "linear" or planned.family != "gemm" or not (target.tcgen05 or target.wgmma):
@@ -121,7 +137,42 @@ def plan_linear(node: Node, planned: KernelSpec, target: Target) -> KernelSpec |
     specs = plan(node.op, [v.type if v is not None else None for v in node.inputs], target)
     if not specs or not cutlass_available():
         return None
-    return generic_linear_spec("bf16", target, residual=bool(specs[0].value("HAS_RESIDUAL")))
+    n, k = int(specs[0].value("N")), int(specs[0].value("K"))
+    return generic_linear_spec("bf16", target, residual=bool(specs[0].value("HAS_RESIDUAL")),
+                               config=shape_config("bf16", n, k, target))
+
+
+def _with_values(spec: KernelSpec, values: Mapping[str, Any]) -> KernelSpec:
+    return KernelSpec.make(spec.family, spec.template, spec.name, spec.arch, values,
+                           [(p.name, p.ctype) for p in spec.params], spec.block, list(spec.grid), spec.smem, spec.doc)
+
+
+def tuning_spec(spec: KernelSpec | None, node: Node) -> KernelSpec | None:
+    """What autotuning is asked about for the launch of ``spec`` at ``node``: for a generic CUTLASS spec, the same
+    spec with the launch's N and K, its row dimension (a bound's name such as ``"T"``, or a static count: x's
+    leading dims) and whether it has a bias in its values, so that each shape is tuned (autotuning is keyed by
+    spec) while the kernels stay shared (``kernel_spec``); any other spec (or None) as it is."""
+    if spec is None or not is_generic(spec) or int(spec.value("N")) != 0:
+        return spec
+    x, w = node.inputs[0].type, node.inputs[1].type
+    lead = list(x.shape or ())[:-1]
+    named = [d for d in lead if not isinstance(d, int)]
+    rows: int | str = str(named[0]) if named else math.prod(lead)
+    bias = len(node.inputs) > 2 and node.inputs[2] is not None
+    return shaped(spec, int(w.shape[0]), int(w.shape[1]), rows, bias)
+
+
+def shaped(spec: KernelSpec, n: int, k: int, rows: int | str, bias: bool) -> KernelSpec:
+    """The generic ``spec`` with a launch's shape in its values (``tuning_spec``); a stand-in while tuning, never
+    compiled."""
+    return _with_values(spec, dict(spec.values) | {"N": n, "K": k, "ROWS": rows, "HAS_BIAS": bias})
+
+
+def kernel_spec(spec: KernelSpec) -> KernelSpec:
+    """The generic spec compiled for a shaped one: its shape values taken out again (other specs as they are)."""
+    if not is_generic(spec) or "ROWS" not in dict(spec.values):
+        return spec
+    return _with_values(spec, {k: v for k, v in spec.values if k not in ("ROWS", "HAS_BIAS")} | {"N": 0, "K": 0})
 
 
 # -- compile time: the probe and the layout ------------------------------------------------------

@@ -12,8 +12,11 @@ Every variant has the same epilogue (``common.cuh``): ``out = w_scale[n] * (acc 
 bias[n] (+ residual[m, n])``, the vectors optional at run time (FP8: per-token x per-channel
 scales), the residual a build-time choice (it is CUTLASS's C operand). Output is bf16.
 
-Tile and cluster shapes are chosen here (``variant_config``); the defaults are the configurations
-built and checked so far (``shared/CUDA_NOTES.md``). The plan accepts plain bf16 linears whose N and
+Tile and cluster shapes are chosen here: ``variant_config`` is a kind's default on a target, ``shape_config``
+the choice for one linear's N and K (on h100/h200 a small table of rules, ``SM90_SHAPE_RULES``, from the
+candidates' timings on the H200; the kernels are shape-generic, so every linear that gets the same configuration
+shares one build). Where the compiling machine has the target's GPU, the autotuner times the kind's candidates
+(``SM90_CANDIDATES``) for each shape instead (``tune.py``). The plan accepts plain bf16 linears whose N and
 K suit TMA (16-byte rows); quantized linears get their specs from ``linear_cutlass_spec`` directly.
 """
 
@@ -58,7 +61,8 @@ class Config:
 
 
 def variant_config(kind: str, target: Target) -> Config:
-    """The tile/cluster for an operand kind on a target (first match wins; no autotuning yet)."""
+    """A kind's default tile/cluster on a target, for any shape (first match wins; ``shape_config`` chooses per
+    shape)."""
     if target.tcgen05:
         if kind == "bf16":
             return Config("sm100.cu", (256, 128, 64), (2, 1), two_sm=True)
@@ -97,18 +101,81 @@ SM90_CANDIDATES: dict[str, tuple[Config, ...]] = {
 }
 
 
-def candidate_configs(kind: str, target: Target) -> tuple[Config, ...]:
-    """Configurations to time for ``kind`` on ``target`` (the default alone where no candidates are listed)."""
-    if target.wgmma and not target.tcgen05 and kind in SM90_CANDIDATES:
-        return SM90_CANDIDATES[kind]
-    return (variant_config(kind, target),)
-
-
 def config_tag(cfg: Config) -> str:
     """A short name for a configuration, e.g. ``coop128x256x64c2x1``."""
     sched = cfg.schedule.replace("Cooperative", "coop").replace("Pingpong", "pp").replace("FP8FastAccum", "fa")
     return (f"{sched}{'2sm' if cfg.two_sm else ''}{'x'.join(map(str, cfg.tile))}"
             f"c{cfg.cluster[0]}x{cfg.cluster[1]}")
+
+
+def _candidate(kind: str, tag: str) -> Config:
+    """The ``SM90_CANDIDATES[kind]`` entry named ``tag`` (``config_tag``): rules name their configuration."""
+    found = [c for c in SM90_CANDIDATES[kind] if config_tag(c) == tag]
+    if len(found) != 1:
+        raise ValueError(f"gemm_cutlass: no single {kind} candidate {tag!r} in SM90_CANDIDATES")
+    return found[0]
+
+
+@dataclass(frozen=True)
+class ShapeRule:
+    """Linears with ``N >= min_n``, ``K >= min_k`` and ``N >= min_n_per_k * K`` take ``config``. ``measured``:
+    the (N, K) shapes whose fastest candidate it is (docs/PERF.md), which ``tests/codegen/test_gemm_cutlass.py``
+    checks the table against."""
+
+    name: str
+    kind: str
+    config: Config
+    min_n: int = 0
+    min_k: int = 0
+    min_n_per_k: int = 0
+    measured: tuple[tuple[int, int], ...] = ()
+
+    def applies(self, kind: str, n: int, k: int) -> bool:
+        return kind == self.kind and n >= self.min_n and k >= self.min_k and n >= self.min_n_per_k * k
+
+
+#: Per-shape choice on h100/h200, tried in order, first match wins, else the kind's default (``variant_config``).
+#: Data: docs/PERF.md, "Prefill GEMMs: CUTLASS sm_90a vs cuBLAS / cuBLASLt" (H200, 2026-11-29, bench/bench_gemm.py,
+#: M = 8192 rows): the fastest bf16 candidate was pp128x128x64c2x1 (the default) for N x K = 3072x2048 and 2048x2048,
+#: pp128x128x64c1x2 for 16384x2048, coop256x128x64c1x2 for 2048x8192 and 8192x8192, coop128x256x64c2x1 for 4096x4096;
+#: the default was within 3-10% of the winner elsewhere. Only those six shapes were measured, at that one row
+#: count: the thresholds between them are a guess (tuning on the target GPU measures the artifact's own shapes).
+#: Rules are few on purpose: each configuration an artifact uses is one more multi-minute nvcc build (cubin and
+#: Params probe) shared by all its linears of that configuration and epilogue. FP8 (f32 promotion) has no rule:
+#: its default, coop128x128x128c1x2, was the fastest FP8 candidate on all six shapes (the FP8FastAccum ones give
+#: other numerics and are not a per-shape choice).
+SM90_SHAPE_RULES: tuple[ShapeRule, ...] = (
+    # long reductions (a down projection; 8192^3 too, so before "large"): a 256-row tile loads each weight tile
+    # once per 256 rows instead of 128, which pays where the main loop dominates
+    ShapeRule("long-k", "bf16", _candidate("bf16", "coop256x128x64c1x2"), min_k=8192,
+              measured=((2048, 8192), (8192, 8192))),
+    # many more outputs than inputs (gate+up, lm_head): the default's tile, its 2-CTA cluster along N instead of M
+    # (the pair shares x tiles instead of weight tiles)
+    ShapeRule("wide-n", "bf16", _candidate("bf16", "pp128x128x64c1x2"), min_n=8192, min_n_per_k=4,
+              measured=((16384, 2048),)),
+    # large layers otherwise (an 8B model's attention projections): 256-column tiles
+    ShapeRule("large", "bf16", _candidate("bf16", "coop128x256x64c2x1"), min_n=4096, min_k=4096,
+              measured=((4096, 4096),)),
+)
+
+
+def shape_config(kind: str, n: int, k: int, target: Target) -> Config:
+    """The configuration for a ``kind`` linear of N outputs and K inputs on ``target``: the first of
+    ``SM90_SHAPE_RULES`` that applies on h100/h200, else (and on other targets) the kind's default. Deterministic:
+    what every compile without a GPU of the target's architecture records."""
+    default = variant_config(kind, target)
+    if target.wgmma and not target.tcgen05 and default.template == "sm90.cu":
+        rule = next((r for r in SM90_SHAPE_RULES if r.applies(kind, n, k)), None)
+        if rule is not None:
+            return rule.config
+    return default
+
+
+def candidate_configs(kind: str, target: Target) -> tuple[Config, ...]:
+    """Configurations to time for ``kind`` on ``target`` (the default alone where no candidates are listed)."""
+    if target.wgmma and not target.tcgen05 and kind in SM90_CANDIDATES:
+        return SM90_CANDIDATES[kind]
+    return (variant_config(kind, target),)
 
 
 def supports(kind: str, target: Target) -> bool:
@@ -168,7 +235,8 @@ def plan(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[Ke
         return None
     if not supports("bf16", target) or k % OPERANDS["bf16"][2] or n % 8:
         return None
-    return [linear_cutlass_spec("bf16", n, k, target, residual=residual is not None)]
+    return [linear_cutlass_spec("bf16", n, k, target, residual=residual is not None,
+                                config=shape_config("bf16", n, k, target))]
 
 
 FAMILY = Family(name="gemm_cutlass", ops=("linear",), plan=plan)
