@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gemv import COPY_TBPS, ROTATE_BYTES, _cu, check, init_gpu, time_graph  # noqa: E402
+from bench_gemv import COPY_TBPS, ROTATE_BYTES, _cu, check, init_gpu, launch_kernel, time_graph  # noqa: E402
 
 SHAPES = [(3072, 2048, "qkv"), (2048, 2048, "o"), (16384, 2048, "gate_up"), (2048, 8192, "down"),
           (128256, 2048, "lm_head")]
@@ -46,7 +46,7 @@ class SpecKernel:
             attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(cu.cuFuncSetAttribute(self.fn, attr, spec.smem))
 
-    def launch(self, **args) -> None:
+    def launch(self, pdl: bool = False, **args) -> None:
         import torch
 
         vals = []
@@ -64,7 +64,7 @@ class SpecKernel:
         ints = {p.name: int(args[p.name]) for p in self.spec.params if p.ctype in ("i32", "i64")}
         grid = self.spec.grid_dims(ints)
         s = torch.cuda.current_stream().cuda_stream
-        check(_cu().cuLaunchKernel(self.fn, *grid, *self.spec.block, self.spec.smem, s, ctypes.addressof(ptrs), 0))
+        launch_kernel(self.fn, grid, self.spec.block, self.spec.smem, s, ctypes.addressof(ptrs), pdl)
 
 
 def make_weights(fmt: str, n: int, k: int, copies: int, gen):
@@ -109,7 +109,7 @@ def quantize_x(x):
 
 
 def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launches: int, reps: int, gen, tgt,
-                emit) -> list[dict]:
+                emit, pdl: bool = True) -> list[dict]:
     import torch
 
     from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec, weight_bytes_per_row
@@ -158,17 +158,19 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
                 torch.cuda.synchronize()
                 err = max(err, float((out.float() - ref).abs().max() / ref.abs().max()))
 
-            def ours(i: int, kern=kern, x=x, out=out, m=m, wq=wq, copies=copies) -> None:
+            def ours(i: int, kern=kern, x=x, out=out, m=m, wq=wq, copies=copies, pdl=False) -> None:
                 c = wq[i % copies]
                 kern.launch(x=x, weight=c["weight"], weight_scale=c["weight_scale"],
                             weight_scale_2=c["weight_scale_2"], input_scale=None, bias=None, residual=None,
-                            out=out, M=m)
+                            out=out, M=m, pdl=pdl)
 
-            t = time_graph(ours, launches, reps)
+            # PDL launches as the runtime does (codegen/kernel.py), plain launches beside them
+            t_plain = time_graph(ours, launches, reps)
+            t = time_graph(lambda i: ours(i, pdl=True), launches, reps) if pdl else t_plain
             tbps = nbytes / t / 1e12
             row = {"bench": "gemv_quant", "shape": name, "n": n, "k": k, "m": m, "format": label, "mb": mb,
                    "splitk": spec.value("SPLITK"), "weight_mb": nbytes / 1e6, "us": t * 1e6, "tbps": tbps,
-                   "frac_of_4.19": tbps / COPY_TBPS, "rel_err": err,
+                   "frac_of_4.19": tbps / COPY_TBPS, "rel_err": err, "pdl": pdl, "plain_us": t_plain * 1e6,
                    "bf16_matmul_us": t_bf16 * 1e6, "bf16_matmul_tbps": n * k * 2 / t_bf16 / 1e12,
                    "scaled_mm_m": m16, "scaled_mm_us": None if t_fp8 is None else t_fp8 * 1e6,
                    "scaled_mm_tbps": None if t_fp8 is None else n * k / t_fp8 / 1e12,
@@ -190,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-pdl", dest="pdl", action="store_false",
+                    help="plain launches only (default: programmatic dependent launch as the runtime, plain beside)")
     a = ap.parse_args(argv)
     import torch
 
@@ -205,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
 
     for n, k, name in shapes:
-        rows += bench_shape(n, k, name, a.m, a.formats, a.launches, a.reps, gen, tgt, emit)
+        rows += bench_shape(n, k, name, a.m, a.formats, a.launches, a.reps, gen, tgt, emit, a.pdl)
         torch.cuda.empty_cache()
     print("\nsummary: ingot TB/s of weight bytes (fraction of 4.19) | _scaled_mm fp8 TB/s | bf16 matmul TB/s")
     for r in rows:

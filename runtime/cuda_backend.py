@@ -118,13 +118,14 @@ class _Launch:
         names = [p.name for p in spec.params]
         self.rows = self.values[names.index(rows_arg)] if self.variants and rows_arg in names else None
 
-    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> None:
+    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> str | None:
+        """Queue the launch for the step's ``dims``; returns the kernel entry launched (None: an empty grid)."""
         ints = {}
         for name, obj, expr in self.dims:
             obj.value = ints[name] = dims[expr]
         grid = self.spec.grid_dims(ints)
         if min(grid) <= 0:
-            return
+            return None
         if self.rows is not None:
             m = int(self.rows.value)
             for (max_rows, fn, spec), pdl in zip(self.variants, self.variant_pdl):
@@ -132,8 +133,9 @@ class _Launch:
                     self.variant_launches += 1
                     cd.launch(fn, spec.grid_dims(ints), spec.block, spec.smem, stream, self.params_addr, self.what,
                               pdl)
-                    return
+                    return spec.entry
         cd.launch(self.fn, grid, self.spec.block, self.spec.smem, stream, self.params_addr, self.what, self.pdl)
+        return self.spec.entry
 
 
 class _CutlassLaunch(_Launch):
@@ -151,7 +153,7 @@ class _CutlassLaunch(_Launch):
         self.m_value = self.values[names.index("M")]
         self.blobs: dict[int, tuple[bytes, dict[str, Any]]] = {}
 
-    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> None:
+    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> str | None:
         from ..codegen.kernels.gemm_cutlass import cutlass_params
 
         ints = {}
@@ -159,16 +161,17 @@ class _CutlassLaunch(_Launch):
             obj.value = ints[name] = dims[expr]
         m = int(self.m_value.value)
         if m <= 0:
-            return
+            return None
         for (max_rows, fn, spec), pdl in zip(self.variants, self.variant_pdl):
             if m <= max_rows:
                 self.variant_launches += 1
                 cd.launch(fn, spec.grid_dims(ints), spec.block, spec.smem, stream, self.params_addr, self.what, pdl)
-                return
+                return spec.entry
         if m not in self.blobs:
             self.blobs[m] = cutlass_params.build_params(self.layout, self.pointers, m, self.n, self.k, self.sm_count)
         blob, config = self.blobs[m]
         cutlass_params.launch(self.fn, blob, config, stream.handle)
+        return self.spec.entry
 
 
 class _CollectiveLaunch:
@@ -185,11 +188,12 @@ class _CollectiveLaunch:
         self.communicator: Any = None
         self.variant_launches = 0
 
-    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> None:
+    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> str | None:
         if self.communicator is None:
             raise CudaArtifactError(f"{self.what}: this artifact is one rank of a tensor-parallel group; run it "
                                     "through the TP runtime (ingot.LLM / ingot.load on the TP artifact)")
         self.communicator.all_reduce(self.send, self.recv, int(dims[self.count]), self.dtype, _address(stream.handle))
+        return "all_reduce"
 
 
 class _GreedyArgmax(_Launch):
@@ -582,6 +586,38 @@ class CudaExecutor:
             self.argmax.enqueue({"S": dims["S"]}, self.stream)
         self.stats["eager_steps"] += 1
         return dims
+
+    def profile(self, step_inputs: Mapping[str, np.ndarray], repeats: int = 5) -> list[dict[str, Any]]:
+        """The GPU time of every launch of one step: ``[{"launch", "op", "source", "kernel", "us"}]`` in launch
+        order, ``kernel`` the entry that ran (a variant for small steps), ``us`` the median over ``repeats`` runs
+        of the step, each launch timed alone between two CUDA events (plain launches: no CUDA graph, and the
+        events keep PDL launches from overlapping, so the sum exceeds a graph step's time by the launch gaps
+        that graphs and PDL hide). The step runs ``repeats`` times: its KV-cache writes repeat the same values.
+        ``bench/bench_profile.py`` prints it grouped by op."""
+        self.ctx.make_current()
+        dims, arrays = self._bind(step_inputs, False)
+        end = self._stage(arrays)
+        self._staged_bucket = None
+        values = {e: eval_dim(e, dims) for e in self.exprs}
+        events = [cd.Event() for _ in range(len(self.launches) + 1)]
+        times: list[list[float]] = [[] for _ in self.launches]
+        ran: list[str | None] = [None] * len(self.launches)
+        try:
+            for _ in range(max(1, repeats)):
+                cd.memcpy_htod(self.arena.ptr + self.base["io"], self.staging.ptr, end, self.stream)
+                events[0].record(self.stream)
+                for i, ln in enumerate(self.launches):
+                    ran[i] = ln.enqueue(values, self.stream)
+                    events[i + 1].record(self.stream)
+                events[-1].synchronize()
+                for i in range(len(self.launches)):
+                    times[i].append(events[i + 1].elapsed_ms(events[i]) * 1e3)
+        finally:
+            for e in events:
+                e.destroy()
+        return [{"launch": i, "op": ln["op"], "source": ln.get("source"), "kernel": ran[i],
+                 "us": round(float(np.median(times[i])), 3)}
+                for i, ln in enumerate(self.cuda["launches"]) if ran[i] is not None]
 
     # -- CUDA graphs for decode ------------------------------------------------------------------
     def _decode_bucket(self, feeds: Mapping[str, np.ndarray]) -> int | None:

@@ -13,11 +13,14 @@ import pytest
 
 import ingot
 from ingot.codegen.compile import compile_spec
-from ingot.codegen.kernel import PDL_MARKER, has_pdl
+from ingot.codegen.kernel import PDL_MARKER, PDL_PLACEHOLDER, has_pdl
 from ingot.codegen.kernels.gemm_cutlass.rule import linear_cutlass_spec
+from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec
 from ingot.codegen.kernels.gemv.rule import gemv_spec
+from ingot.codegen.kernels.norm.rule import norm_spec
 from ingot.codegen.sass import disassemble, opcodes
 from ingot.codegen.target import get_target
+from ingot.ir.types import DType
 from ingot.runtime import cuda_driver
 from tests.codegen.common import module_kernel_cache, needs_compiler, needs_cuobjdump  # noqa: F401 (autouse fixture)
 
@@ -25,12 +28,29 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def test_template_kernels_start_with_the_prologue():
-    src = gemv_spec(2048, 2048, 8, get_target("h200")).source()
+    src = norm_spec("rms", DType.bf16, DType.bf16, 2048, 1e-6, get_target("h200")).source()
     kernels = re.findall(r'extern "C" __global__[^{;]*\{', src)
     assert kernels and src.count(PDL_MARKER) == len(kernels)
     body = src[src.index(kernels[0]) + len(kernels[0]):]
     assert body.lstrip().startswith("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900")
     assert body.index("griddepcontrol.wait") < body.index("griddepcontrol.launch_dependents") < body.index("#endif")
+
+
+@pytest.mark.parametrize("make", [lambda t: gemv_spec(2048, 2048, 8, t),
+                                  lambda t: quant_gemv_spec(2048, 2048, 8, t, "fp8", "fp8", "token")],
+                         ids=["bf16", "fp8"])
+def test_gemv_waits_after_its_weight_prefetch(make):
+    """The decode GEMVs place the wait themselves: the L2 prefetch of their weights comes before it, every read
+    of x (the previous kernel's output) after it; one wait per kernel, none injected at the start."""
+    src = make(get_target("h200")).source()
+    assert PDL_PLACEHOLDER not in src and src.count(PDL_MARKER) == 1
+    body = src[src.index('extern "C" __global__'):]
+    wait = body.index(PDL_MARKER)
+    prefetch = body.index("qg_prefetch_rows(" if "qg_prefetch_rows" in body else "cp.async.bulk.prefetch.L2")
+    assert prefetch < wait
+    assert wait < body.index("griddepcontrol.launch_dependents")
+    reads = [m.start() for m in re.finditer(r"(gemv|qg)_ld_x\(x", body)]
+    assert reads and min(reads) > wait
 
 
 def test_cutlass_kernels_have_no_prologue():

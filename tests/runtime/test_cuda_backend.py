@@ -236,3 +236,37 @@ def test_wrong_architecture_is_refused(gpu_target, tmp_path):
     path = ingot.compile(FIXTURES / "tiny_llama_kv.onnx", target=other, out=tmp_path / "o.ingot", mode="llm")
     with pytest.raises(CudaArtifactError, match="compiled for sm_"):
         ingot.load(path, device="cuda")
+
+
+@pytest.mark.gpu
+def test_profile_times_every_launch_of_a_step(gpu_target, tmp_path):
+    """``CudaExecutor.profile`` (bench/bench_profile.py): one row per launch that ran, in launch order, with the
+    kernel that ran (the decode variant for a decode step), a positive time, and the step's results unchanged."""
+    from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
+
+    gpu = ingot.compile(FIXTURES / "tiny_llama_kv.onnx", target=gpu_target, out=tmp_path / "g.ingot", mode="llm")
+    ex = CudaExecutor.from_artifact(gpu, num_blocks=16, cuda_graphs=False)
+    seen: list[dict[str, np.ndarray]] = []
+    run = ex.run
+
+    def keep(feeds, *args, **kwargs):
+        seen.append({k: np.array(v, copy=True) for k, v in feeds.items() if not k.startswith("kv_cache")})
+        return run(feeds, *args, **kwargs)
+
+    ex.run = keep  # type: ignore[method-assign]
+    got = drive_steps(CudaPagedModel(ex), _mixed_steps(256))
+    launches = ex.cuda["launches"]
+    tables = {**ex.cuda["kernels"], **ex.cuda.get("variant_kernels", {})}
+    for i, feeds in ((0, seen[0]), (len(seen) - 2, seen[-2])):  # the batched prefill and a 3-sequence decode step
+        rows = ex.profile(feeds, repeats=3)
+        assert [r["launch"] for r in rows] == sorted(r["launch"] for r in rows) and len(rows) >= len(launches) - 2
+        for r in rows:
+            ln = launches[r["launch"]]
+            assert r["op"] == ln["op"] and r["us"] > 0 and r["kernel"] in tables
+            assert r["kernel"] in [ln["kernel"]] + [v["kernel"] for v in ln.get("variants", ())]
+        if len(feeds["input_ids"]) == len(feeds["seq_lens"]):  # decode: every linear at <= 8 rows runs a variant
+            linears = [r for r in rows if r["op"] == "linear" and launches[r["launch"]].get("variants")]
+            assert all(r["kernel"] != launches[r["launch"]]["kernel"] for r in linears)
+        again = run(feeds)["logits"]
+        assert np.array_equal(again, got[i]), "the profiled step changed the step's results"
+    ex.close()

@@ -17,6 +17,11 @@
 //   workspace, and the last CTA of a row block (atomic counter, reset by that CTA for the next launch)
 //   sums the partials in a fixed order (deterministic) and runs the epilogue. One launch at a time per
 //   module (stream order) may use the workspace.
+// - programmatic dependent launch: the weights do not depend on the kernel before this one, so the CTA asks L2
+//   for the first ${PF_COLS} columns of each of its rows' K slice (cp.async.bulk.prefetch) and loads its first
+//   stage of weights into registers *before* waiting for that kernel's grid; only x (its output) is read after
+//   the wait. Launched early (PDL), the weight stream so overlaps the previous kernel's tail instead of starting
+//   from an idle memory system.
 struct u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ u32x4 gemv_ld_stream(const void* p) {
@@ -40,12 +45,13 @@ __device__ __forceinline__ void gemv_mma(float* d, unsigned a0, unsigned a1, uns
 
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, BN = 16 * MT * WARPS;
-constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U}, STEPS = KS / 32, NS = STEPS / U;
+constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U}, STEPS = KS / 32, NS = STEPS / U, PF_COLS = ${PF_COLS};
 constexpr int LDX = KS + 32;  // x row stride in shared memory (bf16): +64 B keeps the 16-B fragment loads conflict-free
 constexpr int GX = (N + BN - 1) / BN;
 static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
 static_assert(KS % (32 * U) == 0 && K % 32 == 0, "K slices are whole stages of 32-column steps");
 static_assert(SPLITK * KS >= K && (SPLITK - 1) * KS < K, "SPLITK slices cover K");
+static_assert(PF_COLS % 8 == 0 && PF_COLS <= KS, "L2 prefetch: whole 16-byte chunks of the K slice");
 }  // namespace
 
 __device__ float ${KERNEL}_ws[SPLITK > 1 ? SPLITK * GX * BN * MB : 1];
@@ -71,6 +77,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
       p[mt][h] = wbits + (i64)(r < N ? r : N - 1) * K + kb + 8 * q;
     }
 
+  // L2 prefetch of the CTA's weight rows (bytes a multiple of 16: K and kb are multiples of 32 columns)
+  if (PF_COLS > 0) {
+    const int cols = min(PF_COLS, K - kb);
+    for (int r = threadIdx.x; r < BN; r += WARPS * 32) {
+      const int n = blockIdx.x * BN + r;
+      if (n < N && cols > 0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wbits + (i64)n * K + kb), "r"(cols * 2)
+                     : "memory");
+    }
+  }
   u32x4 buf[2][U][MT][2];
   // stage 0 of w first, so the weight stream starts before x is staged
 #pragma unroll
@@ -81,6 +97,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
 #pragma unroll
       for (int h = 0; h < 2; ++h) buf[0][u][mt][h] = ok ? gemv_ld_stream(p[mt][h] + 32 * u) : u32x4{0, 0, 0, 0};
   }
+  // the previous kernel's outputs (x, residual) are read only from here on
+${PDL_WAIT}
   // x[0:M, kb:kb+KS] -> shared memory (tokens >= M and columns >= K are zeros)
   const unsigned short* xbits = reinterpret_cast<const unsigned short*>(x);
   for (int i = threadIdx.x; i < MB * (KS / 8); i += WARPS * 32) {

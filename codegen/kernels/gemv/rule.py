@@ -51,6 +51,10 @@ SHAPE_BY_BUCKET = {8: (4, 1, 8), 16: (4, 1, 8), 32: (8, 1, 4), 64: (8, 1, 4)}
 LARGE_N_SHAPE = {32: (8, 2, 2)}
 #: split K until the grid has this many CTAs per SM
 CTAS_PER_SM = {8: 1.5, 16: 1.5, 32: 0.9, 64: 0.9}
+#: weight bytes a launch asks L2 to prefetch before its grid-dependency wait (the same leading fraction of every
+#: CTA's K slice): the whole matrix when it is smaller, so a layer's small GEMVs start from L2; well under the
+#: H100/H200's 50 MB L2 so the prefetched lines survive until they are read
+PREFETCH_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ class GemvConfig:
     splitk: int = 1
     stage_steps: int = 4  # U: 32-column steps per load stage
     slice_k: int = 0  # KS (0: derived from splitk)
+    prefetch_cols: int = -1  # PF_COLS: leading columns of each K slice prefetched to L2 (-1: from PREFETCH_BYTES)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -97,14 +102,24 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
     return GemvConfig(warps=warps, tiles=tiles, splitk=splitk, stage_steps=stage_steps, slice_k=ks)
 
 
+def prefetch_cols(n: int, k: int, slice_k: int, elem_bytes: float = 2.0, budget: int = PREFETCH_BYTES) -> int:
+    """Columns of each CTA's K slice to prefetch into L2: all of it when ``w[n, k]`` fits ``budget``, else the
+    leading fraction that does (whole 32-column steps; 0 when that is less than one)."""
+    total = n * k * elem_bytes
+    if total <= budget:
+        return slice_k
+    return int(slice_k * budget / total) // 32 * 32
+
+
 def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
               config: GemvConfig | None = None) -> KernelSpec:
     """The variant for ``M <= mb`` of ``linear`` with bf16 ``x[M, k]``, ``w[n, k]``; params as the GEMM's."""
     if k % 32 or mb not in BUCKETS:
         raise ValueError(f"gemv: K must be a multiple of 32 (got {k}) and mb one of {BUCKETS} (got {mb})")
     cfg = config or gemv_config(n, k, mb, target.num_sms or 132)
+    pf = prefetch_cols(n, k, cfg.slice_k) if cfg.prefetch_cols < 0 else cfg.prefetch_cols
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
-              "U": cfg.stage_steps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual}
+              "U": cfg.stage_steps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual, "PF_COLS": pf}
     tag = f"gemv_bf16_n{n}_k{k}_m{mb}"
     return KernelSpec.make("gemv", "kernel.cu", tag, target.arch or "", values, PARAMS, 32 * cfg.warps,
                            [GridDim(const=-(-n // (16 * cfg.warps * cfg.tiles))), GridDim(const=cfg.splitk)],

@@ -110,6 +110,7 @@ def _is(template: str):
 
 
 TUNABLES = [
-    Tunable("gemv-bf16", _is("kernel.cu"), bf16_candidates, workloads, KNOBS),
-    Tunable("gemv-quant", _is("quant.cu"), quant_candidates, workloads, KNOBS),
+    # the L2 prefetch length follows the K slice (rule.prefetch_cols), so it differs between candidates too
+    Tunable("gemv-bf16", _is("kernel.cu"), bf16_candidates, workloads, KNOBS + ("PF_COLS",)),
+    Tunable("gemv-quant", _is("quant.cu"), quant_candidates, workloads, KNOBS + ("PF_ROW_BYTES",)),
 ]
