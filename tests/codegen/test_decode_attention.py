@@ -1,18 +1,25 @@
 """Split-KV decode attention (``codegen/kernels/attention/decode_split.cu``) without a GPU: when the rule picks
-it, the split arithmetic the kernel uses (mirrored by ``split_plan``), grid and workspace, and compile checks."""
+it, the split arithmetic the kernel uses (mirrored by ``split_plan``), grid and workspace, compile checks, and the
+tensor-core loop's fragment data flow emulated in numpy."""
 
 from __future__ import annotations
 
+import ml_dtypes
+import numpy as np
 import pytest
 
 from ingot.codegen import compile as cc
 from ingot.codegen.kernel import GridDim
 from ingot.codegen.kernels.attention.split_rule import (
+    CTAS_PER_SM,
     FP8_ATTEND_PARAMS,
     FP8_WRITE_PARAMS,
     MAX_SPLITS,
+    MMA_TILE,
     cache_write_fp8_spec,
     decode_split_spec,
+    mma_stage_bytes,
+    resident_ctas,
     split_config,
     split_plan,
     use_split,
@@ -25,6 +32,7 @@ from ingot.ir.ops.llm import PagedAttention
 from ingot.ir.ops.quantized import PagedAttentionFp8
 from ingot.ir.types import DType, TensorType
 from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
+from tests.helpers import rng
 
 bf16, f32, f8 = DType.bf16, DType.f32, DType.f8e4m3fn
 
@@ -79,7 +87,29 @@ def test_split_arithmetic(D, G, bs):
                 if nsplit > 1:  # only tokens whose partials fit the workspace split, and only while the grid is small
                     assert token < cfg.token_cap and num_tokens * cfg.num_kv_heads < cfg.target_ctas
                     assert per * bs >= 256 or nsplit == -(-nblk // per)
-    assert split_plan(cfg, 0, 4095, 32, 0)[0] > 1  # the benchmark's case splits
+    if 32 * 8 < cfg.target_ctas:  # the benchmark's case (batch 32, 8 KV heads) splits where the grid has room
+        assert split_plan(cfg, 0, 4095, 32, 0)[0] > 1
+
+
+def test_loop_choice_and_shared_memory():
+    """bf16 caches with whole 16-position tiles take the tensor-core loop, whose rings fit two CTAs per SM for
+    head_dim 64/128 (one for 256); the FP8 cache and 8-position blocks keep the CUDA-core loop (no dynamic smem)."""
+    h200 = get_target("h200")
+    for D, per_sm in ((64, 2), (128, 2), (256, 1)):
+        cfg = split_config(D, 8, 4, 16, 132)
+        assert cfg.mma and cfg.stages >= 2 and cfg.target_ctas == per_sm * 132
+        assert resident_ctas(cfg.smem_bytes) == per_sm and cfg.smem_bytes <= h200.smem_per_block
+        assert cfg.smem_bytes == cfg.warps * cfg.stages * mma_stage_bytes(D)
+        assert 8 * 4 * D <= cfg.stages * mma_stage_bytes(D)  # a warp's (G <= 8) x D float state fits its ring
+        spec = decode_split_spec(bf16, bf16, 32, 8, D, 16, D ** -0.5, h200)
+        assert spec.smem == cfg.smem_bytes and dict(spec.values)["MMA"] is True
+    assert split_config(128, 8, 4, 32, 132).mma
+    for cfg in (split_config(128, 8, 4, 16, 132, cache_dtype=f8), split_config(64, 8, 4, 8, 132)):
+        assert not cfg.mma and cfg.smem_bytes == 0 and cfg.target_ctas == CTAS_PER_SM * 132
+    spec = decode_split_spec(bf16, f8, 32, 8, 128, 16, 0.088, h200, kv_scale=True)
+    assert spec.smem == 0 and dict(spec.values)["MMA"] is False
+    # the benchmark's shape: 256 (token, KV head) pairs on 132 SMs x 2 -> 2 splits of 128 blocks
+    assert split_plan(split_config(128, 8, 4, 16, 132), 0, 4095, 32) == (2, 128)
 
 
 def test_grid_and_workspace():
@@ -98,7 +128,8 @@ def test_grid_and_workspace():
 @pytest.mark.parametrize("target", ["h200", "b200"])
 @pytest.mark.parametrize("cache,kv_scale,H,KV,D,bs,softcap,window", [
     (bf16, False, 32, 8, 128, 16, 0.0, 0), (f8, True, 32, 8, 128, 16, 0.0, 0), (bf16, False, 9, 3, 64, 16, 30.0, 64),
-    (f8, False, 16, 2, 256, 16, 0.0, 0), (bf16, False, 64, 8, 128, 32, 0.0, 0)])
+    (f8, False, 16, 2, 256, 16, 0.0, 0), (bf16, False, 64, 8, 128, 32, 0.0, 0), (bf16, False, 16, 2, 256, 16, 0.0, 0),
+    (bf16, False, 32, 8, 64, 16, 0.0, 0)])
 def test_compiles(target, cache, kv_scale, H, KV, D, bs, softcap, window):
     tgt = get_target(target)
     specs = [decode_split_spec(bf16, cache, H, KV, D, bs, D ** -0.5, tgt, softcap, window, kv_scale=kv_scale)]
@@ -113,5 +144,159 @@ def test_compiles(target, cache, kv_scale, H, KV, D, bs, softcap, window):
         assert sass_arch(sass) == tgt.arch
         ops = opcodes(sass)
         assert not any(o.startswith(("LDL", "STL")) for o in ops), f"{spec.entry}: local memory (spills)"
-        if spec.template == "decode_split.cu":
-            assert any(o.startswith("LDG") and (".128" in o or ".64" in o) for o in ops), sorted(ops)
+        if spec.template == "decode_split.cu" and dict(spec.values)["MMA"]:  # cp.async 16 B, tensor cores
+            assert {"LDGSTS.E.BYPASS.128", "HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4",
+                    "MOVM.16.MT88"} <= ops, sorted(ops)
+        elif spec.template == "decode_split.cu":
+            assert any(o.startswith("LDG.") and (".128" in o or ".64" in o) for o in ops), sorted(ops)
+
+
+# -- the tensor-core loop's fragments, emulated in numpy ------------------------------------------------------------
+# The PTX ISA's layouts (lane = 4 g + t): ldmatrix gives lane row g, columns 2t, 2t + 1 of each 8x8 matrix (with
+# .trans: of its transpose); mma.m16n8k16 A registers = (row g, k 2t..) (row g + 8, k 2t..) (row g, k 2t + 8..)
+# (row g + 8, k 2t + 8..), B registers = (k 2t.., column g) (k 2t + 8.., column g), C = (row g, columns 2t, 2t + 1)
+# (row g + 8, columns 2t, 2t + 1); movmatrix.trans moves an 8x8 matrix in the ldmatrix layout to its transpose.
+# The kernel's own index arithmetic (decode_split.cu, MMA path) is written out below, so a wrong lane mapping
+# in either shows up as a wrong attention output without a GPU.
+
+def _bf16(x):
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def _ldmatrix_x4(mem, addrs, trans=False):
+    """mem: float32 values of a b16 array indexed by byte offset // 2; addrs[32] byte addresses -> [32, 4, 2]."""
+    regs = np.zeros((32, 4, 2), np.float32)
+    for j in range(4):
+        m = np.stack([mem[addrs[8 * j + r] // 2: addrs[8 * j + r] // 2 + 8] for r in range(8)])
+        if trans:
+            m = m.T
+        for lane in range(32):
+            regs[lane, j] = m[lane // 4, 2 * (lane % 4): 2 * (lane % 4) + 2]
+    return regs
+
+
+def _mma(c, a, b):
+    """c [32, 4] += A (a [32, 4, 2]) @ B (b [32, 2, 2]), m16n8k16 fragments."""
+    A, B, C = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for r, (row, k) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            A[row, k: k + 2] = a[lane, r]
+        B[2 * t: 2 * t + 2, g], B[2 * t + 8: 2 * t + 10, g] = b[lane, 0], b[lane, 1]
+        C[g, 2 * t: 2 * t + 2], C[g + 8, 2 * t: 2 * t + 2] = c[lane, 0:2], c[lane, 2:4]
+    D = A @ B + C
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        c[lane, 0:2], c[lane, 2:4] = D[g, 2 * t: 2 * t + 2], D[g + 8, 2 * t: 2 * t + 2]
+
+
+def _movmatrix_t(x):
+    """x [32, 2]: an 8x8 matrix in the ldmatrix layout -> its transpose, same layout."""
+    m = np.zeros((8, 8), np.float32)
+    for lane in range(32):
+        m[lane // 4, 2 * (lane % 4): 2 * (lane % 4) + 2] = x[lane]
+    return np.stack([m.T[lane // 4, 2 * (lane % 4): 2 * (lane % 4) + 2] for lane in range(32)])
+
+
+def _emulate_mma_cta(q, k, v, lo, hi, warps):
+    """One CTA of the MMA loop for one (token, kv head): q [G, D], k/v [positions, D] (bf16 values), attending to
+    positions [lo, hi]; returns the CTA's (M, L, A) per head as the kernel's epilogue computes them."""
+    TQ = MMA_TILE
+    G, D = q.shape
+    CH, RS = D // 8, 2 * D + 16
+    rpi, tile_b = 32 // CH, TQ * RS
+    scale = D ** -0.5 * np.log2(np.e)
+    qpad = np.zeros((8, D), np.float32)
+    qpad[:G] = q
+    # B fragments of Q^T: words 8 ks + t and 8 ks + 4 + t of head g's row
+    qb = [np.stack([np.stack([qpad[lane // 4, 2 * (8 * ks + lane % 4): 2 * (8 * ks + lane % 4) + 2],
+                              qpad[lane // 4, 2 * (8 * ks + 4 + lane % 4): 2 * (8 * ks + 4 + lane % 4) + 2]])
+                    for lane in range(32)]) for ks in range(D // 16)]
+    j0, ntile = lo // TQ, hi // TQ - lo // TQ + 1
+    states = []
+    for warp in range(warps):
+        o, m2, l2 = np.zeros((D // 16, 32, 4)), np.full((32, 2), -np.inf), np.zeros((32, 2))
+        for i in range(max(0, -(-(ntile - warp) // warps))):
+            p0 = (j0 + warp + warps * i) * TQ
+            mem = np.full(2 * tile_b // 2, np.nan, np.float32)  # a stage; padding stays NaN and must never be read
+            covered = set()
+            for r0 in range(0, TQ, rpi):  # the cp.async issue: lane -> (row, chunk)
+                for lane in range(32):
+                    row, c = r0 + lane // CH, lane % CH
+                    p = p0 + row
+                    ok = lo <= p <= hi
+                    off = row * RS + c * 16
+                    covered.add((row, c))
+                    mem[off // 2: off // 2 + 8] = k[p, 8 * c: 8 * c + 8] if ok else 0.0
+                    mem[(tile_b + off) // 2: (tile_b + off) // 2 + 8] = v[p, 8 * c: 8 * c + 8] if ok else 0.0
+            assert len(covered) == TQ * CH
+            sa, sb = np.zeros((32, 4)), np.zeros((32, 4))
+            for ks in range(D // 16):
+                addrs = [((ln & 7) + 8 * ((ln >> 3) & 1)) * RS + (2 * ks + (ln >> 4)) * 16 for ln in range(32)]
+                _mma(sb if ks & 1 else sa, _ldmatrix_x4(mem, addrs), qb[ks])
+            x = sa + sb
+            pos = np.array([[p0 + ln // 4 + 8 * (e >> 1) for e in range(4)] for ln in range(32)])
+            x = np.where((pos >= lo) & (pos <= hi), x * scale, -np.inf)
+            for hh in range(2):
+                mx = np.maximum(x[:, hh], x[:, hh + 2])
+                for sh in (4, 8, 16):
+                    mx = np.maximum(mx, mx[np.arange(32) ^ sh])
+                mn = np.maximum(m2[:, hh], mx)
+                mu = np.where(mn == -np.inf, 0.0, mn)
+                corr = np.exp2(m2[:, hh] - mu)
+                x[:, hh], x[:, hh + 2] = np.exp2(x[:, hh] - mu), np.exp2(x[:, hh + 2] - mu)
+                m2[:, hh], l2[:, hh] = mn, l2[:, hh] * corr
+                o[:, :, hh] *= corr
+                o[:, :, hh + 2] *= corr
+            plo, phi = _bf16(x[:, 0:2]), _bf16(x[:, 2:4])
+            l2 += plo + phi
+            pb = np.stack([_movmatrix_t(plo), _movmatrix_t(phi)], axis=1)
+            for mt in range(D // 16):
+                addrs = [((ln & 7) + 8 * (ln >> 4)) * RS + (2 * mt + ((ln >> 3) & 1)) * 16 + tile_b for ln in range(32)]
+                _mma(o[mt], _ldmatrix_x4(mem, addrs, trans=True), pb)
+        for sh in (4, 8, 16):
+            l2 = l2 + l2[np.arange(32) ^ sh]
+        m_s, l_s, a_s = np.full(G, -np.inf), np.zeros(G), np.zeros((G, D))
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            for hh in range(2):
+                h = 2 * t + hh
+                if h >= G:
+                    continue
+                m_s[h], l_s[h] = m2[lane, hh], l2[lane, hh]
+                for mt in range(D // 16):
+                    a_s[h, 16 * mt + g], a_s[h, 16 * mt + g + 8] = o[mt, lane, hh], o[mt, lane, hh + 2]
+        states.append((m_s, l_s, a_s))
+    M = np.max([s[0] for s in states], axis=0)  # the epilogue's merge over warps, log2 units
+    L = sum(s[1] * np.exp2(s[0] - M) for s in states)
+    A = sum(s[2] * np.exp2(s[0] - M)[:, None] for s in states)
+    return M, L, A
+
+
+@pytest.mark.parametrize("D,G,lo,hi,warps", [(128, 4, 0, 63, 4), (64, 3, 5, 50, 2), (256, 8, 17, 17, 4),
+                                            (128, 1, 20, 130, 4), (64, 8, 31, 33, 1)])
+def test_mma_fragments_emulated(D, G, lo, hi, warps):
+    """The tensor-core loop's data flow (cp.async placement, ldmatrix/mma/movmatrix fragments, online softmax in
+    log2 units, the warps' merge) against float64 attention over positions [lo, hi]."""
+    r = rng()
+    assert split_config(D, 8, G, 16).mma
+    n = hi // 16 * 16 + 16
+    q, k, v = (_bf16(r.standard_normal(shape) * 2.0) for shape in ((G, D), (n, D), (n, D)))
+    M, L, A = _emulate_mma_cta(q, k, v, lo, hi, warps)
+    s = (q.astype(np.float64) @ k[lo: hi + 1].T) * D ** -0.5
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    ref = p @ v[lo: hi + 1] / p.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(A / L[:, None], ref, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(M, s.max(axis=1) * np.log2(np.e), rtol=1e-5, atol=1e-5)  # the running max, log2
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_mma_ldmatrix_is_bank_conflict_free(D):
+    """Every 8-row phase of the loop's ldmatrix reads (K and V^T) hits 32 distinct banks: rows padded by 16 bytes."""
+    RS = 2 * D + 16
+    for ks in range(D // 16):
+        for addrs in ([((ln & 7) + 8 * ((ln >> 3) & 1)) * RS + (2 * ks + (ln >> 4)) * 16 for ln in range(32)],
+                      [((ln & 7) + 8 * (ln >> 4)) * RS + (2 * ks + ((ln >> 3) & 1)) * 16 for ln in range(32)]):
+            for j in range(4):
+                banks = {(a // 4 + w) % 32 for a in addrs[8 * j: 8 * j + 8] for w in range(4)}
+                assert len(banks) == 32, (D, ks, j)

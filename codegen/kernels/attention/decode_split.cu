@@ -5,10 +5,23 @@
 // faster for long contexts and small batches. See codegen/kernels/attention/split_rule.py for the parameters.
 //
 // Grid (token, kv head, split). The CTA of (t, kvh, z) reads each K/V row of KV head kvh in its range of cache
-// blocks once and scores it against all ${GROUP} query heads of the group (q held in registers). A warp takes
-// one tile of TP positions at a time (PPW positions per 16-byte-per-lane load row: lane = position pp x 8 features
-// dc), loads the tile's K and V rows before using them, keeps a running (max, sum, acc) per query head and lane
-// group (online softmax, float32); the lane groups and then the warps are merged through shared memory.
+// blocks once and scores it against all ${GROUP} query heads of the group. Two inner loops (MMA, chosen by the rule):
+//
+// Tensor cores (MMA: bf16 cache, block size a multiple of 16). Warp w of the CTA takes the 16-position tiles
+// w, w + WARPS, ... of the CTA's range and streams them through its own ring of STAGES shared-memory stages
+// (cp.async, rows padded by 16 bytes so ldmatrix is conflict-free; STAGES - 1 tiles in flight
+// while one is computed; no CTA-wide barrier in the loop). Positions outside the CTA's range [lo, hi] are
+// zero-filled, never read. Per tile, with the group's query heads as the 8 columns (zero past G):
+//   S^T[16 pos x 8 heads] = K[16 x D] . Q^T      mma.m16n8k16, A = K by ldmatrix, B = Q^T held in registers;
+//   online softmax per head column (float32, ex2.approx, scores in log2 units), P rounded to bf16;
+//   O^T[D x 8 heads] += V^T . P^T                A = V^T by ldmatrix.trans, B = P^T: the S^T accumulator
+//                                                quarters transposed by movmatrix (the C layout of S^T is
+//                                                the B layout of P^T once transposed);
+// so each thread's accumulator columns are the heads of its own score columns (no exchange for the rescale).
+// SIMT (FP8 cache, other block sizes): a warp takes one tile of TP positions at a time (PPW positions per
+// 16-byte-per-lane load row: lane = position pp x 8 features dc), loads the tile's K and V rows before using them,
+// keeps a running (max, sum, acc) per query head and lane group (online softmax, float32, natural log units).
+// Either way the warps' states are merged through shared memory (the MMA path reuses its ring for that).
 //
 // Splits per token (the same in every CTA of a token, so no host decision is needed): the token's cache blocks
 // nblk, wanted = min(ceil(nblk / MIN_CHUNK_BLOCKS), ceil(TARGET_CTAS / (num_tokens * KV)), MAX_SPLITS)
@@ -29,6 +42,17 @@ constexpr float SCALE = ${SCALE}, SOFTCAP = ${SOFTCAP};
 constexpr int LPP = D / 8, PPW = 32 / LPP, ITERS = ${ITERS}, TP = PPW * ITERS, TILES = BS / TP;
 static_assert(D % 8 == 0 && 32 % LPP == 0 && LPP <= 32, "head_dim: 8 features per lane, a power of two up to 256");
 static_assert(BS % TP == 0, "a cache block is whole tiles");
+// the tensor-core path
+constexpr bool MMA = ${MMA};
+constexpr int STAGES = ${STAGES}, TQ = 16, CH = D / 8, RPI = 32 / CH;  // RPI: tile rows per cp.async of the warp
+// a tile row in shared memory: D bf16 plus 16 bytes of padding, so the 8 rows an ldmatrix reads start 4 banks apart
+// (conflict-free) and every fragment address is a per-lane base plus a constant
+constexpr unsigned RS = D * 2 + 16, KV_TILE_B = TQ * RS, STAGE_B = 2 * KV_TILE_B, WARP_RING_B = STAGES * STAGE_B;
+constexpr float LOG2E = 1.4426950408889634f;
+// floats between two warps' accumulators in shared memory (the MMA path keeps them in the warp's own ring)
+constexpr int ACC_WSTRIDE = MMA ? (int)(WARP_RING_B / 4) : G * D;
+static_assert(!MMA || (!FP8 && BS % TQ == 0 && G <= 8 && STAGES >= 2), "tensor-core path: bf16, whole tiles");
+static_assert(!MMA || G * D * 4 <= (int)WARP_RING_B, "a warp's accumulators fit its ring");
 }  // namespace
 
 __device__ float ${KERNEL}_acc[TOKEN_CAP * KV * MAX_SPLITS * G * D];
@@ -78,16 +102,69 @@ __device__ __forceinline__ void pa_merge(float& m, float& l, float* a, float mo,
   m = mn;
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
+// merge weight of a state with max mo against the merged max mn: the loops' score units (MMA: log2, SIMT: natural)
+__device__ __forceinline__ float pa_unit_exp(float x) { return MMA ? exp2f(x) : expf(x); }
+
+// ---- tensor-core path helpers (see prefill_flash.cu for the same fragments in the standard orientation) ----
+__device__ __forceinline__ float pa_exp2(float x) {  // ex2.approx: exp2(-inf) = 0
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ unsigned pa_smem(const void* p) {
+  unsigned r;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+  return r;
+}
+// 16 bytes global -> shared, L2 only (each K/V byte is read once); zero-filled (nothing read) when !pred
+__device__ __forceinline__ void pa_cp16(unsigned dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void pa_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void pa_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+__device__ __forceinline__ void pa_ldsm4(unsigned addr, unsigned* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void pa_ldsm4_t(unsigned addr, unsigned* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void pa_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// an 8x8 b16 matrix in fragment layout (lane holds row lane / 4, columns 2 (lane % 4) + {0, 1}) -> its transpose
+__device__ __forceinline__ unsigned pa_movt(unsigned x) {
+  unsigned r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+  return r;
+}
+// two floats -> bf16x2 (lo in the low half), round to nearest even
+__device__ __forceinline__ unsigned pa_pack(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// byte offset of (row, 16-byte chunk c) in a padded [TQ][D] bf16 tile
+__device__ __forceinline__ unsigned pa_off(int row, int c) { return (unsigned)(row * RS + c * 16); }
+
+// MMA: min. 1 CTA per SM (shared memory allows 1-2): without it ptxas caps the tensor-core loop at 64 registers and
+// spills; the CUDA-core loop keeps ptxas's own choice (3 CTAs per SM for the common shapes)
+extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
     const ${DT}* __restrict__ q, const ${CT}* __restrict__ kv_cache, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ query_start_loc, ${DT}* __restrict__ out,
     int num_tokens, int num_seqs, int max_blocks${KV_SCALE_PARAM}) {
   __shared__ float sm_m[WARPS][G], sm_l[WARPS][G];
-  __shared__ __align__(16) float sm_acc[WARPS][G][D];
+  __shared__ __align__(16) float sm_acc_simt[MMA ? 1 : WARPS * G * D];
+  extern __shared__ __align__(128) unsigned char pa_ring[];  // MMA: WARPS rings of STAGES K/V tiles (spec.smem)
   __shared__ unsigned is_last;
+  float* const sm_acc = MMA ? reinterpret_cast<float*>(pa_ring) : sm_acc_simt;  // warp w at w * ACC_WSTRIDE
   const float NEG_INF = __int_as_float(0xff800000u);
   const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, dc = lane % LPP, pp = lane / LPP;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (t >= num_tokens) return;
   // the last s with query_start_loc[s] <= t (empty sequences share a start with the next one)
   int lo_s = 0, hi_s = num_seqs;
@@ -115,110 +192,257 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
     nsplit = (nblk + per - 1) / per;
   }
   if (z >= nsplit) return;
-
-  float qv[G][8], m[G], l[G], acc[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float f[8];
-    if (owned) {
-      const pa_u32x4 r = pa_ld(reinterpret_cast<const bf16*>(q) + (i64)t * ${Q_STRIDE} + (kvh * G + g) * D + 8 * dc);
-      const unsigned v[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        f[2 * i] = __uint_as_float(v[i] << 16);
-        f[2 * i + 1] = __uint_as_float(v[i] & 0xffff0000u);
-      }
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      qv[g][e] = owned ? f[e] : 0.0f;
-      acc[g][e] = 0.0f;
-    }
-    m[g] = NEG_INF;
-    l[g] = 0.0f;
-  }
   const float* kvs = ${KV_SCALE_PTR};
   const float ksc = kvs != nullptr ? kvs[kvh] : 1.0f, vsc = kvs != nullptr ? kvs[KV + kvh] : 1.0f;
+  // the CTA's cache blocks [b0, b1) and the positions it attends to, [lo, hi] (empty when !owned)
+  const int b0 = b_first + z * per, b1 = min(b0 + per, b_first + nblk);
+  const int lo = max(b0 * BS, first), hi = min(b1 * BS - 1, qpos);
 
-  if (owned) {
-    const int b0 = b_first + z * per, b1 = min(b0 + per, b_first + nblk);
-    for (int item = warp; item < (b1 - b0) * TILES; item += WARPS) {
-      const int b = b0 + item / TILES, tile = item % TILES;
-      const i64 blk = table[b];
-      const int p0 = b * BS + tile * TP;  // the tile's first position
-      const ${CT}* kb = kv_cache + ((blk * 2 + 0) * BS + tile * TP + pp) * (KV * D) + kvh * D + 8 * dc;
-      const ${CT}* vb = kv_cache + ((blk * 2 + 1) * BS + tile * TP + pp) * (KV * D) + kvh * D + 8 * dc;
-      pa_u32x4 kr[ITERS], vr[ITERS];
+  if constexpr (MMA) {
+    const int g8 = lane >> 2, t4 = lane & 3;
+    // B fragments of Q^T (k = features, n = query head g8 of the group; zero columns past G), bf16 pairs
+    unsigned qb[D / 16][2];
+    {
+      const bool live = owned && g8 < G;
+      const unsigned* qw = reinterpret_cast<const unsigned*>(q + (i64)t * ${Q_STRIDE} + (kvh * G + (live ? g8 : 0)) * D);
 #pragma unroll
-      for (int i = 0; i < ITERS; ++i) kr[i] = pa_ld(kb + (i64)i * PPW * (KV * D));
+      for (int ks = 0; ks < D / 16; ++ks) {
+        qb[ks][0] = live ? __ldg(qw + 8 * ks + t4) : 0u;
+        qb[ks][1] = live ? __ldg(qw + 8 * ks + 4 + t4) : 0u;
+      }
+    }
+    // O^T accumulators: o[mt] = rows (features) 16 mt + g8 (+ 8), columns (heads) 2 t4 + {0, 1}; running max (log2
+    // units) and this lane's share of the sum for heads 2 t4 + hh
+    float o[D / 16][4], m2[2] = {NEG_INF, NEG_INF}, l2[2] = {0.0f, 0.0f};
 #pragma unroll
-      for (int i = 0; i < ITERS; ++i) vr[i] = pa_ld(vb + (i64)i * PPW * (KV * D));
-      float sc[ITERS][G];
+    for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+    // this warp's tiles: j0 + warp + WARPS * i, i < nt (tile j = positions [16 j, 16 j + 15], inside one block)
+    const int j0 = lo / TQ, ntile = owned ? hi / TQ - j0 + 1 : 0;
+    const int nt = ntile > warp ? (ntile - warp + WARPS - 1) / WARPS : 0;
+    const unsigned ring = pa_smem(pa_ring) + warp * WARP_RING_B;
+    // block_tables entries of the warp's tiles lane + 32 k, a window of 32 in registers (the next window is loaded
+    // 32 tiles before it is needed, so no table read stalls the loads)
+    auto entry = [&](int i) { return i < nt ? __ldg(table + (j0 + warp + WARPS * i) * TQ / BS) : 0; };
+    int win = entry(lane), win_next = entry(lane + 32);
+    // cp.async K and V of the warp's tile i into stage st (called once per tile, in order)
+    auto issue = [&](int i, int st) {
+      if (i > 0 && (i & 31) == 0) {
+        win = win_next;
+        win_next = entry(i + 32 + lane);
+      }
+      const i64 blk = __shfl_sync(0xffffffffu, win, i & 31);
+      const int p0 = (j0 + warp + WARPS * i) * TQ;
+      const ${CT}* kt = kv_cache + ((blk * 2) * BS + p0 % BS) * (KV * D) + kvh * D + (lane % CH) * 8;
+      const unsigned sk = ring + st * STAGE_B;
+      if (p0 >= lo && p0 + TQ - 1 <= hi) {  // a whole tile (all but a range's first and last): no predicates
 #pragma unroll
-      for (int i = 0; i < ITERS; ++i) {
-        float kf[8];
-        pa_cvt(kr[i], kf);
-        const int pos = p0 + i * PPW + pp;
-        const bool live = pos >= first && pos <= qpos;
+        for (int r0 = 0; r0 < TQ; r0 += RPI) {
+          const int row = r0 + lane / CH;
+          pa_cp16(sk + pa_off(row, lane % CH), kt + row * (KV * D), true);
+          pa_cp16(sk + KV_TILE_B + pa_off(row, lane % CH), kt + (row + BS) * (KV * D), true);
+        }
+      } else {
 #pragma unroll
-        for (int g = 0; g < G; ++g) {
-          float d = 0.0f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) d += qv[g][e] * kf[e];
-#pragma unroll
-          for (int o = LPP / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-          float score = d * ksc * SCALE;
-          if (SOFTCAP > 0.0f) score = SOFTCAP * tanhf(score / (SOFTCAP > 0.0f ? SOFTCAP : 1.0f));
-          sc[i][g] = live ? score : NEG_INF;
+        for (int r0 = 0; r0 < TQ; r0 += RPI) {
+          const int row = r0 + lane / CH, p = p0 + row;
+          const bool ok = p >= lo && p <= hi;
+          const ${CT}* src = kt + row * (KV * D);
+          pa_cp16(sk + pa_off(row, lane % CH), ok ? src : kv_cache, ok);
+          pa_cp16(sk + KV_TILE_B + pa_off(row, lane % CH), ok ? src + BS * (KV * D) : kv_cache, ok);
         }
       }
-      float mn[G];
+    };
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+      if (i < nt) issue(i, i);
+      pa_commit();
+    }
+    int st = 0, st_next = STAGES - 1;  // the stage of tile i, and of tile i + STAGES - 1 (the one computed last)
+    for (int i = 0; i < nt; ++i) {
+      __syncwarp();  // every lane is done with stage st_next (tile i - 1), which tile i + STAGES - 1 overwrites
+      if (i + STAGES - 1 < nt) issue(i + STAGES - 1, st_next);
+      pa_commit();
+      pa_wait<STAGES - 1>();  // this lane's copies of tile i have landed
+      __syncwarp();           // ... and every lane's
+      const unsigned sk = ring + st * STAGE_B, sv = sk + KV_TILE_B;
+      const int p0 = (j0 + warp + WARPS * i) * TQ;
+      // S^T = K Q^T: rows = positions p0 + g8 (+ 8), columns = heads 2 t4 + {0, 1}; two chains of D / 32 mma
+      float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        unsigned a[4];
+        pa_ldsm4(sk + pa_off((lane & 7) + 8 * ((lane >> 3) & 1), 2 * ks + (lane >> 4)), a);
+        pa_mma((ks & 1) ? sb : sa, a, qb[ks][0], qb[ks][1]);
+      }
+      float x[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = sa[e] + sb[e];
+        if (SOFTCAP > 0.0f) v = SOFTCAP * tanhf(v * (SCALE / (SOFTCAP > 0.0f ? SOFTCAP : 1.0f))) * LOG2E;
+        else v *= SCALE * LOG2E;
+        const int p = p0 + g8 + 8 * (e >> 1);
+        x[e] = p >= lo && p <= hi ? v : NEG_INF;
+      }
+      // online softmax per head column hh (x[hh], x[hh + 2]); the 8 lanes of a column (same t4) share its max
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = fmaxf(x[hh], x[hh + 2]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float mn = fmaxf(m2[hh], mx);
+        const float mu = mn == NEG_INF ? 0.0f : mn;  // nothing seen yet: exp2(-inf - 0) = 0
+        const float corr = pa_exp2(m2[hh] - mu);
+        x[hh] = pa_exp2(x[hh] - mu);
+        x[hh + 2] = pa_exp2(x[hh + 2] - mu);
+        m2[hh] = mn;
+        l2[hh] *= corr;
+#pragma unroll
+        for (int mt = 0; mt < D / 16; ++mt) {
+          o[mt][hh] *= corr;
+          o[mt][hh + 2] *= corr;
+        }
+      }
+      // P in bf16; the sums take the rounded weights, so the output is their exact convex combination
+      const unsigned plo = pa_pack(x[0], x[1]), phi = pa_pack(x[2], x[3]);
+      l2[0] += __uint_as_float(plo << 16) + __uint_as_float(phi << 16);
+      l2[1] += __uint_as_float(plo & 0xffff0000u) + __uint_as_float(phi & 0xffff0000u);
+      // B fragment of P^T (k = position, n = head): the (position, head) quarters of S^T's layout, transposed
+      const unsigned pb0 = pa_movt(plo), pb1 = pa_movt(phi);
+      // O^T += V^T P^T: A = V^T (rows = features 16 mt .., k = positions) by ldmatrix.trans of the V rows
+#pragma unroll
+      for (int mt = 0; mt < D / 16; ++mt) {
+        unsigned a[4];
+        pa_ldsm4_t(sv + pa_off((lane & 7) + 8 * (lane >> 4), 2 * mt + ((lane >> 3) & 1)), a);
+        pa_mma(o[mt], a, pb0, pb1);
+      }
+      st = st + 1 == STAGES ? 0 : st + 1;
+      st_next = st_next + 1 == STAGES ? 0 : st_next + 1;
+    }
+    pa_wait<0>();
+    __syncwarp();  // the ring is free: it takes this warp's state
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      l2[hh] += __shfl_xor_sync(0xffffffffu, l2[hh], 4);
+      l2[hh] += __shfl_xor_sync(0xffffffffu, l2[hh], 8);
+      l2[hh] += __shfl_xor_sync(0xffffffffu, l2[hh], 16);
+      const int h = 2 * t4 + hh;
+      if (h < G) {
+        if (g8 == 0) {
+          sm_m[warp][h] = m2[hh];
+          sm_l[warp][h] = l2[hh];
+        }
+        float* a = sm_acc + warp * ACC_WSTRIDE + h * D + g8;
+#pragma unroll
+        for (int mt = 0; mt < D / 16; ++mt) {
+          a[16 * mt] = o[mt][hh];
+          a[16 * mt + 8] = o[mt][hh + 2];
+        }
+      }
+    }
+  } else {
+    const int dc = lane % LPP, pp = lane / LPP;
+    float qv[G][8], m[G], l[G], acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float f[8];
+      if (owned) {
+        const pa_u32x4 r = pa_ld(reinterpret_cast<const bf16*>(q) + (i64)t * ${Q_STRIDE} + (kvh * G + g) * D + 8 * dc);
+        const unsigned v[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          f[2 * i] = __uint_as_float(v[i] << 16);
+          f[2 * i + 1] = __uint_as_float(v[i] & 0xffff0000u);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        qv[g][e] = owned ? f[e] : 0.0f;
+        acc[g][e] = 0.0f;
+      }
+      m[g] = NEG_INF;
+      l[g] = 0.0f;
+    }
+
+    if (owned) {
+      for (int item = warp; item < (b1 - b0) * TILES; item += WARPS) {
+        const int b = b0 + item / TILES, tile = item % TILES;
+        const i64 blk = table[b];
+        const int p0 = b * BS + tile * TP;  // the tile's first position
+        const ${CT}* kb = kv_cache + ((blk * 2 + 0) * BS + tile * TP + pp) * (KV * D) + kvh * D + 8 * dc;
+        const ${CT}* vb = kv_cache + ((blk * 2 + 1) * BS + tile * TP + pp) * (KV * D) + kvh * D + 8 * dc;
+        pa_u32x4 kr[ITERS], vr[ITERS];
+#pragma unroll
+        for (int i = 0; i < ITERS; ++i) kr[i] = pa_ld(kb + (i64)i * PPW * (KV * D));
+#pragma unroll
+        for (int i = 0; i < ITERS; ++i) vr[i] = pa_ld(vb + (i64)i * PPW * (KV * D));
+        float sc[ITERS][G];
+#pragma unroll
+        for (int i = 0; i < ITERS; ++i) {
+          float kf[8];
+          pa_cvt(kr[i], kf);
+          const int pos = p0 + i * PPW + pp;
+          const bool live = pos >= first && pos <= qpos;
+#pragma unroll
+          for (int g = 0; g < G; ++g) {
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) d += qv[g][e] * kf[e];
+#pragma unroll
+            for (int o = LPP / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+            float score = d * ksc * SCALE;
+            if (SOFTCAP > 0.0f) score = SOFTCAP * tanhf(score / (SOFTCAP > 0.0f ? SOFTCAP : 1.0f));
+            sc[i][g] = live ? score : NEG_INF;
+          }
+        }
+        float mn[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          float mb = sc[0][g];
+#pragma unroll
+          for (int i = 1; i < ITERS; ++i) mb = fmaxf(mb, sc[i][g]);
+          mn[g] = fmaxf(m[g], mb);
+          const float corr = mn[g] == NEG_INF ? 1.0f : expf(m[g] - mn[g]);
+          l[g] *= corr;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
+          m[g] = mn[g];
+        }
+#pragma unroll
+        for (int i = 0; i < ITERS; ++i) {
+          float vf[8];
+          pa_cvt(vr[i], vf);
+#pragma unroll
+          for (int g = 0; g < G; ++g) {
+            const float p = sc[i][g] == NEG_INF ? 0.0f : expf(sc[i][g] - mn[g]);
+            l[g] += p;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] += p * vf[e];
+          }
+        }
+      }
+    }
+    // lane groups (positions pp) of the warp -> one state per feature chunk dc
+#pragma unroll
+    for (int o = LPP; o < 32; o <<= 1)
 #pragma unroll
       for (int g = 0; g < G; ++g) {
-        float mb = sc[0][g];
+        float ao[8];
+        const float mo = __shfl_xor_sync(0xffffffffu, m[g], o), lo = __shfl_xor_sync(0xffffffffu, l[g], o);
 #pragma unroll
-        for (int i = 1; i < ITERS; ++i) mb = fmaxf(mb, sc[i][g]);
-        mn[g] = fmaxf(m[g], mb);
-        const float corr = mn[g] == NEG_INF ? 1.0f : expf(m[g] - mn[g]);
-        l[g] *= corr;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
-        m[g] = mn[g];
+        for (int e = 0; e < 8; ++e) ao[e] = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+        pa_merge(m[g], l[g], acc[g], mo, lo, ao);
       }
+    if (pp == 0) {
 #pragma unroll
-      for (int i = 0; i < ITERS; ++i) {
-        float vf[8];
-        pa_cvt(vr[i], vf);
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const float p = sc[i][g] == NEG_INF ? 0.0f : expf(sc[i][g] - mn[g]);
-          l[g] += p;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[g][e] += p * vf[e];
+      for (int g = 0; g < G; ++g) {
+        if (dc == 0) {
+          sm_m[warp][g] = m[g];
+          sm_l[warp][g] = l[g];
         }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sm_acc[warp * ACC_WSTRIDE + g * D + 8 * dc + e] = acc[g][e];
       }
-    }
-  }
-  // lane groups (positions pp) of the warp -> one state per feature chunk dc
-#pragma unroll
-  for (int o = LPP; o < 32; o <<= 1)
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float ao[8];
-      const float mo = __shfl_xor_sync(0xffffffffu, m[g], o), lo = __shfl_xor_sync(0xffffffffu, l[g], o);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) ao[e] = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
-      pa_merge(m[g], l[g], acc[g], mo, lo, ao);
-    }
-  if (pp == 0) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      if (dc == 0) {
-        sm_m[warp][g] = m[g];
-        sm_l[warp][g] = l[g];
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sm_acc[warp][g][8 * dc + e] = acc[g][e];
     }
   }
   __syncthreads();
@@ -234,9 +458,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
     if (M != NEG_INF) {
 #pragma unroll
       for (int w = 0; w < WARPS; ++w) {
-        const float c = expf(sm_m[w][g] - M);
+        const float c = pa_unit_exp(sm_m[w][g] - M);
         L += sm_l[w][g] * c;
-        A += sm_acc[w][g][d] * c;
+        A += sm_acc[w * ACC_WSTRIDE + idx] * c;
       }
     }
     if (nsplit == 1) {
@@ -271,7 +495,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
     for (int sp = 0; sp < nsplit; ++sp) {
       const float ms = __ldcg(${KERNEL}_ml + ((slot + sp) * G + g) * 2);
       if (ms == NEG_INF) continue;
-      const float c = expf(ms - M);
+      const float c = pa_unit_exp(ms - M);
       L += __ldcg(${KERNEL}_ml + ((slot + sp) * G + g) * 2 + 1) * c;
       A += __ldcg(${KERNEL}_acc + (slot + sp) * (G * D) + idx) * c;
     }

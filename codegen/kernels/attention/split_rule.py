@@ -6,6 +6,13 @@ and the splits of a token are merged by the last of its CTAs in the same launch 
 How many splits a token gets is decided in the kernel from its context and the launch's token count, by the
 formula ``split_plan`` mirrors here; the module-scope workspace is sized by ``workspace_bytes``.
 
+Two inner loops, one template (``SplitConfig.mma``): a bf16 cache whose block size is a multiple of 16 takes the
+tensor-core loop (16-position K/V tiles streamed through a per-warp ring of ``stages`` shared-memory stages by
+cp.async, QK^T and PV on ``mma.sync``); the FP8 cache and other block sizes keep the CUDA-core loop. The ring is
+dynamic shared memory (``smem_bytes``); ``MMA_RING_BYTES`` per CTA leaves room for two CTAs per SM, and the split
+policy aims at the CTAs that fit at once (``resident_ctas``): with ``stages - 1`` tiles in flight per warp a wave
+of them keeps well over the ~32 KB per SM in flight that HBM needs (4.19 TB/s x ~1 us / 132 SMs).
+
 When it is chosen (``use_split``): bf16 queries, head_dim 64, 128 or 256, a query-head group of at most 8, the
 cache block a whole number of tiles; and, where the shapes are static (graph mode), unless the batch alone fills
 the GPU (``num_tokens * num_kv_heads >= TARGET_CTAS``) or every context is short (``max_blocks * block_size <=
@@ -38,6 +45,12 @@ MIN_CHUNK = 256
 CTAS_PER_SM = 4
 #: static contexts up to this long keep the one-pass kernel
 SHORT_CONTEXT = 512
+#: positions per tensor-core tile (the M of S^T = K Q^T, the K of O^T += V^T P^T)
+MMA_TILE = 16
+#: shared memory for the tensor-core loop's rings, per CTA: stages = this / (warps x one K+V tile), 2 to 8
+MMA_RING_BYTES = 108 * 1024
+#: shared memory the driver keeps per resident CTA
+SMEM_RESERVED_PER_CTA = 1024
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,10 @@ class SplitConfig:
     target_ctas: int
     token_cap: int
     iters: int
+    #: the tensor-core loop (bf16 cache, block size a multiple of MMA_TILE); else the CUDA-core loop
+    mma: bool = False
+    #: shared-memory stages of each warp's K/V ring (tensor-core loop)
+    stages: int = 0
 
     @property
     def lanes_per_position(self) -> int:
@@ -65,12 +82,35 @@ class SplitConfig:
     def tile(self) -> int:
         return self.positions_per_row * self.iters
 
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per CTA: the warps' rings of K+V tiles (bf16); none for the CUDA-core loop."""
+        return self.warps * self.stages * mma_stage_bytes(self.head_dim) if self.mma else 0
+
+
+def mma_stage_bytes(head_dim: int) -> int:
+    """One stage of a warp's ring: the K and V rows of a tile, bf16, each row padded by 16 bytes."""
+    return 2 * MMA_TILE * (2 * head_dim + 16)
+
+
+def mma_stages(head_dim: int, warps: int = WARPS) -> int:
+    """Ring stages per warp for the tensor-core loop: ``MMA_RING_BYTES`` per CTA, 2 to 8."""
+    return max(2, min(8, MMA_RING_BYTES // (warps * mma_stage_bytes(head_dim))))
+
+
+def resident_ctas(smem_bytes: int, warps: int = WARPS, smem_per_sm: int = 228 * 1024) -> int:
+    """CTAs of the kernel an SM holds at once, as far as shared memory and threads decide (registers stay under
+    128 per thread: ``test_decode_attention.py`` checks the compile)."""
+    by_smem = smem_per_sm // (smem_bytes + SMEM_RESERVED_PER_CTA) if smem_bytes else 64
+    return max(1, min(by_smem, 2048 // (32 * warps), 8))
+
 
 def split_config(head_dim: int, num_kv_heads: int, group: int, block_size: int, num_sms: int = 132, *,
-                 ctas_per_sm: int = CTAS_PER_SM, max_splits: int = MAX_SPLITS,
-                 min_chunk: int = MIN_CHUNK) -> SplitConfig:
+                 cache_dtype: DType = DType.bf16, ctas_per_sm: int | None = None, max_splits: int = MAX_SPLITS,
+                 min_chunk: int = MIN_CHUNK, stages: int | None = None) -> SplitConfig:
     """The kernel's configuration; the keyword arguments are the split policy (the defaults are the heuristic's,
-    ``codegen/autotune.py`` times others)."""
+    ``codegen/autotune.py`` times others). ``ctas_per_sm``: splitting stops at this many CTAs per SM (default: the
+    tensor-core loop's resident CTAs, else ``CTAS_PER_SM``); ``stages``: the tensor-core loop's ring depth."""
     if head_dim not in HEAD_DIMS or group > MAX_GROUP:
         raise ValueError(f"split-KV attention: head_dim must be one of {HEAD_DIMS} (got {head_dim}) and the group "
                          f"at most {MAX_GROUP} (got {group})")
@@ -80,9 +120,13 @@ def split_config(head_dim: int, num_kv_heads: int, group: int, block_size: int, 
     iters = 1
     while iters * 2 <= (8 if group <= 4 else 4) and block_size % (ppw * iters * 2) == 0:
         iters *= 2
+    mma = cache_dtype is DType.bf16 and block_size % MMA_TILE == 0
+    nstages = (stages or mma_stages(head_dim)) if mma else 0
+    if ctas_per_sm is None:
+        ctas_per_sm = resident_ctas(WARPS * nstages * mma_stage_bytes(head_dim)) if mma else CTAS_PER_SM
     target = ctas_per_sm * num_sms
     return SplitConfig(head_dim, num_kv_heads, group, block_size, WARPS, max_splits,
-                       max(1, min_chunk // block_size), target, -(-target // num_kv_heads), iters)
+                       max(1, min_chunk // block_size), target, -(-target // num_kv_heads), iters, mma, nstages)
 
 
 def split_plan(cfg: SplitConfig, first: int, qpos: int, num_tokens: int, token: int = 0) -> tuple[int, int]:
@@ -139,21 +183,26 @@ def decode_split_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_h
     if kv_scale and cache_dtype is not DType.f8e4m3fn:
         raise ValueError("kv_scale needs an f8e4m3fn cache")
     group = num_heads // num_kv_heads
-    cfg = config or split_config(head_dim, num_kv_heads, group, block_size, target.num_sms or 132)
+    cfg = config or split_config(head_dim, num_kv_heads, group, block_size, target.num_sms or 132,
+                                 cache_dtype=cache_dtype)
+    if cfg.mma and (cache_dtype is not DType.bf16 or block_size % MMA_TILE):
+        raise ValueError("the tensor-core loop needs a bf16 cache and whole 16-position tiles per block")
     values = {"HEAD_DIM": head_dim, "KV_HEADS": num_kv_heads, "GROUP": group, "BLOCK_SIZE": block_size,
               "DT": ctype(dtype), "CT": ctype(cache_dtype), "FP8": cache_dtype is DType.f8e4m3fn,
               "WARPS": cfg.warps, "MAX_SPLITS": cfg.max_splits, "MIN_CHUNK_BLOCKS": cfg.min_chunk_blocks,
               "TARGET_CTAS": cfg.target_ctas, "TOKEN_CAP": cfg.token_cap, "ITERS": cfg.iters,
+              "MMA": cfg.mma, "STAGES": max(cfg.stages, 1), "MIN_CTAS": ", 1" if cfg.mma else "",
               "Q_STRIDE": num_heads * head_dim, "SCALE": float(scale), "SOFTCAP": float(softcap),
               "SLIDING_WINDOW": int(sliding_window),
               "KV_SCALE_PARAM": ", const float* __restrict__ kv_scale" if kv_scale else "",
               "KV_SCALE_PTR": "kv_scale" if kv_scale else "nullptr"}
     tag = f"{dtype.value}_{cache_dtype.value}_{num_heads}x{num_kv_heads}x{head_dim}_b{block_size}"
+    loop = f"tensor cores, {cfg.stages}-stage rings" if cfg.mma else "CUDA cores"
     return KernelSpec.make("attention", "decode_split.cu", f"paged_attention_split_{tag}", target.arch or "", values,
                            FP8_ATTEND_PARAMS if kv_scale else ATTEND_PARAMS, cfg.warps * 32,
                            [GridDim("num_tokens"), GridDim(const=num_kv_heads), GridDim(const=cfg.max_splits)],
-                           doc=f"split-KV decode attention, up to {cfg.max_splits} splits, "
-                               f"workspace {workspace_bytes(cfg)} bytes")
+                           cfg.smem_bytes, doc=f"split-KV decode attention ({loop}), up to {cfg.max_splits} splits, "
+                                               f"workspace {workspace_bytes(cfg)} bytes")
 
 
 def cache_write_fp8_spec(dtype: DType, num_kv_heads: int, head_dim: int, block_size: int,

@@ -1,11 +1,14 @@
 """What autotuning (``codegen/autotune.py``) may change in the split-KV decode attention, and what it times it on.
 
 The split policy is compiled into ``decode_split.cu`` (``split_rule.split_config``): splitting stops at
-``CTAS_PER_SM x num_sms`` CTAs, a token gets at most ``MAX_SPLITS`` splits of at least ``MIN_CHUNK`` positions.
-Candidates vary each around the heuristic's (4, 16, 256) and two combinations. Workloads: decode batches of 1, 8
-and 32 tokens (those within the artifact's ``S``), every sequence at the artifact's context (its ``max_blocks``
-bound, at most ``MAX_CONTEXT``), blocks in a random order; the KV cache rotates over copies where it is small, so
-each launch reads it from HBM. The one-pass kernel (``paged_attention.cu``) has nothing to tune.
+``ctas_per_sm x num_sms`` CTAs, a token gets at most ``MAX_SPLITS`` splits of at least ``MIN_CHUNK`` positions.
+CUDA-core loop (FP8 cache): candidates vary each around the heuristic's (4, 16, 256) and two combinations.
+Tensor-core loop (bf16 cache): the heuristic aims at the CTAs that fit at once (2 per SM for head_dim 64/128);
+candidates halve, double and quadruple that, change the ring depth by one stage (a deeper ring may fit fewer CTAs:
+the target follows), halve the smallest split or double the most splits. Workloads: decode batches of 1, 8 and 32
+tokens (those within the artifact's ``S``), every sequence at the artifact's context (its ``max_blocks`` bound, at
+most ``MAX_CONTEXT``), blocks in a random order; the KV cache rotates over copies where it is small, so each launch
+reads it from HBM. The one-pass kernel (``paged_attention.cu``) has nothing to tune.
 """
 
 from __future__ import annotations
@@ -18,28 +21,45 @@ from ....ir.types import DType
 from ...autotune import Tunable, Workload, random_array
 from ...kernel import KernelSpec
 from ...target import Target
-from .split_rule import CTAS_PER_SM, MAX_SPLITS, MIN_CHUNK, decode_split_spec, split_config
+from .split_rule import CTAS_PER_SM, MAX_SPLITS, MIN_CHUNK, SplitConfig, decode_split_spec, split_config
 
-#: (CTAs per SM, most splits, smallest split in positions) tried besides the heuristic's
+#: (CTAs per SM, most splits, smallest split in positions) tried besides the heuristic's, CUDA-core loop
 POLICIES = ((2, MAX_SPLITS, MIN_CHUNK), (2 * CTAS_PER_SM, MAX_SPLITS, MIN_CHUNK),
             (CTAS_PER_SM, 2 * MAX_SPLITS, MIN_CHUNK), (CTAS_PER_SM, MAX_SPLITS // 2, MIN_CHUNK),
             (CTAS_PER_SM, MAX_SPLITS, MIN_CHUNK // 2), (CTAS_PER_SM, MAX_SPLITS, 2 * MIN_CHUNK),
             (2 * CTAS_PER_SM, 2 * MAX_SPLITS, MIN_CHUNK))
-KNOBS = ("TARGET_CTAS", "MAX_SPLITS", "MIN_CHUNK_BLOCKS", "TOKEN_CAP")
+KNOBS = ("TARGET_CTAS", "MAX_SPLITS", "MIN_CHUNK_BLOCKS", "TOKEN_CAP", "STAGES")
 BATCHES = (1, 8, 32)
 MAX_CONTEXT = 4096
 CACHE_TYPES = {"bf16": DType.bf16, "fp8e4m3": DType.f8e4m3fn}
 
 
+def mma_policies(base: SplitConfig, num_sms: int) -> list[dict[str, int]]:
+    """``split_config`` keywords tried besides the heuristic's for the tensor-core loop (``base``)."""
+    cps = max(1, base.target_ctas // num_sms)
+    return [{"ctas_per_sm": max(1, cps // 2)}, {"ctas_per_sm": 2 * cps}, {"ctas_per_sm": 4 * cps},
+            {"stages": base.stages + 1}, {"stages": max(2, base.stages - 1)}, {"min_chunk": MIN_CHUNK // 2},
+            {"max_splits": 2 * MAX_SPLITS}]
+
+
 def candidates(spec: KernelSpec, target: Target) -> list[KernelSpec]:
     v = dict(spec.values)
     d, kv, g, bs = int(v["HEAD_DIM"]), int(v["KV_HEADS"]), int(v["GROUP"]), int(v["BLOCK_SIZE"])
-    out = [spec]
-    for cps, ms, mc in POLICIES:
-        cfg = split_config(d, kv, g, bs, target.num_sms or 132, ctas_per_sm=cps, max_splits=ms, min_chunk=mc)
-        out.append(decode_split_spec(DType.bf16, CACHE_TYPES[str(v["CT"])], g * kv, kv, d, bs, float(v["SCALE"]),
-                                     target, float(v["SOFTCAP"]), int(v["SLIDING_WINDOW"]),
-                                     kv_scale=bool(v["KV_SCALE_PARAM"]), config=cfg))
+    cache, sms = CACHE_TYPES[str(v["CT"])], target.num_sms or 132
+    base = split_config(d, kv, g, bs, sms, cache_dtype=cache)
+    if base.mma:
+        policies = mma_policies(base, sms)
+    else:
+        policies = [{"ctas_per_sm": cps, "max_splits": ms, "min_chunk": mc} for cps, ms, mc in POLICIES]
+    out, keys = [spec], {spec.key}
+    for policy in policies:
+        cfg = split_config(d, kv, g, bs, sms, cache_dtype=cache, **policy)
+        cand = decode_split_spec(DType.bf16, cache, g * kv, kv, d, bs, float(v["SCALE"]), target,
+                                 float(v["SOFTCAP"]), int(v["SLIDING_WINDOW"]), kv_scale=bool(v["KV_SCALE_PARAM"]),
+                                 config=cfg)
+        if cand.key not in keys:
+            out.append(cand)
+            keys.add(cand.key)
     return out
 
 
