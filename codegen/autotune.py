@@ -4,13 +4,20 @@ A family that has real choices describes them in ``codegen/kernels/<family>/tune
 (``TUNABLE_FAMILIES``): which specs it tunes, the candidate specs for one (each an ordinary ``KernelSpec`` from the
 family's rule, the heuristic's own spec first) and the workloads to time them on (integer arguments and buffers
 sized from the spec's shapes, filled with random values). Today: the bf16 and quantized decode GEMV variants
-(split-K count, warps, tiles per warp, load-stage depth; per N, K and token bucket) and the split-KV decode
-attention's split policy (CTAs per SM, most splits, smallest split). The GEMM's tile is fixed in its rule: nothing
-to tune there yet.
+(split-K count, warps, tiles per warp, load-stage depth; per N, K and token bucket), the split-KV decode
+attention's split policy (CTAs per SM, most splits, smallest split) and the h100/h200 CUTLASS GEMM's configuration
+(tile, cluster, schedule; per N and K of each linear, at the artifact's step row count). The template GEMM's tile
+is fixed in its rule: nothing to tune there yet.
+
+Shape-generic kernels (the CUTLASS GEMMs: one build serves every N and K) are tuned per launch shape all the same:
+the lowering passes a *shaped* spec per launch (the shape in its values, ``cutlass_params.tuning_spec``), the
+candidates are shaped too (the workloads read the shape from them), and the tunable's ``kernel`` maps a shaped
+spec to the one compiled; ``Result.heuristic`` and ``Result.chosen`` are the compiled specs.
 
 ``autotune(specs, target, timer, gpu)`` times every candidate of every tunable spec on every workload (the
 ``timer``: median seconds per launch; ``CudaTimer`` does it with CUDA events around a CUDA graph of back-to-back
-launches rotating over copies of the large inputs, after warm-up) and picks the lowest total time; the heuristic
+launches rotating over copies of the large inputs, after warm-up; CUTLASS kernels launched with the Params blob
+built for the workload's M, N, K and buffers, as the runtime does) and picks the lowest total time; the heuristic
 stays unless a candidate is at least ``MIN_GAIN`` faster. Fail-safe: a candidate whose compile or launch fails is
 dropped with an ``AutotuneWarning``; if the heuristic itself fails, it stays. Results are cached as JSON in
 ``$INGOT_CACHE_DIR/autotune`` (``compile.cache_dir``), keyed by the heuristic spec (template and values), the
@@ -58,7 +65,7 @@ MIN_GAIN = 0.02
 #: at most this many candidates per spec (the heuristic's included): each is compiled and timed
 MAX_CANDIDATES = 8
 CACHE_FORMAT = 1
-TUNABLE_FAMILIES = ("gemv", "attention")
+TUNABLE_FAMILIES = ("gemv", "attention", "gemm_cutlass")
 
 
 class AutotuneUnavailable(RuntimeError):
@@ -94,13 +101,16 @@ class Workload:
 class Tunable:
     """The choices of one kind of spec. ``candidates(spec, target)``: specs taking the same parameters, the
     heuristic's ``spec`` first; ``workloads(spec, bounds)``: what to time them on (``bounds``: the artifact's
-    bound dims, ``T``, ``S``, ``max_blocks``); ``knobs``: the spec values the candidates differ in (recorded)."""
+    bound dims, ``T``, ``S``, ``max_blocks``); ``knobs``: the spec values the candidates differ in (recorded);
+    ``kernel``: the spec compiled (and timed) for a candidate, where that is not the candidate itself (shaped specs
+    of shape-generic kernels, see the module docstring)."""
 
     name: str
     matches: Callable[[KernelSpec], bool]
     candidates: Callable[[KernelSpec, Target], list[KernelSpec]]
     workloads: Callable[[KernelSpec, Mapping[str, int]], list[Workload]]
     knobs: tuple[str, ...]
+    kernel: Callable[[KernelSpec], KernelSpec] | None = None
 
 
 @cache
@@ -113,6 +123,12 @@ def tunables() -> tuple[Tunable, ...]:
 
 def tunable_for(spec: KernelSpec) -> Tunable | None:
     return next((t for t in tunables() if t.matches(spec)), None)
+
+
+def kernel_for(spec: KernelSpec) -> KernelSpec:
+    """The spec compiled for ``spec`` (a candidate or heuristic): its tunable's ``kernel`` of it, else itself."""
+    t = tunable_for(spec)
+    return t.kernel(spec) if t is not None and t.kernel is not None else spec
 
 
 def candidates(spec: KernelSpec, target: Target) -> list[KernelSpec]:
@@ -180,7 +196,9 @@ Timer = Callable[[KernelSpec, Workload], float]
 
 @dataclass
 class Result:
-    """The outcome for one heuristic spec. Times are the sums over the workloads, in seconds (None: not timed)."""
+    """The outcome for one heuristic spec. Times are the sums over the workloads, in seconds (None: not timed).
+    ``heuristic`` and ``chosen`` are the specs to compile (``kernel_for`` of the timed ones); ``times`` is keyed by
+    the timed candidates' keys."""
 
     heuristic: KernelSpec
     chosen: KernelSpec
@@ -277,7 +295,8 @@ def select(spec: KernelSpec, times: Mapping[str, float | None]) -> str:
 def autotune(specs: Sequence[KernelSpec], target: Target, timer: Timer, gpu: GpuInfo, *,
              bounds: Mapping[str, int] | None = None, use_cache: bool = True,
              progress: Callable[[str, int, int], None] | None = None) -> dict[str, Result]:
-    """Heuristic spec key -> ``Result`` for every tunable spec among ``specs`` (each distinct spec once)."""
+    """Heuristic spec key -> ``Result`` for every tunable spec among ``specs`` (each distinct spec once; the keys
+    are those of the specs given, shaped ones included)."""
     work: list[tuple[KernelSpec, Tunable]] = []
     for s in {s.key: s for s in specs}.values():
         t = tunable_for(s)
@@ -317,7 +336,8 @@ def autotune(specs: Sequence[KernelSpec], target: Target, timer: Timer, gpu: Gpu
             done += 1
             if progress is not None:
                 progress(title, done, len(todo))
-        results[s.key] = Result(s, by_key[chosen], times.get(s.key), times.get(chosen), times,
+        kernel = t.kernel or (lambda spec: spec)
+        results[s.key] = Result(kernel(s), kernel(by_key[chosen]), times.get(s.key), times.get(chosen), times,
                                 [w.label for w in loads], t.knobs, gpu, cached)
     return results
 
@@ -377,11 +397,14 @@ def random_array(dtype: str, shape: Sequence[int], rng: np.random.Generator, sca
 class CudaTimer:
     """Median seconds per launch of a spec on one workload, on device 0 (``runtime/cuda_driver.py``).
 
-    Per candidate: load its cubin; ``warmup`` plain launches (a launch error shows here); then ``launches``
-    back-to-back launches captured in one CUDA graph (launch overhead is not timed), each launch reading the next
-    copy of the ``rotate`` buffers (copies together >= ``rotate_bytes``, so the weights come from HBM as in a
-    model's step, not from the 50 MB L2); the graph replayed ``reps`` times between CUDA events; the median.
-    The workload's buffers are uploaded once and shared by the candidates timed on it."""
+    Per candidate: load its cubin (``kernel_for`` the spec); ``warmup`` plain launches (a launch error shows here);
+    then ``launches`` back-to-back launches captured in one CUDA graph (launch overhead is not timed), each launch
+    reading the next copy of the ``rotate`` buffers (copies together >= ``rotate_bytes``, so the weights come from
+    HBM as in a model's step, not from the 50 MB L2); the graph replayed ``reps`` times between CUDA events; the
+    median. The workload's buffers are uploaded once and shared by the candidates timed on it. A shape-generic
+    CUTLASS GEMM (``gemm_cutlass/cutlass_params.py``) is launched as the runtime launches it: a Params blob built
+    from its layout for the workload's M, the shaped spec's N and K and each copy's buffers, with its cluster
+    shape (``cutlass_params.launch``)."""
 
     def __init__(self, launches: int = 10, reps: int = 15, warmup: int = 2, rotate_bytes: int = 256 << 20,
                  max_copies: int = 32, seed: int = 0) -> None:
@@ -399,29 +422,37 @@ class CudaTimer:
         self._memory: list[Any] = []
         self._built: dict[str, Any] = {}
 
+    @staticmethod
+    def _build(kernel: KernelSpec) -> tuple[Any, Mapping[str, Any] | None]:
+        """(compiled kernel, Params layout or None) of a spec to compile."""
+        from .compile import compile_spec
+        from .kernels.gemm_cutlass import cutlass_params
+
+        if cutlass_params.is_generic(kernel):
+            return cutlass_params.build_linear(kernel)
+        return compile_spec(kernel), None
+
     def prepare(self, specs: Sequence[KernelSpec]) -> None:
         """Compile the candidates up front, in parallel (NVRTC / nvcc; cached); failures show when timed."""
-        from .compile import compile_spec
 
         def build(s: KernelSpec) -> tuple[str, Any]:
             try:
-                return s.key, compile_spec(s)
+                return s.key, self._build(s)
             except Exception as e:
                 return s.key, e
 
-        todo = [s for s in {s.key: s for s in specs}.values() if s.key not in self._built]
+        kernels = {k.key: k for k in map(kernel_for, specs)}  # shaped specs of one generic kernel: one build
+        todo = [k for k in kernels.values() if k.key not in self._built]
         with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
             self._built.update(pool.map(build, todo))
 
-    def _cubin(self, spec: KernelSpec) -> bytes:
-        from .compile import compile_spec
-
-        built = self._built.get(spec.key)
+    def _compiled(self, kernel: KernelSpec) -> tuple[Any, Mapping[str, Any] | None]:
+        built = self._built.get(kernel.key)
         if built is None:
-            built = compile_spec(spec)
+            built = self._built[kernel.key] = self._build(kernel)
         if isinstance(built, Exception):
             raise built
-        return built.cubin
+        return built
 
     def _upload(self, w: Workload) -> None:
         if self._workload is w:
@@ -454,32 +485,64 @@ class CudaTimer:
         self.ctx.synchronize()
         self._workload = w
 
-    def __call__(self, spec: KernelSpec, w: Workload) -> float:
+    def _set_smem(self, fn: Any, smem: int) -> None:
+        cd = self.cd
+        if smem > 48 * 1024:
+            attr = cd.driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            cd.check(cd.driver().cuFuncSetAttribute(fn, attr, smem), "cuFuncSetAttribute")
+
+    def _plain_launcher(self, fn: Any, kernel: KernelSpec, w: Workload) -> Callable[[int], None]:
+        """Launch i reads copy i of the rotating buffers: the kernel's arguments packed once per copy."""
         import ctypes
 
         cd = self.cd
+        self._set_smem(fn, kernel.smem)
+        ctor = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float}
+        packs = []
+        for bufs in self._copies:
+            vals = [ctypes.c_uint64(bufs.get(p.name, 0)) if p.ctype == "ptr" else ctor[p.ctype](w.ints[p.name])
+                    for p in kernel.params]
+            ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+            packs.append((vals, ptrs, ctypes.addressof(ptrs)))
+        grid = kernel.grid_dims({p.name: int(w.ints[p.name]) for p in kernel.params if p.ctype != "ptr"})
+
+        def launch(i: int) -> None:
+            cd.launch(fn, grid, kernel.block, kernel.smem, self.stream, packs[i % len(packs)][2], kernel.entry)
+
+        return launch
+
+    def _cutlass_launcher(self, fn: Any, spec: KernelSpec, layout: Mapping[str, Any],
+                          w: Workload) -> Callable[[int], None]:
+        """One Params blob per copy of the rotating buffers (the blob holds TMA descriptors of their addresses), for
+        the workload's M and the shaped spec's N and K, as ``runtime/cuda_backend.py``'s ``_CutlassLaunch``."""
+        from .kernels.gemm_cutlass import cutlass_params
+
+        self._set_smem(fn, int(layout["smem"]))
+        m, n, k = int(w.ints["M"]), int(spec.value("N")), int(spec.value("K"))
+        blobs = [cutlass_params.build_params(layout, bufs, m, n, k, self.ctx.num_sms) for bufs in self._copies]
+
+        def launch(i: int) -> None:
+            blob, config = blobs[i % len(blobs)]
+            cutlass_params.launch(fn, blob, config, self.stream.handle)
+
+        return launch
+
+    def __call__(self, spec: KernelSpec, w: Workload) -> float:
+        cd = self.cd
         self.ctx.make_current()
         self._upload(w)
-        module = cd.Module(self._cubin(spec), spec.entry)
+        kernel = kernel_for(spec)
+        built, layout = self._compiled(kernel)
+        module = cd.Module(built.cubin, kernel.entry)
         graph = start = end = None
         try:
-            fn = module.function(spec.entry)
-            if spec.smem > 48 * 1024:
-                attr = cd.driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-                cd.check(cd.driver().cuFuncSetAttribute(fn, attr, spec.smem), "cuFuncSetAttribute")
-            ctor = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float}
-            packs = []
-            for bufs in self._copies:
-                vals = [ctypes.c_uint64(bufs.get(p.name, 0)) if p.ctype == "ptr" else ctor[p.ctype](w.ints[p.name])
-                        for p in spec.params]
-                ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-                packs.append((vals, ptrs, ctypes.addressof(ptrs)))
-            grid = spec.grid_dims({p.name: int(w.ints[p.name]) for p in spec.params if p.ctype != "ptr"})
+            fn = module.function(kernel.entry)
+            launch = (self._plain_launcher(fn, kernel, w) if layout is None
+                      else self._cutlass_launcher(fn, spec, layout, w))
 
             def enqueue(count: int, offset: int = 0) -> None:
                 for i in range(count):
-                    cd.launch(fn, grid, spec.block, spec.smem, self.stream, packs[(offset + i) % len(packs)][2],
-                              spec.entry)
+                    launch(offset + i)
 
             enqueue(self.warmup)
             self.stream.synchronize()

@@ -354,11 +354,13 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
                 variant_plans[j] = [(prefill_rule.DECODE_MAX_ROWS, spec)]
                 rows_args[j] = prefill_rule.ROWS_ARG
     bindings = default_bindings(graph, limits)
-    tuned = _autotune([s for _, _, s, _ in launches if s is not None]
+    # shape-generic CUTLASS kernels are tuned per launch shape: autotuning is asked about each launch's shaped spec
+    asked = [cutlass_params.tuning_spec(s, node) for _, node, s, _ in launches]
+    tuned = _autotune([a for a in asked if a is not None]
                       + [v for found in variant_plans.values() for _, v in found], tgt, bindings, progress)
     if tuned:
-        launches = [(i, node, tuned[s.key].chosen if s is not None and s.key in tuned else s, args)
-                    for i, node, s, args in launches]
+        launches = [(i, node, tuned[a.key].chosen if a is not None and a.key in tuned else s, args)
+                    for (i, node, s, args), a in zip(launches, asked)]
         variant_plans = {j: [(mr, tuned[v.key].chosen if v.key in tuned else v) for mr, v in found]
                          for j, found in variant_plans.items()}
     records = {r.chosen.key: r.record() for r in tuned.values()}

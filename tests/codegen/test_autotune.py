@@ -1,6 +1,8 @@
 """Autotuning (``codegen/autotune.py``) without a GPU: the candidates are valid specs that compile, the selection
 with an injected timer, the JSON cache and what invalidates it, when ``INGOT_AUTOTUNE`` tunes, and artifacts
-compiled with tuned kernels (a fake GPU and timer) that still run on the CPU backend."""
+compiled with tuned kernels (a fake GPU and timer) that still run on the CPU backend. The CUTLASS GEMM's per-shape
+tuning (``gemm_cutlass/tune.py``) with shaped specs standing in for the shared generic kernels, and in a compile
+with the CUTLASS builds faked (no nvcc needed)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from ingot.api import CompileError
 from ingot.codegen import autotune as at
 from ingot.codegen import compile as cc
 from ingot.codegen.kernels.attention.split_rule import decode_split_spec, split_config
+from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+from ingot.codegen.kernels.gemm_cutlass import tune as cutlass_tune
+from ingot.codegen.kernels.gemm_cutlass.rule import SM90_CANDIDATES, config_tag, shape_config
 from ingot.codegen.kernels.gemv import tune as gemv_tune
 from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec
 from ingot.codegen.kernels.gemv.rule import gemv_spec
@@ -43,6 +48,23 @@ def _cache(tmp_path, tmp_path_factory, monkeypatch):
     monkeypatch.setenv(at.ENV, "auto")
 
 
+@pytest.fixture(autouse=True)
+def _fake_cutlass_builds(monkeypatch):
+    """The compiles here plan the h200 CUTLASS GEMMs whether or not nvcc and CUTLASS are installed, and never build
+    them (a real build takes minutes; tests/codegen/test_gemm_cutlass.py builds them): a stand-in cubin and layout
+    per kernel, enough for the kernel table, the CPU backend and ``inspect``. ``built`` lists the entries."""
+    built: list[str] = []
+
+    def build_linear(spec, use_cache=True):
+        built.append(spec.entry)
+        return cc.CompiledKernel(spec.arch, b"\x7fELF" + spec.key.encode(), f"// {spec.entry}", spec.key, "nvcc"), {
+            "stand-in": spec.entry}
+
+    monkeypatch.setattr(cp, "cutlass_available", lambda: True)
+    monkeypatch.setattr(cp, "build_linear", build_linear)
+    return built
+
+
 def specs():
     return {
         "gemv-bf16": gemv_spec(3072, 2048, 8, H200),
@@ -50,7 +72,15 @@ def specs():
         "gemv-nvfp4": quant_gemv_spec(576, 1024, 32, H200, "nvfp4", bias=True, residual=True),
         "attention": decode_split_spec(DType.bf16, DType.bf16, 32, 8, 128, 16, 128 ** -0.5, H200),
         "attention-fp8": decode_split_spec(DType.bf16, DType.f8e4m3fn, 16, 4, 64, 16, 0.125, H200, kv_scale=True),
+        "cutlass-bf16": cutlass_spec(1024, 512, residual=True),
+        "cutlass-fp8": cp.shaped(cp.generic_linear_spec("fp8", H200), 1024, 512, 64, True),
     }
+
+
+def cutlass_spec(n: int, k: int, residual: bool = False, rows: int | str = "T", bias: bool = False):
+    """A launch's shaped CUTLASS spec (``cutlass_params.tuning_spec``) with the rule's configuration."""
+    generic = cp.generic_linear_spec("bf16", H200, residual=residual, config=shape_config("bf16", n, k, H200))
+    return cp.shaped(generic, n, k, rows, bias)
 
 
 class TableTimer:
@@ -71,13 +101,14 @@ class TableTimer:
 def test_candidates_are_valid_specs(name):
     spec = specs()[name]
     cands = at.candidates(spec, H200)
-    assert cands[0] == spec and 3 <= len(cands) <= at.MAX_CANDIDATES
+    assert cands[0] == spec and 2 <= len(cands) <= at.MAX_CANDIDATES  # FP8 CUTLASS: two with f32 promotion
     assert len({c.key for c in cands}) == len(cands)
     t = at.tunable_for(spec)
     assert t is not None
     for c in cands:  # same kernel, same parameters: any candidate can stand in for the heuristic's
-        assert (c.family, c.template, c.name, c.arch, c.params) == (spec.family, spec.template, spec.name, spec.arch,
-                                                                     spec.params)
+        # (CUTLASS kernels' names carry their configuration: each is its own shape-generic build)
+        assert (c.family, c.template, c.arch, c.params) == (spec.family, spec.template, spec.arch, spec.params)
+        assert c.name == spec.name or c.family == "gemm_cutlass"
         fixed = {k: v for k, v in c.values if k not in t.knobs}
         assert fixed == {k: v for k, v in spec.values if k not in t.knobs}
     for w in t.workloads(spec, {"S": 8, "max_blocks": 16}):  # buffers match the parameters and their declarations
@@ -99,6 +130,14 @@ def test_heuristic_is_what_the_rules_rebuild():
     assert decode_split_spec(DType.bf16, DType.bf16, 32, 8, 128, 16, 128 ** -0.5, H200,
                              config=split_config(128, 8, 4, 16, 132)).key == attn.key
     assert at.tunable_for(quant_gemv_spec(3072, 2048, 64, H200, "fp8", any_m=True)) is None  # prefill: not tuned
+    # CUTLASS: the candidate of the rule's own configuration is the heuristic's shaped spec (listed once)
+    for n, k in ((2048, 8192), (3072, 2048), (16384, 2048)):
+        spec = cutlass_spec(n, k)
+        cands = at.candidates(spec, H200)
+        assert len(cands) == len(SM90_CANDIDATES["bf16"]) and sum(c.key == spec.key for c in cands) == 1
+    # unshaped generic specs (no shape to time) and b200's (one configuration) are not tuned
+    assert at.tunable_for(cp.generic_linear_spec("bf16", H200)) is None
+    assert at.tunable_for(cp.shaped(cp.generic_linear_spec("bf16", get_target("b200")), 2048, 2048, "T", False)) is None
 
 
 @needs_compiler
@@ -107,6 +146,32 @@ def test_candidates_compile(name):
     for c in at.candidates(specs()[name], H200):
         built = cc.compile_spec(c)
         assert built.cubin[:4] == b"\x7fELF" and c.entry in built.ptx
+
+
+def test_cutlass_candidates_and_workload():
+    """The kind's sm_90a candidates with the heuristic's epilogue and shape, each compiled as its shape-generic
+    kernel; FP8 keeps its accumulation; one workload at the launch's row bound, weights rotating."""
+    spec = cutlass_spec(2048, 8192, residual=True, bias=True)
+    cands = at.candidates(spec, H200)
+    assert {config_tag(cutlass_tune.config_of(c)) for c in cands} == {config_tag(c) for c in SM90_CANDIDATES["bf16"]}
+    for c in cands:
+        assert (c.value("N"), c.value("K"), c.value("ROWS"), c.value("HAS_BIAS"), c.value("HAS_RESIDUAL")) == (
+            2048, 8192, "T", True, True)
+        kernel = at.kernel_for(c)
+        assert kernel.value("N") == kernel.value("K") == 0 and "ROWS" not in dict(kernel.values)
+        assert kernel == cp.generic_linear_spec("bf16", H200, residual=True, config=cutlass_tune.config_of(c))
+    fp8 = specs()["cutlass-fp8"]
+    assert all("FastAccum" not in str(c.value("SCHEDULE")) for c in at.candidates(fp8, H200))
+    assert len(at.candidates(fp8, H200)) == sum("FastAccum" not in c.schedule for c in SM90_CANDIDATES["fp8"])
+    (w,) = at.tunable_for(spec).workloads(spec, {"T": 16384, "S": 256})
+    assert w.ints == {"M": 16384} and w.rotate == ("weight",) and w.label == "M=16384 N=2048 K=8192"
+    assert dict(w.buffers) == {"x": ("bfloat16", (16384, 8192)), "weight": ("bfloat16", (2048, 8192)),
+                               "out": ("bfloat16", (16384, 2048)), "residual": ("bfloat16", (16384, 2048)),
+                               "bias": ("bfloat16", (2048,))}
+    lm_head = cutlass_spec(128256, 2048, rows="S")
+    assert at.tunable_for(lm_head).workloads(lm_head, {"T": 16384, "S": 256})[0].ints == {"M": 256}
+    static = cutlass_spec(3072, 2048, rows=300)
+    assert at.tunable_for(static).workloads(static, {"T": 16384})[0].ints == {"M": 300}
 
 
 # -- choosing -----------------------------------------------------------------------------------------
@@ -128,6 +193,41 @@ def test_picks_the_fastest_and_records_both_times():
     assert rec["heuristic_us"] == pytest.approx(10 * n_loads)
     assert rec["config"] == {k: fastest.value(k) for k in gemv_tune.KNOBS} != rec["heuristic_config"]
     assert rec["gpu"] == "NVIDIA H200" and rec["candidates"] == rec["timed"] == len(cands)
+
+
+def test_picks_the_fastest_cutlass_configuration_and_records_it():
+    """Shaped specs are timed, the compiled (generic) kernels are the result; two shapes sharing the heuristic's
+    kernel are tuned each on its own."""
+    down, o = cutlass_spec(2048, 8192, residual=True), cutlass_spec(2048, 2048, residual=True)
+    assert at.kernel_for(down) != at.kernel_for(o)  # the rule gives them different configurations
+    qkv = cutlass_spec(3072, 2048)
+    assert at.kernel_for(qkv) == at.kernel_for(cutlass_spec(2048, 2048))
+
+    def speed(s, w):  # a fake GPU: 256-column tiles fastest on the long-K shape, the default elsewhere
+        tag = config_tag(cutlass_tune.config_of(s))
+        if s.value("K") == 8192:
+            return {"coop128x256x64c2x1": 5e-4, "coop256x128x64c1x2": 7e-4}.get(tag, 9e-4)
+        return 4e-4 if tag == "pp128x128x64c2x1" else 6e-4
+
+    timer = TableTimer(speed)
+    res = at.autotune([down, o, qkv, qkv], H200, timer, GPU, bounds={"T": 8192})
+    assert set(res) == {down.key, o.key, qkv.key} and timer.calls == 3 * len(SM90_CANDIDATES["bf16"])
+    r = res[down.key]
+    assert r.changed and r.heuristic == at.kernel_for(down)
+    assert r.chosen == cp.generic_linear_spec("bf16", H200, residual=True, config=cutlass_tune.config_of(r.chosen))
+    assert config_tag(cutlass_tune.config_of(r.chosen)) == "coop128x256x64c2x1"
+    assert r.chosen.value("N") == 0 and r.chosen_s == pytest.approx(5e-4) and r.heuristic_s == pytest.approx(7e-4)
+    rec = r.record()
+    assert rec["heuristic"] == at.kernel_for(down).entry and rec["workloads"] == ["M=8192 N=2048 K=8192"]
+    assert (rec["config"]["TILE_N"], rec["heuristic_config"]["TILE_M"]) == (256, 256)
+    assert rec["candidates"] == rec["timed"] == len(SM90_CANDIDATES["bf16"])
+    assert not res[o.key].changed and res[o.key].chosen == at.kernel_for(o)  # the default: kept
+    assert not res[qkv.key].changed
+    again = TableTimer(lambda s, w: 1 / 0)  # cached: the same choice, nothing timed
+    cached = at.autotune([down], H200, again, GPU, bounds={"T": 8192})[down.key]
+    assert again.calls == 0 and cached.cached and cached.chosen == r.chosen
+    # another step budget is another workload: tuned again
+    assert not at.autotune([down], H200, TableTimer(speed), GPU, bounds={"T": 2048})[down.key].cached
 
 
 def test_keeps_the_heuristic_within_the_noise():
@@ -242,8 +342,13 @@ def test_no_gpu_is_detected_here_without_a_driver():
 # -- in a compile -------------------------------------------------------------------------------------------
 
 
+#: what the tiny Llama's h200 compile tunes: 15 GEMV variants and the split-KV attention (16), and its CUTLASS GEMMs'
+#: 5 shapes (qkv, o, gate+up and down at T rows, lm_head at S rows)
+TINY_TUNED = 16 + 5
+
+
 def prefer_wide(s, w) -> float:
-    """A fake GPU on which 8-warp GEMVs and more CTAs per SM for attention are faster."""
+    """A fake GPU on which 8-warp GEMVs and more CTAs per SM for attention are faster (CUTLASS: all the same)."""
     v = dict(s.values)
     return 10e-6 / (1 + int(v.get("WARPS", 4)) // 8 + int(v.get("TARGET_CTAS", 0)) // 1000)
 
@@ -261,9 +366,9 @@ def test_compile_records_tuned_kernels_and_caches(tmp_path, monkeypatch):
                          progress=lambda step, done, total: lines.append((step, done, total)))
     cuda = _manifest(path)["cuda"]
     assert timer.calls > 0
-    assert any(step.startswith("autotuning 16 kernels on NVIDIA H200") for step, _, _ in lines), lines
+    assert any(step.startswith(f"autotuning {TINY_TUNED} kernels on NVIDIA H200") for step, _, _ in lines), lines
     tuned = {e: k for e, k in cuda["variant_kernels"].items() if "autotune" in k}
-    assert len(tuned) == 16 == cuda["autotune"]["kernels"] and cuda["autotune"]["gpu"] == "NVIDIA H200"
+    assert len(tuned) == 16 and cuda["autotune"]["kernels"] == TINY_TUNED and cuda["autotune"]["gpu"] == "NVIDIA H200"
     assert cuda["autotune"]["changed"] > 0
     used = {v["kernel"] for ln in cuda["launches"] for v in ln.get("variants", [])}
     assert used == set(cuda["variant_kernels"])
@@ -340,4 +445,36 @@ def test_inspect_shows_the_autotuned_kernels(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert main(["inspect", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "autotuned kernels (16," in text and "NVIDIA H200" in text and "WARPS 8 / 4" in text
+    assert f"autotuned kernels ({TINY_TUNED}," in text and "NVIDIA H200" in text and "WARPS 8 / 4" in text
+
+
+def test_compile_tunes_each_cutlass_shape(tmp_path, monkeypatch, _fake_cutlass_builds):
+    """A fake GPU on which 256-column tiles are faster for the down projection only: its launches (both layers)
+    move to that configuration's shape-generic kernel, the other linears keep the rule's kernels, the chosen
+    kernel's entry records the tuning; with tuning off the artifact has the rule's kernels alone."""
+    monkeypatch.setattr(at, "detect_gpu", lambda: GPU)
+
+    def down_wide(s, w):
+        if s.family != "gemm_cutlass":
+            return 1e-5
+        wide = config_tag(cutlass_tune.config_of(s)) == "coop128x256x64c2x1"
+        return 5e-6 if wide and s.value("N") == 64 and s.value("K") == 128 else 1e-5
+
+    monkeypatch.setattr(at, "make_timer", lambda: TableTimer(down_wide))
+    cuda = _manifest(ingot.compile(TINY_KV, target="h200", out=tmp_path / "t.ingot", mode="llm"))["cuda"]
+    linears = {ln["args"]["weight"]["buffer"]: ln["kernel"] for ln in cuda["launches"] if ln["op"] == "linear"}
+    down = {w: e for w, e in linears.items() if "down_proj" in w}
+    assert len(down) == 2 and all(e.startswith("linear_cutlass_bf16_res_coop128x256x64c2x1_") for e in down.values())
+    others = {e for w, e in linears.items() if w not in down}
+    assert {e.rsplit("_", 1)[0] for e in others} == {"linear_cutlass_bf16", "linear_cutlass_bf16_res"}
+    (wide,) = set(down.values())
+    rec = cuda["kernels"][wide]["autotune"]
+    assert rec["heuristic"].startswith("linear_cutlass_bf16_res_") and rec["heuristic"] in others
+    assert rec["config"]["TILE_N"] == 256 and rec["heuristic_config"]["TILE_N"] == 128
+    assert rec["workloads"] == ["M=2048 N=64 K=128"] and rec["chosen_us"] < rec["heuristic_us"]
+    assert cuda["kernels"][wide]["cutlass"] == {"stand-in": wide}  # built (as any kernel) with its layout
+    assert cuda["autotune"]["kernels"] == TINY_TUNED and cuda["autotune"]["changed"] == 1
+    assert set(_fake_cutlass_builds) == {e for e in linears.values()}  # candidates were timed, not built
+    monkeypatch.setenv(at.ENV, "0")
+    off = _manifest(ingot.compile(TINY_KV, target="h200", out=tmp_path / "off.ingot", mode="llm"))["cuda"]
+    assert {ln["kernel"] for ln in off["launches"] if ln["op"] == "linear"} == others
