@@ -191,7 +191,7 @@ def test_picks_the_fastest_and_records_both_times():
     rec = res.record()
     assert rec["heuristic"] == spec.entry and rec["chosen_us"] == pytest.approx(6 * n_loads)
     assert rec["heuristic_us"] == pytest.approx(10 * n_loads)
-    assert rec["config"] == {k: fastest.value(k) for k in gemv_tune.KNOBS} != rec["heuristic_config"]
+    assert rec["config"] == {k: fastest.value(k) for k in at.tunable_for(spec).knobs} != rec["heuristic_config"]
     assert rec["gpu"] == "NVIDIA H200" and rec["candidates"] == rec["timed"] == len(cands)
 
 
