@@ -277,25 +277,43 @@ def test_host_shim_exports():
     assert hasattr(lib, f"{spec.entry}_prepare")
 
 
+def _layout_params():
+    """The default bf16 configuration in every run; the rule table's others (probe builds, ~30 s each) with
+    INGOT_SLOW=1 (``(config tag, residual)``: the epilogue the rule's measured shapes have in a Llama)."""
+    from ingot.codegen.kernels.gemm_cutlass.rule import SM90_SHAPE_RULES, config_tag
+
+    out = [pytest.param(None, False, id="default")]
+    for rule in SM90_SHAPE_RULES:
+        residual = rule.name == "long-k"  # the down projection adds the residual
+        out.append(pytest.param(config_tag(rule.config), residual, id=f"{rule.name}-{config_tag(rule.config)}",
+                                marks=pytest.mark.skipif(not SLOW, reason="set INGOT_SLOW=1 to probe every rule's "
+                                                                          "configuration")))
+    return out
+
+
 @needs_cutlass
 @pytest.mark.slow
-def test_sm90_params_layout_reproduces_cutlass():
+@pytest.mark.parametrize("tag,residual", _layout_params())
+def test_sm90_params_layout_reproduces_cutlass(tag, residual):
     """The h200 generic kernel's Params layout: derived from the probe and checked byte for byte against
     CUTLASS's own blob for every probe shape (``derive_layout`` raises otherwise), with the sm90 persistent
-    scheduler's fields (fast divmods, raster order, tiles) written per launch."""
+    scheduler's fields (fast divmods, raster order, tiles) written per launch; for the default configuration
+    and each one the per-shape rules pick."""
     from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+    from ingot.codegen.kernels.gemm_cutlass.rule import SM90_CANDIDATES, config_tag
 
     h200 = get_target("h200")
-    spec = cp.generic_linear_spec("bf16", h200)
+    cfg = next((c for c in SM90_CANDIDATES["bf16"] if config_tag(c) == tag), variant_config("bf16", h200))
+    spec = cp.generic_linear_spec("bf16", h200, residual=residual, config=cfg)
     layout = cp.params_layout(spec)
-    cfg = variant_config("bf16", h200)
     assert layout["scheduler"]["kind"] == "sm90" and layout["scheduler"]["cluster"] == list(cfg.cluster)
+    assert layout["scheduler"]["tile"] == list(cfg.tile[:2])
     assert layout["block"] == [cfg.threads, 1, 1] and layout["cluster"] == [*cfg.cluster, 1]
-    assert {t["tensor"] for t in layout["tma"]} == {"x", "weight", "out"}
-    blob, launch = cp.build_params(layout, {"x": 0x1000, "weight": 0x2000, "out": 0x3000}, 5000, 4096, 2048, 132,
-                                   encode=lambda *a: bytes(cp.TMA_BYTES))
+    assert {t["tensor"] for t in layout["tma"]} == {"x", "weight", "out"} | ({"residual"} if residual else set())
+    ptrs = {"x": 0x1000, "weight": 0x2000, "out": 0x3000} | ({"residual": 0x4000} if residual else {})
+    blob, launch = cp.build_params(layout, ptrs, 5000, 4096, 2048, 132, encode=lambda *a: bytes(cp.TMA_BYTES))
     assert len(blob) == layout["size"]
-    # 5000 rows -> 40 tiles of 128, 4096 columns -> 32: rasterized along N, one cluster's CTAs per grid row
+    # persistent: at most one CTA per SM, and never more CTAs than output tiles
     tm, tn = cfg.tile[:2]
     assert launch["grid"][2] == 1 and launch["grid"][0] * launch["grid"][1] <= 132
     assert launch["grid"][0] * launch["grid"][1] <= -(-5000 // tm) * -(-4096 // tn)

@@ -56,13 +56,13 @@ def matches(spec: KernelSpec) -> bool:
 
 def candidates(spec: KernelSpec, target: Target) -> list[KernelSpec]:
     kind, fast = kind_of(spec), FAST_ACCUM in str(spec.value("SCHEDULE"))
-    n, k, rows, bias = (spec.value(v) for v in ("N", "K", "ROWS", "HAS_BIAS"))
+    n, k, rows = int(spec.value("N")), int(spec.value("K")), spec.value("ROWS")
     out = [spec]
     for cfg in candidate_configs(kind, target):
         if (FAST_ACCUM in cfg.schedule) != fast:
             continue
         generic = cp.generic_linear_spec(kind, target, residual=bool(spec.value("HAS_RESIDUAL")), config=cfg)
-        out.append(cp.shaped(generic, int(n), int(k), rows, bool(bias)))  # type: ignore[arg-type]
+        out.append(cp.shaped(generic, n, k, rows if isinstance(rows, str) else int(rows), bool(spec.value("HAS_BIAS"))))
     return out
 
 
