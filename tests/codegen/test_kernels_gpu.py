@@ -189,7 +189,8 @@ def test_rope_in_place(gpu, target):
 # -- activation -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype,width,tokens,alpha", [(bf16, 8192, 3, 1.0), (f32, 1000, 37, 1.0), (f32, 300, 2, 1.702)])
+@pytest.mark.parametrize("dtype,width,tokens,alpha", [(bf16, 8192, 3, 1.0), (f32, 1000, 37, 1.0), (f32, 300, 2, 1.702),
+                                                      (bf16, 1001, 5, 1.0)])  # 16-byte vectors, and not (1001)
 def test_swiglu(gpu, target, dtype, width, tokens, alpha):
     r = rng()
     a, b = rand(r, (tokens, width), dtype, 4.0), rand(r, (tokens, width), dtype)

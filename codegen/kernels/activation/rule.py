@@ -20,12 +20,17 @@ def gated_spec(act: str, dtype: DType, width: int, target: Target, alpha: float 
     """``out[T, width] = act(a) * b``; params: a, b, out, num_tokens. Row t of b starts ``b_offset`` elements
     after ``b + t * b_stride`` (a packed swiglu passes its one buffer as both a and b, b_offset = width)."""
     name = f"{act}_{dtype.value}_w{width}" + ("_packed" if b_offset else "")
+    a_stride, b_stride = a_stride or width, b_stride or width
+    # 16-byte vectors when every row start is one (the arena aligns buffers to 256 bytes)
+    vec = 16 // dtype.np.itemsize
+    if any(v % vec for v in (width, a_stride, b_stride, b_offset)):
+        vec = 1
     return KernelSpec.make(
         "activation", "kernel.cu", name, target.arch or "",
-        {"DT": ctype(dtype), "WIDTH": width, "A_STRIDE": a_stride or width, "B_STRIDE": b_stride or width,
-         "B_OFFSET": b_offset, "ACT": ACTS[act], "ALPHA": float(alpha), "BLOCK": BLOCK},
+        {"DT": ctype(dtype), "WIDTH": width, "A_STRIDE": a_stride, "B_STRIDE": b_stride,
+         "B_OFFSET": b_offset, "ACT": ACTS[act], "ALPHA": float(alpha), "BLOCK": BLOCK, "VEC": vec},
         [("a", "ptr"), ("b", "ptr"), ("out", "ptr"), ("num_tokens", "i64")],
-        BLOCK, [GridDim(const=-(-width // BLOCK)), GridDim("num_tokens")])
+        BLOCK, [GridDim(const=-(-width // (BLOCK * vec))), GridDim("num_tokens")])
 
 
 def plan(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[KernelSpec] | None:
