@@ -82,23 +82,10 @@ def _align(n: int) -> int:
 DEFAULT_SMEM_LIMIT = 48 * 1024
 
 
-class _Launch:
-    """One kernel launch with its argument block packed once; integer arguments set per step.
+class _Arguments:
+    """A kernel's argument block, packed once (pointers fixed in the arena); its integer arguments set per step."""
 
-    ``variants``: ``(max_rows, fn, spec)``, smallest first, kernels with the same parameters run instead
-    when the ``rows_arg`` argument (the step's row count: ``M`` for linears, ``num_tokens`` for attention) is at
-    most ``max_rows`` (the decode GEMV for ``linear``, the decode kernel beside the prefill attention kernel,
-    ``codegen/lower.py``); a CUDA graph captured for a bucket holds the variant chosen for that bucket."""
-
-    def __init__(self, fn: Any, spec: KernelSpec, args: Mapping[str, Mapping[str, Any]],
-                 address: Any, what: str, variants: Sequence[tuple[int, Any, KernelSpec]] = (),
-                 rows_arg: str = "M", pdl: frozenset[str] = frozenset()) -> None:
-        self.fn, self.spec, self.what = fn, spec, what
-        #: launched with programmatic stream serialization (their kernels wait for the grid before them)
-        self.pdl = spec.entry in pdl
-        self.variant_pdl = [v[2].entry in pdl for v in variants]
-        self.variants = list(variants)
-        self.variant_launches = 0
+    def __init__(self, spec: KernelSpec, args: Mapping[str, Mapping[str, Any]], address: Any) -> None:
         self.values: list[Any] = []
         self.dims: list[tuple[str, Any, Any]] = []  # (param name, ctypes object, dim expression)
         for p in spec.params:
@@ -114,26 +101,77 @@ class _Launch:
                     v.value = a["value"]
             self.values.append(v)
         self.params = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
-        self.params_addr = ctypes.addressof(self.params)
-        names = [p.name for p in spec.params]
-        self.rows = self.values[names.index(rows_arg)] if self.variants and rows_arg in names else None
+        self.addr = ctypes.addressof(self.params)
 
-    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> str | None:
-        """Queue the launch for the step's ``dims``; returns the kernel entry launched (None: an empty grid)."""
+    def set(self, dims: Mapping[Any, int]) -> dict[str, int]:
+        """Write the step's integer arguments; returns them by name (for the grid)."""
         ints = {}
         for name, obj, expr in self.dims:
             obj.value = ints[name] = dims[expr]
+        return ints
+
+
+#: a launch's variant: (max rows, function, spec, its own argument block or None: the launch's)
+Variant = tuple[int, Any, KernelSpec, _Arguments | None]
+
+
+class _Launch:
+    """One kernel launch with its argument block packed once; integer arguments set per step.
+
+    ``variants``: ``(max_rows, fn, spec, args)``, smallest first, kernels run instead when the ``rows_arg`` argument
+    (the step's row count: ``M`` for linears, ``num_tokens`` for attention) is at most ``max_rows`` (the decode GEMV
+    for ``linear``, the decode kernel beside the prefill attention kernel, ``codegen/lower.py``), with the launch's
+    arguments or, where ``args`` is given, their own (a fused decode GEMV reading a skipped launch's input,
+    ``codegen/decode_fusion.py``). ``skip_rows``: nothing is launched when the row count is at most this (that
+    launch's work is done by a later launch's fused variant). A CUDA graph captured for a bucket holds what was
+    chosen for that bucket."""
+
+    def __init__(self, fn: Any, spec: KernelSpec, args: Mapping[str, Mapping[str, Any]],
+                 address: Any, what: str, variants: Sequence[Variant] = (),
+                 rows_arg: str = "M", pdl: frozenset[str] = frozenset(), skip_rows: int = 0) -> None:
+        self.fn, self.spec, self.what = fn, spec, what
+        #: launched with programmatic stream serialization (their kernels wait for the grid before them)
+        self.pdl = spec.entry in pdl
+        self.variant_pdl = [v[2].entry in pdl for v in variants]
+        self.variants = list(variants)
+        self.variant_launches = 0
+        self.skip_rows, self.skips = skip_rows, 0
+        self.args = _Arguments(spec, args, address)
+        self.values, self.params_addr = self.args.values, self.args.addr
+        names = [p.name for p in spec.params]
+        chooses = self.variants or skip_rows > 0
+        self.rows = self.values[names.index(rows_arg)] if chooses and rows_arg in names else None
+
+    def _enqueue_variant(self, m: int, ints: Mapping[str, int], dims: Mapping[Any, int],
+                         stream: cd.Stream) -> str | None:
+        """Launch the first variant covering ``m`` rows; its entry, or None when none does."""
+        for (max_rows, fn, spec, own), pdl in zip(self.variants, self.variant_pdl):
+            if m <= max_rows:
+                self.variant_launches += 1
+                if own is None:
+                    cd.launch(fn, spec.grid_dims(ints), spec.block, spec.smem, stream, self.params_addr, self.what,
+                              pdl)
+                else:
+                    cd.launch(fn, spec.grid_dims(own.set(dims)), spec.block, spec.smem, stream, own.addr, self.what,
+                              pdl)
+                return spec.entry
+        return None
+
+    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> str | None:
+        """Queue the launch for the step's ``dims``; returns the kernel entry launched (None: an empty grid or a
+        skipped launch)."""
+        ints = self.args.set(dims)
         grid = self.spec.grid_dims(ints)
         if min(grid) <= 0:
             return None
         if self.rows is not None:
             m = int(self.rows.value)
-            for (max_rows, fn, spec), pdl in zip(self.variants, self.variant_pdl):
-                if m <= max_rows:
-                    self.variant_launches += 1
-                    cd.launch(fn, spec.grid_dims(ints), spec.block, spec.smem, stream, self.params_addr, self.what,
-                              pdl)
-                    return spec.entry
+            if m <= self.skip_rows:
+                self.skips += 1
+                return None
+            entry = self._enqueue_variant(m, ints, dims, stream)
+            if entry is not None:
+                return entry
         cd.launch(self.fn, grid, self.spec.block, self.spec.smem, stream, self.params_addr, self.what, self.pdl)
         return self.spec.entry
 
@@ -144,7 +182,7 @@ class _CutlassLaunch(_Launch):
     arena), and launched with its cluster shape; small M still runs the launch's GEMV variants."""
 
     def __init__(self, fn: Any, spec: KernelSpec, args: Mapping[str, Mapping[str, Any]], address: Any, what: str,
-                 variants: Sequence[tuple[int, Any, KernelSpec]], layout: Mapping[str, Any], n: int, k: int,
+                 variants: Sequence[Variant], layout: Mapping[str, Any], n: int, k: int,
                  sm_count: int, pdl: frozenset[str] = frozenset()) -> None:
         super().__init__(fn, spec, args, address, what, variants, pdl=pdl)
         self.layout, self.n, self.k, self.sm_count = layout, n, k, sm_count
@@ -156,17 +194,13 @@ class _CutlassLaunch(_Launch):
     def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> str | None:
         from ..codegen.kernels.gemm_cutlass import cutlass_params
 
-        ints = {}
-        for name, obj, expr in self.dims:
-            obj.value = ints[name] = dims[expr]
+        ints = self.args.set(dims)
         m = int(self.m_value.value)
         if m <= 0:
             return None
-        for (max_rows, fn, spec), pdl in zip(self.variants, self.variant_pdl):
-            if m <= max_rows:
-                self.variant_launches += 1
-                cd.launch(fn, spec.grid_dims(ints), spec.block, spec.smem, stream, self.params_addr, self.what, pdl)
-                return spec.entry
+        entry = self._enqueue_variant(m, ints, dims, stream)
+        if entry is not None:
+            return entry
         if m not in self.blobs:
             self.blobs[m] = cutlass_params.build_params(self.layout, self.pointers, m, self.n, self.k, self.sm_count)
         blob, config = self.blobs[m]
@@ -265,6 +299,16 @@ def _address(handle: Any) -> int:
         return int(ctypes.c_void_p.from_address(int(handle.getPtr())).value or 0)
 
 
+#: ``CudaExecutor.profile``'s stream gate: one thread spinning on the global nanosecond timer
+_SPIN_SOURCE = """
+extern "C" __global__ void ingot_spin(long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while ((long long)(t - t0) < ns);
+}
+"""
+
+
 class CudaExecutor:
     """A GPU artifact's graph on one device; ``run`` has ``CpuExecutor.run``'s interface (module docstring)."""
 
@@ -340,7 +384,9 @@ class CudaExecutor:
                 self.launches.append(self.collectives[-1])  # type: ignore[arg-type]
                 continue
             fn, kspec = functions[ln["kernel"]]
-            variants = [(int(v["max_rows"]), *functions[v["kernel"]]) for v in ln.get("variants", ())]
+            variants = [(int(v["max_rows"]), *functions[v["kernel"]],
+                         _Arguments(functions[v["kernel"]][1], v["args"], self.address) if "args" in v else None)
+                        for v in ln.get("variants", ())]
             layout = cuda["kernels"].get(ln["kernel"], {}).get("cutlass")
             if layout is not None and use_cutlass:  # a CUTLASS GEMM: Params built here (codegen/lower.py)
                 n, k = (int(d) for d in self.buffers[ln["args"]["weight"]["buffer"]]["shape"])
@@ -350,8 +396,11 @@ class CudaExecutor:
             if layout is not None:  # the launch's plain alternative, taking the same arguments
                 fn, kspec = functions[ln["alternatives"][0]["kernel"]]
             self.launches.append(_Launch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}",
-                                         variants, ln.get("rows_arg", "M"), pdl))
-        self.exprs = {a["dim"] for ln in cuda["launches"] for a in ln["args"].values() if "dim" in a}
+                                         variants, ln.get("rows_arg", "M"), pdl,
+                                         int(ln["skip"]["max_rows"]) if "skip" in ln else 0))
+        self.exprs = {a["dim"] for ln in cuda["launches"]
+                      for args in (ln["args"], *(v["args"] for v in ln.get("variants", ()) if "args" in v))
+                      for a in args.values() if "dim" in a}
         self.staging = cd.PinnedBuffer(regions["io"])
         out_bytes = max((self.buffers[v.name]["nbytes"] for v in graph.outputs), default=1)
         self.out_staging = cd.PinnedBuffer(out_bytes)
@@ -590,21 +639,31 @@ class CudaExecutor:
     def profile(self, step_inputs: Mapping[str, np.ndarray], repeats: int = 5) -> list[dict[str, Any]]:
         """The GPU time of every launch of one step: ``[{"launch", "op", "source", "kernel", "us"}]`` in launch
         order, ``kernel`` the entry that ran (a variant for small steps), ``us`` the median over ``repeats`` runs
-        of the step, each launch timed alone between two CUDA events (plain launches: no CUDA graph, and the
-        events keep PDL launches from overlapping, so the sum exceeds a graph step's time by the launch gaps
-        that graphs and PDL hide). The step runs ``repeats`` times: its KV-cache writes repeat the same values.
-        ``bench/bench_profile.py`` prints it grouped by op."""
+        of the step, each launch between two CUDA events. The stream is held by a spinning kernel while the step's
+        launches and events are queued (Python queues a launch in tens of microseconds, slower than small kernels
+        run), so the events see the GPU's own pace; plain launches, no CUDA graph, and the events keep PDL launches
+        from overlapping, so the sum exceeds a graph step's time by the gaps that graphs and PDL hide. The step
+        runs ``repeats`` times: its KV-cache writes repeat the same values. ``bench/bench_profile.py`` prints it
+        grouped by op. Needs a CUDA compiler (NVRTC) for the spinning kernel."""
+        from ..codegen.compile import compile_source
+
         self.ctx.make_current()
         dims, arrays = self._bind(step_inputs, False)
         end = self._stage(arrays)
         self._staged_bucket = None
         values = {e: eval_dim(e, dims) for e in self.exprs}
+        spin_mod = cd.Module(compile_source(_SPIN_SOURCE, self.cuda["arch"], "ingot_spin.cu").cubin, "ingot_spin")
+        spin = spin_mod.function("ingot_spin")
+        spin_ns = ctypes.c_int64(0)
+        spin_params = (ctypes.c_void_p * 1)(ctypes.addressof(spin_ns))
         events = [cd.Event() for _ in range(len(self.launches) + 1)]
         times: list[list[float]] = [[] for _ in self.launches]
         ran: list[str | None] = [None] * len(self.launches)
         try:
             for _ in range(max(1, repeats)):
                 cd.memcpy_htod(self.arena.ptr + self.base["io"], self.staging.ptr, end, self.stream)
+                spin_ns.value = 200_000 + 100_000 * len(self.launches)  # longer than queueing the step takes
+                cd.launch(spin, (1, 1, 1), (1, 1, 1), 0, self.stream, ctypes.addressof(spin_params), "ingot_spin")
                 events[0].record(self.stream)
                 for i, ln in enumerate(self.launches):
                     ran[i] = ln.enqueue(values, self.stream)
@@ -613,8 +672,10 @@ class CudaExecutor:
                 for i in range(len(self.launches)):
                     times[i].append(events[i + 1].elapsed_ms(events[i]) * 1e3)
         finally:
+            self.stream.synchronize()
             for e in events:
                 e.destroy()
+            spin_mod.unload()
         return [{"launch": i, "op": ln["op"], "source": ln.get("source"), "kernel": ran[i],
                  "us": round(float(np.median(times[i])), 3)}
                 for i, ln in enumerate(self.cuda["launches"]) if ran[i] is not None]

@@ -40,8 +40,9 @@ def test_template_kernels_start_with_the_prologue():
                                   lambda t: quant_gemv_spec(2048, 2048, 8, t, "fp8", "fp8", "token")],
                          ids=["bf16", "fp8"])
 def test_gemv_waits_after_its_weight_prefetch(make):
-    """The decode GEMVs place the wait themselves: the L2 prefetch of their weights comes before it, every read
-    of x (the previous kernel's output) after it; one wait per kernel, none injected at the start."""
+    """The decode GEMVs place the wait themselves: the optional L2 prefetch of their weights (off by default) comes
+    before it, every read of x (the previous kernel's output) after it; one wait per kernel, none injected at the
+    start."""
     src = make(get_target("h200")).source()
     assert PDL_PLACEHOLDER not in src and src.count(PDL_MARKER) == 1
     body = src[src.index('extern "C" __global__'):]

@@ -20,6 +20,13 @@ split-K slices that give at least ``CTAS_PER_SM[bucket] x num_sms`` CTAs, with s
 columns and the CTA's x slice in at most ``SMEM_BUDGET`` bytes of shared memory. At 32+ tokens the
 split-K reduction costs more (its partials grow with M), so those buckets split less.
 
+**Prologues** (``Prologue``, ``fused_spec``): a variant may compute its x from the output's producer's input while
+staging it (the template's ``PROLOGUE``): ``rms_norm`` (x is the norm's input; an extra ``norm_weight`` parameter)
+or packed ``swiglu`` (x is the ``[M, 2K]`` gate_up buffer), bit-identical to the norm / activation kernel followed by
+the plain variant. ``codegen/decode_fusion.py`` pairs them in the lowering and skips the producer's launch for those
+steps; a fused variant keeps the configuration of the plain variant it replaces (tuned or not), and autotuning
+never sees it (``tune.py``).
+
 **Quantized weights** (``quant.cu``, ``quant_rule.py``): ``quantized_linear`` with FP8 (per-channel) or NVFP4
 weights, bf16 or per-token FP8 activations, through the same two entry points (``variants`` per bucket, ``plan``
 for any M). ``codegen/registry.py`` lists this family in ``FAMILY_NAMES`` after ``gemm`` (so ``plan`` gives a
@@ -52,9 +59,11 @@ LARGE_N_SHAPE = {32: (8, 2, 2)}
 #: split K until the grid has this many CTAs per SM
 CTAS_PER_SM = {8: 1.5, 16: 1.5, 32: 0.9, 64: 0.9}
 #: weight bytes a launch asks L2 to prefetch before its grid-dependency wait (the same leading fraction of every
-#: CTA's K slice): the whole matrix when it is smaller, so a layer's small GEMVs start from L2; well under the
-#: H100/H200's 50 MB L2 so the prefetched lines survive until they are read
-PREFETCH_BYTES = 16 << 20
+#: CTA's K slice; ``prefetch_cols``). Off: measured on the H200 (docs/PERF.md, "Decode GEMV ... PDL"), a 16 MB
+#: budget made every GEMV slower (qkv M=1 6.8 -> 8.1 us, back-to-back launches) and the batch-1 / batch-64 decode
+#: steps 4% / 9% slower (the prefetches of early-launched GEMVs compete with the kernel before them for bandwidth).
+#: The template keeps the option (``PF_COLS``) for experiments; the first weight stage still loads before the wait.
+PREFETCH_BYTES = 0
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,27 @@ class GemvConfig:
     stage_steps: int = 4  # U: 32-column steps per load stage
     slice_k: int = 0  # KS (0: derived from splitk)
     prefetch_cols: int = -1  # PF_COLS: leading columns of each K slice prefetched to L2 (-1: from PREFETCH_BYTES)
+
+
+#: the template's PROLOGUE codes
+PROLOGUES = {"none": 0, "rms_norm": 1, "swiglu": 2}
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """What a fused variant computes while staging x (see the module docstring). ``rms_norm``: the norm's ``eps`` and
+    its kernel's ``block`` and ``per_thread`` (``codegen/kernels/norm``: the sums of squares are added in that block's
+    order); ``swiglu``: ``alpha``. Values are copied from the producer's own spec, so the literals match."""
+
+    kind: str = "none"
+    eps: float = 0.0
+    block: int = 32
+    per_thread: int = 1
+    alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in PROLOGUES:
+            raise ValueError(f"gemv prologue must be one of {sorted(PROLOGUES)}, got {self.kind!r}")
 
 
 def _round_up(x: int, m: int) -> int:
@@ -106,25 +136,56 @@ def prefetch_cols(n: int, k: int, slice_k: int, elem_bytes: float = 2.0, budget:
     """Columns of each CTA's K slice to prefetch into L2: all of it when ``w[n, k]`` fits ``budget``, else the
     leading fraction that does (whole 32-column steps; 0 when that is less than one)."""
     total = n * k * elem_bytes
+    if budget <= 0:
+        return 0
     if total <= budget:
         return slice_k
     return int(slice_k * budget / total) // 32 * 32
 
 
 def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
-              config: GemvConfig | None = None) -> KernelSpec:
-    """The variant for ``M <= mb`` of ``linear`` with bf16 ``x[M, k]``, ``w[n, k]``; params as the GEMM's."""
+              config: GemvConfig | None = None, prologue: Prologue | None = None) -> KernelSpec:
+    """The variant for ``M <= mb`` of ``linear`` with bf16 ``x[M, k]``, ``w[n, k]``; params as the GEMM's (and
+    ``norm_weight`` after them with an ``rms_norm`` prologue)."""
     if k % 32 or mb not in BUCKETS:
         raise ValueError(f"gemv: K must be a multiple of 32 (got {k}) and mb one of {BUCKETS} (got {mb})")
+    pro = prologue or Prologue()
+    if pro.kind == "rms_norm" and (pro.block % 32 or pro.block > 1024 or pro.block * pro.per_thread < k):
+        raise ValueError(f"gemv: rms_norm prologue with a norm block of {pro.block} x {pro.per_thread} for K = {k}")
     cfg = config or gemv_config(n, k, mb, target.num_sms or 132)
     pf = prefetch_cols(n, k, cfg.slice_k) if cfg.prefetch_cols < 0 else cfg.prefetch_cols
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
-              "U": cfg.stage_steps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual, "PF_COLS": pf}
-    tag = f"gemv_bf16_n{n}_k{k}_m{mb}"
-    return KernelSpec.make("gemv", "kernel.cu", tag, target.arch or "", values, PARAMS, 32 * cfg.warps,
+              "U": cfg.stage_steps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual, "PF_COLS": pf,
+              "PROLOGUE": PROLOGUES[pro.kind], "NORM_BLOCK": pro.block, "NORM_P": pro.per_thread,
+              "EPS": float(pro.eps), "ALPHA": float(pro.alpha)}
+    tag = f"gemv_bf16_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
+    params = PARAMS + [("norm_weight", "ptr")] if pro.kind == "rms_norm" else PARAMS
+    what = "" if pro.kind == "none" else f", {pro.kind} prologue"
+    return KernelSpec.make("gemv", "kernel.cu", tag, target.arch or "", values, params, 32 * cfg.warps,
                            [GridDim(const=-(-n // (16 * cfg.warps * cfg.tiles))), GridDim(const=cfg.splitk)],
                            smem=smem_bytes(mb, cfg.slice_k),
-                           doc=f"decode GEMV, M <= {mb}, split-K {cfg.splitk} x {cfg.slice_k}")
+                           doc=f"decode GEMV, M <= {mb}, split-K {cfg.splitk} x {cfg.slice_k}{what}")
+
+
+def spec_config(spec: KernelSpec) -> GemvConfig:
+    """The configuration a bf16 GEMV spec was made with (its L2 prefetch length included)."""
+    v = dict(spec.values)
+    return GemvConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["U"]), int(v["KS"]), int(v["PF_COLS"]))
+
+
+def is_plain(spec: KernelSpec) -> bool:
+    """A bf16 GEMV variant without a prologue (what ``variants`` makes and autotuning tunes)."""
+    return spec.family == "gemv" and spec.template == "kernel.cu" and not dict(spec.values).get("PROLOGUE", 0)
+
+
+def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> KernelSpec:
+    """``plain`` (a bf16 variant, see ``is_plain``) with ``prologue``: the same N, K, bucket, epilogue and
+    configuration, so it streams the weights exactly as ``plain`` does."""
+    if not is_plain(plain):
+        raise ValueError(f"gemv: {plain.entry} is not a plain bf16 GEMV variant")
+    v = dict(plain.values)
+    return gemv_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]),
+                     config=spec_config(plain), prologue=prologue)
 
 
 def applies(inputs: Sequence[TensorType | None], target: Target) -> tuple[int, int, bool, bool] | None:
