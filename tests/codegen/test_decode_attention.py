@@ -87,8 +87,12 @@ def test_split_arithmetic(D, G, bs):
                 if nsplit > 1:  # only tokens whose partials fit the workspace split, and only while the grid is small
                     assert token < cfg.token_cap and num_tokens * cfg.num_kv_heads < cfg.target_ctas
                     assert per * bs >= 256 or nsplit == -(-nblk // per)
-    if 32 * 8 < cfg.target_ctas:  # the benchmark's case (batch 32, 8 KV heads) splits where the grid has room
+                    if cfg.mma:  # the tensor-core loop splits only within one wave of resident CTAs
+                        assert num_tokens * cfg.num_kv_heads * nsplit <= cfg.target_ctas
+    if not cfg.mma:  # the benchmark's case (batch 32, 8 KV heads) splits on the CUDA-core loop
         assert split_plan(cfg, 0, 4095, 32, 0)[0] > 1
+    if cfg.mma and cfg.target_ctas >= 8 * 8 * 4:  # batch 8 fills the wave with 4 splits (2 CTAs per SM)
+        assert split_plan(cfg, 0, 4095, 8, 0)[0] == min(16, cfg.target_ctas // 64)
 
 
 def test_loop_choice_and_shared_memory():
@@ -108,8 +112,10 @@ def test_loop_choice_and_shared_memory():
         assert not cfg.mma and cfg.smem_bytes == 0 and cfg.target_ctas == CTAS_PER_SM * 132
     spec = decode_split_spec(bf16, f8, 32, 8, 128, 16, 0.088, h200, kv_scale=True)
     assert spec.smem == 0 and dict(spec.values)["MMA"] is False
-    # the benchmark's shape: 256 (token, KV head) pairs on 132 SMs x 2 -> 2 splits of 128 blocks
-    assert split_plan(split_config(128, 8, 4, 16, 132), 0, 4095, 32) == (2, 128)
+    # the benchmark's shape: 256 (token, KV head) pairs on 132 SMs x 2 -> one wave of whole contexts
+    assert split_plan(split_config(128, 8, 4, 16, 132), 0, 4095, 32) == (1, 256)
+    assert split_plan(split_config(128, 8, 4, 16, 132), 0, 4095, 16) == (2, 128)
+    assert split_plan(split_config(128, 8, 4, 16, 132, cache_dtype=f8), 0, 4095, 32) == (3, 86)  # as before
 
 
 def test_grid_and_workspace():

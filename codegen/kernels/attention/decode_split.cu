@@ -24,8 +24,10 @@
 // Either way the warps' states are merged through shared memory (the MMA path reuses its ring for that).
 //
 // Splits per token (the same in every CTA of a token, so no host decision is needed): the token's cache blocks
-// nblk, wanted = min(ceil(nblk / MIN_CHUNK_BLOCKS), ceil(TARGET_CTAS / (num_tokens * KV)), MAX_SPLITS)
-// (1 for t >= TOKEN_CAP), per = ceil(nblk / wanted) blocks per split, nsplit = ceil(nblk / per); CTAs with
+// nblk, wanted = min(ceil(nblk / MIN_CHUNK_BLOCKS), room, MAX_SPLITS) with room = TARGET_CTAS / (num_tokens * KV)
+// rounded down for MMA (at least 1: the splits that keep the grid within one wave of the CTAs resident at once;
+// on the H200 two waves of 1 MB CTAs ran 10% slower than one of 2 MB), up for SIMT (1 for t >= TOKEN_CAP),
+// per = ceil(nblk / wanted) blocks per split, nsplit = ceil(nblk / per); CTAs with
 // z >= nsplit exit at once. With nsplit > 1 each CTA writes its partial (max, sum, acc[D]) per query head to a
 // module-scope workspace, and the last CTA of (t, kvh) (atomic counter, reset by it for the next launch) merges
 // the nsplit partials in split order (deterministic) and writes the output: the reduce step runs in the same
@@ -166,6 +168,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
   const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (t >= num_tokens) return;
+  // the grid has MAX_SPLITS CTAs per (token, kv head); most of them have no split when the batch alone fills the
+  // GPU. They exit here, before any memory read: the bound below needs only num_tokens (the exact nsplit needs the
+  // sequence's length, a chain of dependent loads that thousands of idle CTAs would otherwise wait through).
+  const int room = MMA ? TARGET_CTAS / (num_tokens * KV) : (TARGET_CTAS + num_tokens * KV - 1) / (num_tokens * KV);
+  if (z > 0 && (z >= room || z >= MAX_SPLITS || t >= TOKEN_CAP)) return;
   // the last s with query_start_loc[s] <= t (empty sequences share a start with the next one)
   int lo_s = 0, hi_s = num_seqs;
   while (lo_s < hi_s) {
@@ -184,7 +191,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
   if (owned) {
     b_first = first / BS;
     nblk = qpos / BS - b_first + 1;
-    const int room = (TARGET_CTAS + num_tokens * KV - 1) / (num_tokens * KV);
     int want = min(min((nblk + MIN_CHUNK_BLOCKS - 1) / MIN_CHUNK_BLOCKS, room), MAX_SPLITS);
     if (t >= TOKEN_CAP) want = 1;
     want = max(want, 1);

@@ -4,11 +4,12 @@ The split policy is compiled into ``decode_split.cu`` (``split_rule.split_config
 ``ctas_per_sm x num_sms`` CTAs, a token gets at most ``MAX_SPLITS`` splits of at least ``MIN_CHUNK`` positions.
 CUDA-core loop (FP8 cache): candidates vary each around the heuristic's (4, 16, 256) and two combinations.
 Tensor-core loop (bf16 cache): the heuristic aims at the CTAs that fit at once (2 per SM for head_dim 64/128);
-candidates halve, double and quadruple that, change the ring depth by one stage (a deeper ring may fit fewer CTAs:
-the target follows), halve the smallest split or double the most splits. Workloads: decode batches of 1, 8 and 32
-tokens (those within the artifact's ``S``), every sequence at the artifact's context (its ``max_blocks`` bound, at
-most ``MAX_CONTEXT``), blocks in a random order; the KV cache rotates over copies where it is small, so each launch
-reads it from HBM. The one-pass kernel (``paged_attention.cu``) has nothing to tune.
+candidates halve and double that, change the ring depth by one stage (a deeper ring may fit fewer CTAs: the
+target follows), halve the smallest split, double the most splits, or both (more, shorter CTAs for small
+batches). Workloads: decode batches of 1, 8 and 32 tokens (those within the artifact's ``S``), every sequence at
+the artifact's context (its ``max_blocks`` bound, at most ``MAX_CONTEXT``), blocks in a random order; the KV cache
+rotates over copies where it is small, so each launch reads it from HBM. The one-pass kernel
+(``paged_attention.cu``) has nothing to tune.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ CACHE_TYPES = {"bf16": DType.bf16, "fp8e4m3": DType.f8e4m3fn}
 def mma_policies(base: SplitConfig, num_sms: int) -> list[dict[str, int]]:
     """``split_config`` keywords tried besides the heuristic's for the tensor-core loop (``base``)."""
     cps = max(1, base.target_ctas // num_sms)
-    return [{"ctas_per_sm": max(1, cps // 2)}, {"ctas_per_sm": 2 * cps}, {"ctas_per_sm": 4 * cps},
-            {"stages": base.stages + 1}, {"stages": max(2, base.stages - 1)}, {"min_chunk": MIN_CHUNK // 2},
-            {"max_splits": 2 * MAX_SPLITS}]
+    return [{"ctas_per_sm": max(1, cps // 2)}, {"ctas_per_sm": 2 * cps}, {"stages": base.stages + 1},
+            {"stages": max(2, base.stages - 1)}, {"min_chunk": MIN_CHUNK // 2}, {"max_splits": 2 * MAX_SPLITS},
+            {"min_chunk": MIN_CHUNK // 2, "max_splits": 2 * MAX_SPLITS}]
 
 
 def candidates(spec: KernelSpec, target: Target) -> list[KernelSpec]:
