@@ -15,6 +15,8 @@
 2. **Kernels**: one or more launches per node, from the family rules (``codegen/registry.py``;
    ``split``/``gather``/``cast`` through ``codegen/kernels/copy``). Nodes no family takes are
    collected and reported together (``LoweringError`` names every op without a kernel).
+   After autotuning, **decode fusion** (below) gives some linears' small-row variants the preceding norm or
+   activation as a prologue and marks that launch to be skipped at those row counts.
 3. **Compile** every unique kernel (cubin for the target's arch + PTX) through the cached driver
    (``codegen/compile.py``) into ``workdir/kernels/<entry>.{cu,cubin,ptx}``.
 4. **Memory plan** (``codegen/memory_plan.py``) at the bound dims.
@@ -39,6 +41,23 @@ argument names it: ``"rows_arg": "num_tokens"`` -- the bf16 ``paged_attention`` 
 tensor-core prefill kernel and whose variant is the decode kernel the family rule picked, for steps of at most
 ``DECODE_MAX_ROWS`` tokens (``codegen/kernels/attention/prefill_rule.py``; ``INGOT_NO_PREFILL_FLASH=1`` leaves the
 prefill kernel out).
+
+**Decode fusion** (``codegen/decode_fusion.py``; ``INGOT_NO_DECODE_FUSION=1`` leaves it out): an ``rms_norm`` or
+packed ``swiglu`` launch whose output only the next ``linear`` reads gets ``"skip": {"max_rows": 8, "into": j}``
+and a ``rows_arg`` (``rows`` / ``num_tokens``): the executor launches nothing for it in steps of at most
+``max_rows`` rows, because launch ``j``'s variants up to that row count compute its output themselves. Those
+variants have their own arguments, ``"args"`` (same format as the launch's), since they read the skipped launch's
+input (``x``: the norm's input or the gate_up buffer; ``norm_weight``: the norm's weight)::
+
+    {"kernel": "rms_norm_bf16_h2048_...", "op": "rms_norm", "rows_arg": "rows", "skip": {"max_rows": 8, "into": 7},
+     "args": {...}}
+    {"kernel": "linear_bf16_...", "op": "linear", "args": {"x": {"buffer": "mlp_norm"}, ...},
+     "variants": [{"kernel": "gemv_bf16_n16384_k2048_m8_rms_norm_...", "max_rows": 8,
+                   "args": {"x": {"buffer": "attn_out"}, "norm_weight": {"buffer": "...norm.weight"}, ...}},
+                  {"kernel": "gemv_bf16_n16384_k2048_m16_...", "max_rows": 16}, ...]}
+
+A fused variant's kernel entry carries the autotune record of the plain variant it was made from (its
+configuration) with ``"tuned_as"``: that variant's entry.
 
 On tcgen05 targets (b200) a bf16 ``linear``'s ``kernel`` is a shape-generic CUTLASS GEMM (``codegen/kernels/
 gemm_cutlass/cutlass_params.py``): its kernel entry has ``"cutlass"``, the layout of its Params blob, which the
@@ -72,7 +91,7 @@ import numpy as np
 from ..ir.graph import Graph, Node, Value, Weight
 from ..ir.ops.core import Cast
 from ..ir.types import Dim, DType, TensorType, shape_numel
-from . import autotune
+from . import autotune, decode_fusion
 from .compile import compile_source, compile_spec, nvcc_version, nvrtc_version
 from .kernel import KernelSpec, has_pdl
 from .kernels.attention import prefill_rule
@@ -279,6 +298,24 @@ def _quant_note(node: Node) -> str:
             "swizzled for CUTLASS by pack-sm100: use fp8 there), or compile for target cpu")
 
 
+def gemv_variant_plans(launches: list[tuple[int, Node, KernelSpec | None, dict[str, Any]]],
+                       target: Target) -> dict[int, list[tuple[int, KernelSpec]]]:
+    """Launch index -> its small-M variants (``plan_variants``: ``(max rows, spec)``, smallest first) for nodes of
+    one launch counting rows in ``M``, where the variants take the launch's arguments and some step can use them."""
+    per_node: dict[int, int] = {}
+    for i, _, _, _ in launches:
+        per_node[i] = per_node.get(i, 0) + 1
+    plans: dict[int, list[tuple[int, KernelSpec]]] = {}
+    for j, (i, node, _, args) in enumerate(launches):
+        if per_node[i] != 1 or "M" not in args or node.op.name == "all_reduce":
+            continue
+        found = [(mr, v) for mr, v in plan_variants(node, target) if {p.name for p in v.params} == set(args)]
+        rows = args["M"].get("dim")
+        if found and not (isinstance(rows, int) and rows > found[-1][0]):
+            plans[j] = found
+    return plans
+
+
 # -- 3./4. compile, memory plan, manifest -----------------------------------------------------------
 
 
@@ -331,18 +368,7 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         primary = cutlass_params.plan_linear(node, spec, tgt)
         if primary is not None:
             alternatives[j], launches[j] = spec, (i, node, primary, args)
-    variant_plans: dict[int, list[tuple[int, KernelSpec]]] = {}
-    if os.environ.get("INGOT_NO_GEMV", "") in ("", "0"):
-        per_node: dict[int, int] = {}
-        for i, _, _, _ in launches:
-            per_node[i] = per_node.get(i, 0) + 1
-        for j, (i, node, _, args) in enumerate(launches):
-            if per_node[i] != 1 or "M" not in args or node.op.name == "all_reduce":
-                continue
-            found = [(mr, v) for mr, v in plan_variants(node, tgt) if {p.name for p in v.params} == set(args)]
-            rows = args["M"].get("dim")
-            if found and not (isinstance(rows, int) and rows > found[-1][0]):
-                variant_plans[j] = found
+    variant_plans = gemv_variant_plans(launches, tgt) if os.environ.get("INGOT_NO_GEMV", "") in ("", "0") else {}
     rows_args: dict[int, str] = {}
     if os.environ.get("INGOT_NO_PREFILL_FLASH", "") in ("", "0"):  # prefill steps: tensor-core attention
         for j, (i, node, spec, args) in enumerate(launches):
@@ -364,6 +390,14 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         variant_plans = {j: [(mr, tuned[v.key].chosen if v.key in tuned else v) for mr, v in found]
                          for j, found in variant_plans.items()}
     records = {r.chosen.key: r.record() for r in tuned.values()}
+    # decode steps: rms_norm / swiglu computed in the next linear's GEMV variant, their launches skipped
+    fusion = (decode_fusion.plan(graph, launches, variant_plans, tgt) if decode_fusion.enabled()
+              else decode_fusion.DecodeFusion())
+    for key, plain in fusion.made_from.items():  # a fused variant runs the configuration tuned for its plain one
+        if plain.key in records:
+            records[key] = {**records[plain.key], "tuned_as": plain.entry}
+    variant_lists = {j: [(mr, v, None) for mr, v in found] for j, found in variant_plans.items()}
+    variant_lists.update(fusion.variants)
     kdir = Path(workdir) / "kernels"
     kdir.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
@@ -402,12 +436,25 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
             alternative_kernels[spec.entry] = compile_kernel(spec)
     variant_kernels: dict[str, Any] = {}
     launch_variants: dict[int, list[dict[str, Any]]] = {}
-    for j, found in variant_plans.items():
-        launch_variants[j] = [{"kernel": v.entry, "max_rows": mr} for mr, v in found]
-        for _, v in found:
+    for j, found in variant_lists.items():
+        launch_variants[j] = [{"kernel": v.entry, "max_rows": mr, **({"args": a} if a is not None else {})}
+                              for mr, v, a in found]
+        for _, v, _ in found:
             if v.entry not in variant_kernels:
                 variant_kernels[v.entry] = compile_kernel(v)
-    plan = plan_memory(graph, bindings)
+    for j, (rows_arg, _) in fusion.skips.items():
+        rows_args[j] = rows_arg
+    table = [{"kernel": spec.entry, "node": i, "op": node.op.name, "source": node.source, "args": args,
+              **({"variants": launch_variants[j]} if j in launch_variants else {}),
+              **({"rows_arg": rows_args[j]} if j in rows_args else {}),
+              **({"skip": {"max_rows": fusion.skips[j][1], "into": fusion.into[j]}} if j in fusion.skips else {}),
+              **({"alternatives": [{"kernel": alternatives[j].entry}]} if j in alternatives else {})}
+             if spec is not None else
+             {"collective": node.op.name, "node": i, "op": node.op.name, "source": node.source, "args": args,
+              "dtype": node.inputs[0].type.dtype.value, "group_size": node.op.group_size}  # type: ignore
+             for j, (i, node, spec, args) in enumerate(launches)]
+    # fused variants read their skipped producer's input: it stays live until their node
+    plan = plan_memory(graph, bindings, reads=decode_fusion.variant_reads(table))
     cuda = {
         "format": CUDA_FORMAT,
         "arch": tgt.arch,
@@ -418,14 +465,7 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         "kernels": kernels,
         "variant_kernels": variant_kernels,
         **({"alternative_kernels": alternative_kernels} if alternative_kernels else {}),
-        "launches": [{"kernel": spec.entry, "node": i, "op": node.op.name, "source": node.source, "args": args,
-                      **({"variants": launch_variants[j]} if j in launch_variants else {}),
-                      **({"rows_arg": rows_args[j]} if j in rows_args else {}),
-                      **({"alternatives": [{"kernel": alternatives[j].entry}]} if j in alternatives else {})}
-                     if spec is not None else
-                     {"collective": node.op.name, "node": i, "op": node.op.name, "source": node.source, "args": args,
-                      "dtype": node.inputs[0].type.dtype.value, "group_size": node.op.group_size}  # type: ignore
-                     for j, (i, node, spec, args) in enumerate(launches)],
+        "launches": table,
         "memory_plan": plan.to_dict(),
     }
     if tuned:

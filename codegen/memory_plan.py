@@ -12,7 +12,9 @@ Symbolic dims are bound to their maxima (``T`` <= ``max_num_batched_tokens``, ``
 so every buffer has a fixed offset and a CUDA graph captured once stays valid for every step.
 Scratch offsets come from a liveness analysis over the node order: a value lives from the node that
 produces it to its last reader, and values whose lives do not overlap share bytes (greedy, largest
-first, lowest offset that fits). KV caches (inputs whose first dim is ``num_blocks``) get no bytes here:
+first, lowest offset that fits); a kernel may also read a value the graph does not give it (a fused decode GEMV
+reading the input of a launch it replaces, ``codegen/decode_fusion.py``: ``reads``), and then the value lives
+until that node. KV caches (inputs whose first dim is ``num_blocks``) get no bytes here:
 the runtime sizes that region from the device's free memory and places layer ``i`` at
 ``kv_base + i * layer_bytes``.
 
@@ -152,8 +154,9 @@ class MemoryPlan:
         }
 
 
-def plan_memory(graph: Graph, bindings: Mapping[str, int]) -> MemoryPlan:
-    """Offsets for every value of ``graph`` (see the module docstring)."""
+def plan_memory(graph: Graph, bindings: Mapping[str, int], reads: Mapping[str, int] | None = None) -> MemoryPlan:
+    """Offsets for every value of ``graph`` (see the module docstring); ``reads``: value name -> index of a node
+    whose kernel also reads it."""
     plan = MemoryPlan(dict(bindings))
     off = 0
     for name, w in graph.weights.items():
@@ -196,6 +199,9 @@ def plan_memory(graph: Graph, bindings: Mapping[str, int]) -> MemoryPlan:
             if v.name not in plan.buffers:
                 start[v] = i
                 end.setdefault(v, i)
+    for v in start:
+        if reads and v.name in reads:
+            end[v] = max(end[v], reads[v.name])
     items = sorted(start, key=lambda v: (-value_nbytes(v, bindings), start[v]))
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
     top = 0

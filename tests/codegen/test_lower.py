@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ingot
 from ingot.api import CompileError
+from ingot.codegen.decode_fusion import variant_reads
 from ingot.codegen.memory_plan import PlanError, eval_dim, plan_memory
 from ingot.codegen.sass import disassemble, find_cuobjdump, sass_arch
 from ingot.runtime.artifact import load_graph
@@ -117,7 +118,10 @@ def test_gpu_artifact_runs_on_cpu_backend(tmp_path):
 def test_memory_plan_reuses_without_overlap(tmp_path):
     path = ingot.compile(TINY_KV, target="h200", out=tmp_path / "g.ingot", mode="llm")
     graph, manifest = load_graph(path)
-    plan = plan_memory(graph, manifest["cuda"]["memory_plan"]["bindings"])
+    # fused decode variants read their skipped launch's input (codegen/decode_fusion.py): live until their node
+    reads = variant_reads(manifest["cuda"]["launches"])
+    assert reads
+    plan = plan_memory(graph, manifest["cuda"]["memory_plan"]["bindings"], reads=reads)
     assert plan.to_dict()["buffers"] == manifest["cuda"]["memory_plan"]["buffers"]
     live: dict[str, tuple[int, int]] = {}
     for i, node in enumerate(graph.nodes):
@@ -126,6 +130,9 @@ def test_memory_plan_reuses_without_overlap(tmp_path):
         for v in node.inputs:
             if v is not None and v.name in live:
                 live[v.name] = (live[v.name][0], i)
+    for name, i in reads.items():
+        if name in live:
+            live[name] = (live[name][0], max(live[name][1], i))
     scratch = [(n, b) for n, b in plan.buffers.items() if b.region == "scratch"]
     assert scratch
     for a, (na, ba) in enumerate(scratch):

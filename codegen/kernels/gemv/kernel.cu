@@ -22,6 +22,13 @@
 //   stage of weights into registers *before* waiting for that kernel's grid; only x (its output) is read after
 //   the wait. Launched early (PDL), the weight stream so overlaps the previous kernel's tail instead of starting
 //   from an idle memory system.
+// - prologue (${PROLOGUE}; codegen/decode_fusion.py): x may be computed while it is staged, so that the per-token op
+//   that would have produced it needs no launch of its own in decode steps. 1: rms_norm: x is the norm's input, each
+//   CTA sums its tokens' whole rows (in the order of the norm kernel's ${NORM_BLOCK}-thread block, so the result is
+//   bit-identical to codegen/kernels/norm/kernel.cu's) and stages x * inv_rms * norm_weight rounded to bf16; extra
+//   parameter norm_weight. 2: packed swiglu: x is the [M, 2K] gate_up buffer, staged as silu(gate) * up rounded to
+//   bf16 as codegen/kernels/activation/kernel.cu rounds it. Both read only the previous kernels' outputs, after the
+//   grid-dependency wait.
 struct u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ u32x4 gemv_ld_stream(const void* p) {
@@ -42,6 +49,14 @@ __device__ __forceinline__ void gemv_mma(float* d, unsigned a0, unsigned a1, uns
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// element e (0..7) of 8 packed bf16, as f32
+__device__ __forceinline__ float gemv_bf16_at(const u32x4& v, int e) {
+  const unsigned u = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+  return __uint_as_float(e & 1 ? u & 0xffff0000u : u << 16);
+}
+__device__ __forceinline__ unsigned gemv_pack(float lo, float hi) {
+  return (unsigned)from_f32<bf16>(lo).bits | ((unsigned)from_f32<bf16>(hi).bits << 16);
+}
 
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, BN = 16 * MT * WARPS;
@@ -52,6 +67,10 @@ static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
 static_assert(KS % (32 * U) == 0 && K % 32 == 0, "K slices are whole stages of 32-column steps");
 static_assert(SPLITK * KS >= K && (SPLITK - 1) * KS < K, "SPLITK slices cover K");
 static_assert(PF_COLS % 8 == 0 && PF_COLS <= KS, "L2 prefetch: whole 16-byte chunks of the K slice");
+// prologue 1 (rms_norm): the norm kernel's block (NB threads, NP elements each: thread j holds x[j + i NB]); a lane
+// here plays 8 of its threads (one 16-byte load), a warp 256 of them per pass
+constexpr int PROLOGUE = ${PROLOGUE}, NB = ${NORM_BLOCK}, NP = ${NORM_P}, NVW = NB / 32, NPASS = (NB + 255) / 256;
+static_assert(PROLOGUE != 1 || (NB % 32 == 0 && NB <= 1024 && NB * NP >= K), "rms_norm prologue: the norm's block");
 }  // namespace
 
 __device__ float ${KERNEL}_ws[SPLITK > 1 ? SPLITK * GX * BN * MB : 1];
@@ -59,9 +78,17 @@ __device__ unsigned ${KERNEL}_cnt[GX];
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
     const bf16* __restrict__ x, const bf16* __restrict__ w, const float* __restrict__ w_scale,
-    const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, long long M) {
+    const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, long long M
+#if ${PROLOGUE} == 1
+    , const bf16* __restrict__ norm_weight
+#endif
+    ) {
+#if ${PROLOGUE} != 1
+  const bf16* const norm_weight = nullptr;  // only the rms_norm prologue has this parameter
+#endif
   extern __shared__ __align__(16) unsigned short xs[];  // [MB][LDX]
   __shared__ unsigned is_last;
+  __shared__ float inv_rms[PROLOGUE == 1 ? MB : 1];
   if (M > MB) __trap();  // the executor launches this variant only for M <= MB
   const int rows = (int)M;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
@@ -99,12 +126,87 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
   }
   // the previous kernel's outputs (x, residual) are read only from here on
 ${PDL_WAIT}
-  // x[0:M, kb:kb+KS] -> shared memory (tokens >= M and columns >= K are zeros)
   const unsigned short* xbits = reinterpret_cast<const unsigned short*>(x);
+  if (PROLOGUE == 1) {
+    // 1 / rms of each token's row, one warp per token, summed exactly as the norm kernel sums: its thread j adds
+    // x[j + i NB]^2 for i = 0, 1, ... in turn; block_sum then runs a butterfly (xor 16, 8, 4, 2, 1) in each of its
+    // warps and one more over the warps' sums (zeros past NVW). Lane L holds norm threads 256 p + 8 L + e (e < 8)
+    // in pass p: norm lane 8 (L & 3) + e of norm warp 8 p + L / 4, so xor 16 and 8 are shuffles with lanes L ^ 2
+    // and L ^ 1, and xor 4, 2, 1 stay in the lane. f32 additions are commutative, so every pair sums alike.
+    for (int t = warp; t < rows; t += WARPS) {
+      const unsigned short* xr = xbits + (i64)t * K;
+      float part[NPASS];
+#pragma unroll
+      for (int p = 0; p < NPASS; ++p) {
+        const int j0 = 256 * p + 8 * lane;
+        float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (j0 < NB) {
+#pragma unroll 4
+          for (int i = 0; i < NP; ++i) {
+            const int h = j0 + i * NB;  // K and NB are multiples of 8: all 8 columns are in the row or none
+            if (h < K) {
+              const u32x4 v = gemv_ld_x(xr + h);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) {
+                const float a = gemv_bf16_at(v, e);
+                s[e] += a * a;
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s[e] += __shfl_xor_sync(0xffffffffu, s[e], 2);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s[e] += __shfl_xor_sync(0xffffffffu, s[e], 1);
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) {
+          float n[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) n[e] = s[e] + s[e ^ o];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s[e] = n[e];
+        }
+        part[p] = s[0];
+      }
+      float v = 0.0f;  // block_sum's second stage: lane l holds norm warp l's sum
+#pragma unroll
+      for (int p = 0; p < NPASS; ++p) {
+        const float o = __shfl_sync(0xffffffffu, part[p], 4 * (lane & 7));
+        if (lane < NVW && lane / 8 == p) v = o;
+      }
+      v = warp_sum(v);
+      if (lane == 0) inv_rms[t] = 1.0f / sqrtf(v / K + ${EPS});
+    }
+    __syncthreads();
+  }
+  // x[0:M, kb:kb+KS] -> shared memory (tokens >= M and columns >= K are zeros), through the prologue
   for (int i = threadIdx.x; i < MB * (KS / 8); i += WARPS * 32) {
     const int t = i / (KS / 8), c = (i % (KS / 8)) * 8;
     u32x4 v = {0, 0, 0, 0};
-    if (t < rows && kb + c < K) v = gemv_ld_x(xbits + (i64)t * K + kb + c);
+    if (t < rows && kb + c < K) {
+      if (PROLOGUE == 1) {  // the norm kernel's y = x * inv * w, rounded to bf16
+        const u32x4 a = gemv_ld_x(xbits + (i64)t * K + kb + c);
+        const u32x4 nw = gemv_ld_x(norm_weight + kb + c);
+        const float inv = inv_rms[t];
+        float y[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) y[e] = gemv_bf16_at(a, e) * inv * gemv_bf16_at(nw, e);
+        v = {gemv_pack(y[0], y[1]), gemv_pack(y[2], y[3]), gemv_pack(y[4], y[5]), gemv_pack(y[6], y[7])};
+      } else if (PROLOGUE == 2) {  // the activation kernel's silu(gate) * up, rounded to bf16
+        const u32x4 ga = gemv_ld_x(xbits + (i64)t * 2 * K + kb + c);
+        const u32x4 up = gemv_ld_x(xbits + (i64)t * 2 * K + K + kb + c);
+        float y[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float av = gemv_bf16_at(ga, e), bv = gemv_bf16_at(up, e);
+          const float g = av / (1.0f + expf(-(${ALPHA}) * av));
+          y[e] = g * bv;
+        }
+        v = {gemv_pack(y[0], y[1]), gemv_pack(y[2], y[3]), gemv_pack(y[4], y[5]), gemv_pack(y[6], y[7])};
+      } else {
+        v = gemv_ld_x(xbits + (i64)t * K + kb + c);
+      }
+    }
     *reinterpret_cast<u32x4*>(&xs[t * LDX + c]) = v;
   }
   __syncthreads();

@@ -5,7 +5,9 @@ warp, steps per load stage and the split-K count, from tables swept on one H200.
 with half and twice its split-K, and the other shapes of the sweep with the split-K the rule derives for them (each
 valid by construction: the rule's own functions build them). Workloads: the bucket's two edges, ``M`` = the
 previous bucket + 1 and ``M`` = the bucket (a decode CUDA graph of that batch size runs exactly this variant); the
-weights rotate over copies so each launch streams them from HBM. The any-M quantized launch (prefill) is not tuned.
+weights rotate over copies so each launch streams them from HBM. The any-M quantized launch (prefill) is not tuned,
+nor are fused variants (``rule.fused_spec``): the lowering makes them after tuning, with the tuned plain variant's
+configuration.
 """
 
 from __future__ import annotations
@@ -106,7 +108,9 @@ def workloads(spec: KernelSpec, bounds: Mapping[str, int]) -> list[Workload]:
 
 
 def _is(template: str):
-    return lambda s: s.family == "gemv" and s.template == template and not dict(s.values).get("ANY_M", False)
+    # fused variants (a PROLOGUE, codegen/decode_fusion.py) are made after tuning from the tuned plain variant
+    return lambda s: (s.family == "gemv" and s.template == template and not dict(s.values).get("ANY_M", False)
+                      and not dict(s.values).get("PROLOGUE", 0))
 
 
 TUNABLES = [

@@ -1,0 +1,156 @@
+"""decode-fusion: per-token ops computed inside the decode GEMV that reads their output, their launch skipped.
+
+At batch 1 a decode step's small launches (a few microseconds each, on the critical path) cost more than their
+work. Two of them per layer only prepare the next ``linear``'s input, so the GEMV variant of that linear
+(``codegen/kernels/gemv``) computes it itself while staging x (a *prologue*, ``rule.Prologue``):
+
+- ``rms_norm -> linear``: the variant reads the norm's input and weight, sums each token's squares in the norm
+  kernel's own order and stages the normalized x, rounded to bf16 as the norm kernel rounds it;
+- packed ``swiglu -> linear`` (``bind_args``: one gate_up buffer): the variant reads gate_up and stages
+  silu(gate) * up, rounded as the activation kernel rounds it.
+
+The staged x is bit-identical to the skipped kernel's output, so a step's results do not change. Runs in
+``lower_for_target`` after the variants are planned and autotuned (a fused variant takes the tuned plain variant's
+configuration); ``INGOT_NO_DECODE_FUSION=1`` turns it off.
+
+A pair is fused when:
+
+- the producer is one launch of the norm / activation family's kernel (``rms_norm`` without residual or bias,
+  bf16 x and weight; ``swiglu`` packed, ``alpha`` any), and its output is no graph output and is read only by
+  the ``linear``, as its x;
+- the linear's launch has plain bf16 GEMV variants (``rule.is_plain``) whose K is the producer's width;
+- both launches count the same rows (the producer's ``rows`` / ``num_tokens`` argument and the linear's ``M``
+  are the same dim expression: every step selects the same way for both, CUDA-graph buckets included).
+
+The variants up to ``MAX_ROWS[op]`` rows get the prologue; the producer's launch is skipped for steps of at most
+the largest of those (``DecodeFusion.skips``). A fused variant has its own arguments (``x`` is the producer's
+input, plus ``norm_weight`` for ``rms_norm``); the producer's input then lives until the linear in the memory plan
+(``variant_reads``, ``plan_memory``'s ``reads``), so the linear's output never shares its bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.graph import Graph, Node
+from .kernel import KernelSpec
+from .kernels.gemv import rule as gemv
+from .target import Target
+
+#: set to 1 to lower without decode fusion (the kernel table is then as before it existed)
+ENV = "INGOT_NO_DECODE_FUSION"
+#: op -> the largest GEMV bucket fused. rms_norm: every CTA reads its tokens' whole rows of x for the sums of
+#: squares (8 tokens of a 2048-wide row: 32 KB from L2 per CTA, beside its share of the weights), worth a launch
+#: only for few tokens; swiglu reads just the CTA's K slice (twice x's bytes) and an expf per element.
+MAX_ROWS = {"rms_norm": 8, "swiglu": 8}
+
+Launch = tuple[int, Node, KernelSpec | None, dict[str, Any]]
+
+
+@dataclass
+class DecodeFusion:
+    """What the lowering changes for the fused pairs (launches by their index in the launch list)."""
+
+    #: producer launch -> (its row-count argument, max rows): not launched for steps of at most that many rows
+    skips: dict[int, tuple[str, int]] = field(default_factory=dict)
+    #: producer launch -> the consumer launch whose fused variants do its work
+    into: dict[int, int] = field(default_factory=dict)
+    #: consumer launch -> its variants with the fused ones in place: (max rows, spec, own arguments or None)
+    variants: dict[int, list[tuple[int, KernelSpec, dict[str, Any] | None]]] = field(default_factory=dict)
+    #: fused spec key -> the plain variant it was made from (its autotune record applies)
+    made_from: dict[str, KernelSpec] = field(default_factory=dict)
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "") in ("", "0")
+
+
+def _prologue(node: Node, spec: KernelSpec, args: Mapping[str, Any]) -> tuple[gemv.Prologue, str, str] | None:
+    """(prologue, the producer's row-count argument, the buffer the fused variant reads as x) for a producer
+    launch this pass can fuse, else None."""
+    v = dict(spec.values)
+    if node.op.name == "rms_norm" and spec.family == "norm":
+        if v.get("KIND") != 0 or v.get("RESIDUAL") or v.get("BIAS") or v.get("DT") != "bf16" or v.get("WT") != "bf16":
+            return None
+        pro = gemv.Prologue("rms_norm", eps=float(v["EPS"]), block=int(v["BLOCK"]), per_thread=int(v["PER_THREAD"]))
+        return pro, "rows", args["x"]["buffer"]
+    if node.op.name == "swiglu" and spec.family == "activation" and getattr(node.op, "packed", False):
+        width = int(v["WIDTH"])
+        if (v.get("ACT") != 0 or v.get("DT") != "bf16" or v.get("B_OFFSET") != width
+                or v.get("A_STRIDE") != 2 * width or v.get("B_STRIDE") != 2 * width or args["a"] != args["b"]):
+            return None
+        return gemv.Prologue("swiglu", alpha=float(v["ALPHA"])), "num_tokens", args["a"]["buffer"]
+    return None
+
+
+def plan(graph: Graph, launches: Sequence[Launch], variant_plans: Mapping[int, Sequence[tuple[int, KernelSpec]]],
+         target: Target) -> DecodeFusion:
+    """The fused pairs among ``launches`` (``lower.plan_launches``' list) given each launch's planned variants
+    (``variant_plans``: launch index -> ``(max rows, spec)``, smallest first). Changes nothing itself."""
+    out = DecodeFusion()
+    users = graph.users()
+    outputs = set(graph.outputs)
+    per_node: dict[int, list[int]] = {}
+    for j, (i, _, _, _) in enumerate(launches):
+        per_node.setdefault(i, []).append(j)
+    for j, (i, node, spec, args) in enumerate(launches):
+        if spec is None or node.op.name not in MAX_ROWS or len(per_node[i]) != 1:
+            continue
+        found = _prologue(node, spec, args)
+        y = node.outputs[0]
+        readers = users.get(y, [])
+        if found is None or y in outputs or len(readers) != 1 or readers[0].op.name != "linear":
+            continue
+        consumer = readers[0]
+        if consumer.inputs[0] is not y or sum(u is y for u in consumer.inputs) != 1:
+            continue
+        ci = graph.nodes.index(consumer)
+        if len(per_node.get(ci, ())) != 1:
+            continue
+        jc = per_node[ci][0]
+        prologue, rows_arg, x_buffer = found
+        cargs = launches[jc][3]
+        planned = list(variant_plans.get(jc, ()))
+        width = (y.type.shape or (None,))[-1]
+        if (not planned or rows_arg not in args or "dim" not in args[rows_arg] or "M" not in cargs
+                or args[rows_arg] != cargs["M"] or not all(gemv.is_plain(s) for _, s in planned)
+                or any(s.value("K") != width for _, s in planned)):
+            continue
+        fused = [(mr, s) for mr, s in planned if mr <= MAX_ROWS[node.op.name]]
+        rows = cargs["M"]["dim"]
+        if not fused or (isinstance(rows, int) and rows > fused[-1][0]):  # graph mode: a static count too large
+            continue
+        own = {**cargs, "x": {"buffer": x_buffer}}
+        if prologue.kind == "rms_norm":
+            own["norm_weight"] = args["weight"]
+        variants: list[tuple[int, KernelSpec, dict[str, Any] | None]] = []
+        for mr, s in planned:
+            if mr > fused[-1][0]:
+                variants.append((mr, s, None))
+                continue
+            f = gemv.fused_spec(s, prologue, target)
+            if {p.name for p in f.params} != set(own):  # the binding and the kernel must agree, as in plan_launches
+                raise ValueError(f"decode fusion: {f.entry} takes {sorted(p.name for p in f.params)}, "
+                                 f"bound {sorted(own)}")
+            out.made_from[f.key] = s
+            variants.append((mr, f, own))
+        out.variants[jc] = variants
+        out.skips[j] = (rows_arg, fused[-1][0])
+        out.into[j] = jc
+    return out
+
+
+def variant_reads(table: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Value name -> the last node that reads it through a variant's own arguments, over a kernel table's
+    ``launches``: what ``plan_memory`` must be given as ``reads`` for that table (buffers the launch reads anyway
+    change nothing there)."""
+    reads: dict[str, int] = {}
+    for ln in table:
+        for v in ln.get("variants", ()):
+            for a in v.get("args", {}).values():
+                if "buffer" in a:
+                    reads[a["buffer"]] = max(reads.get(a["buffer"], -1), int(ln["node"]))
+    return reads
