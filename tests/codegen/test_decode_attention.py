@@ -95,6 +95,28 @@ def test_split_arithmetic(D, G, bs):
         assert split_plan(cfg, 0, 4095, 8, 0)[0] == min(16, cfg.target_ctas // 64)
 
 
+def test_sequence_search_mirrors_binary_search():
+    """The kernel's 32-way search for a token's sequence (one ballot per round) finds what a binary search does:
+    the last s with query_start_loc[s] <= t, empty sequences included, tokens past the end and before the start."""
+    r = rng()
+
+    def search(qsl, num_seqs, t):  # decode_split.cu, lane by lane
+        lo, hi = 0, num_seqs
+        while lo < hi:
+            step = (hi - lo + 31) // 32
+            cnt = sum(qsl[min(lo + step * (lane + 1), hi)] <= t for lane in range(32))
+            hi = min(lo + step * (cnt + 1) - 1, hi)
+            lo = min(lo + step * cnt, hi)
+        return lo
+
+    for num_seqs in (1, 2, 31, 32, 33, 100, 1024, 1500):
+        lens = r.integers(0, 4, num_seqs) * (r.random(num_seqs) < 0.8)
+        qsl = np.concatenate([[int(r.integers(0, 3))], int(r.integers(0, 3)) + np.cumsum(lens)]).astype(int)
+        for t in range(0, int(qsl[-1]) + 3):
+            want = max((s for s in range(num_seqs + 1) if qsl[s] <= t), default=0)
+            assert search(qsl, num_seqs, t) == want, (num_seqs, t)
+
+
 def test_loop_choice_and_shared_memory():
     """bf16 caches with whole 16-position tiles take the tensor-core loop, whose rings fit two CTAs per SM for
     head_dim 64/128 (one for 256); the FP8 cache and 8-position blocks keep the CUDA-core loop (no dynamic smem)."""

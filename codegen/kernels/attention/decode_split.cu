@@ -173,11 +173,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
   // sequence's length, a chain of dependent loads that thousands of idle CTAs would otherwise wait through).
   const int room = MMA ? TARGET_CTAS / (num_tokens * KV) : (TARGET_CTAS + num_tokens * KV - 1) / (num_tokens * KV);
   if (z > 0 && (z >= room || z >= MAX_SPLITS || t >= TOKEN_CAP)) return;
-  // the last s with query_start_loc[s] <= t (empty sequences share a start with the next one)
-  int lo_s = 0, hi_s = num_seqs;
+  // the last s with query_start_loc[s] <= t (empty sequences share a start with the next one): a 32-way search,
+  // each warp for itself, one load per lane and round (one round up to 32 sequences, two up to 1024; a binary
+  // search is a chain of log2(num_seqs) dependent loads at the start of every CTA)
+  int lo_s = 0, hi_s = num_seqs;  // the answer is in [lo_s, hi_s]
   while (lo_s < hi_s) {
-    const int mid = (lo_s + hi_s + 1) >> 1;
-    if (query_start_loc[mid] <= t) lo_s = mid; else hi_s = mid - 1;
+    const int step = (hi_s - lo_s + 31) / 32;
+    const bool le = __ldg(query_start_loc + min(lo_s + step * (lane + 1), hi_s)) <= t;
+    const int cnt = __popc(__ballot_sync(0xffffffffu, le));  // query_start_loc ascends: the probes <= t lead
+    hi_s = min(lo_s + step * (cnt + 1) - 1, hi_s);
+    lo_s = min(lo_s + step * cnt, hi_s);
   }
   const int s = lo_s;
   const bool owned = s < num_seqs && t >= query_start_loc[0];
@@ -493,19 +498,38 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
   __syncthreads();
   if (!is_last) return;
   __threadfence();
+  // every partial's (max, sum) at once, then per head the merged max, each split's weight (0 for a partial that saw
+  // nothing) and the merged sum; then the accumulators, all splits' loads in flight together (a loop that used
+  // each load before issuing the next was a chain of 3 x nsplit round trips: most of a small batch's time)
+  __shared__ float sm_pm[MAX_SPLITS * G], sm_pl[MAX_SPLITS * G], sm_L[G];
+  for (int i = threadIdx.x; i < nsplit * G; i += WARPS * 32) {
+    sm_pm[i] = __ldcg(${KERNEL}_ml + (slot * G + i) * 2);
+    sm_pl[i] = __ldcg(${KERNEL}_ml + (slot * G + i) * 2 + 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
+    float M = NEG_INF, L = 0.0f;
+    for (int sp = 0; sp < nsplit; ++sp) M = fmaxf(M, sm_pm[sp * G + g]);
+    for (int sp = 0; sp < nsplit; ++sp) {
+      const float ms = sm_pm[sp * G + g], c = ms == NEG_INF ? 0.0f : pa_unit_exp(ms - M);
+      sm_pm[sp * G + g] = c;
+      L += sm_pl[sp * G + g] * c;
+    }
+    sm_L[g] = L;
+  }
+  __syncthreads();
   for (int idx = threadIdx.x; idx < G * D; idx += WARPS * 32) {
     const int g = idx / D, d = idx % D;
-    float M = NEG_INF;
-    for (int sp = 0; sp < nsplit; ++sp) M = fmaxf(M, __ldcg(${KERNEL}_ml + ((slot + sp) * G + g) * 2));
-    float L = 0.0f, A = 0.0f;
-    for (int sp = 0; sp < nsplit; ++sp) {
-      const float ms = __ldcg(${KERNEL}_ml + ((slot + sp) * G + g) * 2);
-      if (ms == NEG_INF) continue;
-      const float c = pa_unit_exp(ms - M);
-      L += __ldcg(${KERNEL}_ml + ((slot + sp) * G + g) * 2 + 1) * c;
-      A += __ldcg(${KERNEL}_acc + (slot + sp) * (G * D) + idx) * c;
-    }
-    out[(i64)t * (H * D) + (kvh * G + g) * D + d] = from_f32<${DT}>(A / L * vsc);
+    float part[MAX_SPLITS];
+#pragma unroll
+    for (int sp = 0; sp < MAX_SPLITS; ++sp)
+      part[sp] = sp < nsplit ? __ldcg(${KERNEL}_acc + (slot + sp) * (G * D) + idx) : 0.0f;
+    float A = 0.0f;
+#pragma unroll
+    for (int sp = 0; sp < MAX_SPLITS; ++sp)
+      if (sp < nsplit) A += part[sp] * sm_pm[sp * G + g];  // in split order: deterministic
+    out[(i64)t * (H * D) + (kvh * G + g) * D + d] = from_f32<${DT}>(A / sm_L[g] * vsc);
   }
   if (threadIdx.x == 0) ${KERNEL}_cnt[t * KV + kvh] = 0u;  // ready for the next launch
 }

@@ -51,8 +51,9 @@ SHORT_CONTEXT = 512
 MMA_TILE = 16
 #: shared memory for the tensor-core loop's rings, per CTA: stages = this / (warps x one K+V tile), 2 to 8
 MMA_RING_BYTES = 108 * 1024
-#: shared memory the driver keeps per resident CTA
+#: shared memory the driver keeps per resident CTA, and a bound on the template's static shared memory
 SMEM_RESERVED_PER_CTA = 1024
+STATIC_SMEM = 4096
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def mma_stages(head_dim: int, warps: int = WARPS) -> int:
 def resident_ctas(smem_bytes: int, warps: int = WARPS, smem_per_sm: int = 228 * 1024) -> int:
     """CTAs of the kernel an SM holds at once, as far as shared memory and threads decide (registers stay under
     128 per thread: ``test_decode_attention.py`` checks the compile)."""
-    by_smem = smem_per_sm // (smem_bytes + SMEM_RESERVED_PER_CTA) if smem_bytes else 64
+    by_smem = smem_per_sm // (smem_bytes + STATIC_SMEM + SMEM_RESERVED_PER_CTA) if smem_bytes else 64
     return max(1, min(by_smem, 2048 // (32 * warps), 8))
 
 
