@@ -118,26 +118,32 @@ def test_sequence_search_mirrors_binary_search():
 
 
 def test_loop_choice_and_shared_memory():
-    """bf16 caches with whole 16-position tiles take the tensor-core loop, whose rings fit two CTAs per SM for
-    head_dim 64/128 (one for 256); the FP8 cache and 8-position blocks keep the CUDA-core loop (no dynamic smem)."""
+    """Caches with whole 16-position tiles per block take the tensor-core loop (bf16 or e4m3), whose rings fit two
+    CTAs per SM for head_dim 64/128 (one for 256); 8-position blocks keep the CUDA-core loop (no dynamic smem)."""
     h200 = get_target("h200")
-    for D, per_sm in ((64, 2), (128, 2), (256, 1)):
-        cfg = split_config(D, 8, 4, 16, 132)
-        assert cfg.mma and cfg.stages >= 2 and cfg.target_ctas == per_sm * 132
-        assert resident_ctas(cfg.smem_bytes) == per_sm and cfg.smem_bytes <= h200.smem_per_block
-        assert cfg.smem_bytes == cfg.warps * cfg.stages * mma_stage_bytes(D)
-        assert 8 * 4 * D <= cfg.stages * mma_stage_bytes(D)  # a warp's (G <= 8) x D float state fits its ring
-        spec = decode_split_spec(bf16, bf16, 32, 8, D, 16, D ** -0.5, h200)
-        assert spec.smem == cfg.smem_bytes and dict(spec.values)["MMA"] is True
+    for cache, esz in ((bf16, 2), (f8, 1)):
+        for D, per_sm in ((64, 2), (128, 2), (256, 1)):
+            cfg = split_config(D, 8, 4, 16, 132, cache_dtype=cache)
+            assert cfg.mma and cfg.stages >= 2 and cfg.elem_bytes == esz and cfg.target_ctas == per_sm * 132
+            assert resident_ctas(cfg.smem_bytes) == per_sm and cfg.smem_bytes <= h200.smem_per_block
+            conv = mma_stage_bytes(D) if cache is f8 else 0  # the FP8 cache's f16 tile per warp
+            assert cfg.smem_bytes == cfg.warps * (cfg.stages * mma_stage_bytes(D, esz) + conv)
+            assert 8 * 4 * D <= cfg.stages * mma_stage_bytes(D, esz) + conv  # a warp's (G <= 8) x D state fits
+            spec = decode_split_spec(bf16, cache, 32, 8, D, 16, D ** -0.5, h200, kv_scale=cache is f8)
+            assert spec.smem == cfg.smem_bytes and dict(spec.values)["MMA"] is True
     assert split_config(128, 8, 4, 32, 132).mma
-    for cfg in (split_config(128, 8, 4, 16, 132, cache_dtype=f8), split_config(64, 8, 4, 8, 132)):
+    for cache in (bf16, f8):
+        cfg = split_config(64, 8, 4, 8, 132, cache_dtype=cache)
         assert not cfg.mma and cfg.smem_bytes == 0 and cfg.target_ctas == CTAS_PER_SM * 132
-    spec = decode_split_spec(bf16, f8, 32, 8, 128, 16, 0.088, h200, kv_scale=True)
-    assert spec.smem == 0 and dict(spec.values)["MMA"] is False
+        spec = decode_split_spec(bf16, cache, 32, 8, 64, 8, 0.125, h200, kv_scale=cache is f8)
+        assert spec.smem == 0 and dict(spec.values)["MMA"] is False
+    with pytest.raises(ValueError):  # a bf16 configuration for an FP8 cache
+        decode_split_spec(bf16, f8, 32, 8, 128, 16, 0.088, h200, config=split_config(128, 8, 4, 16, 132))
     # the benchmark's shape: 256 (token, KV head) pairs on 132 SMs x 2 -> one wave of whole contexts
     assert split_plan(split_config(128, 8, 4, 16, 132), 0, 4095, 32) == (1, 256)
     assert split_plan(split_config(128, 8, 4, 16, 132), 0, 4095, 16) == (2, 128)
-    assert split_plan(split_config(128, 8, 4, 16, 132, cache_dtype=f8), 0, 4095, 32) == (3, 86)  # as before
+    assert split_plan(split_config(128, 8, 4, 16, 132, cache_dtype=f8), 0, 4095, 32) == (1, 256)
+    assert split_plan(split_config(64, 8, 4, 8, 132), 0, 4095, 32) == (3, 171)  # CUDA-core loop: ceil
 
 
 def test_grid_and_workspace():
@@ -157,7 +163,8 @@ def test_grid_and_workspace():
 @pytest.mark.parametrize("cache,kv_scale,H,KV,D,bs,softcap,window", [
     (bf16, False, 32, 8, 128, 16, 0.0, 0), (f8, True, 32, 8, 128, 16, 0.0, 0), (bf16, False, 9, 3, 64, 16, 30.0, 64),
     (f8, False, 16, 2, 256, 16, 0.0, 0), (bf16, False, 64, 8, 128, 32, 0.0, 0), (bf16, False, 16, 2, 256, 16, 0.0, 0),
-    (bf16, False, 32, 8, 64, 16, 0.0, 0)])
+    (bf16, False, 32, 8, 64, 16, 0.0, 0), (f8, True, 16, 4, 64, 16, 30.0, 300), (bf16, False, 32, 8, 64, 8, 0.0, 0),
+    (f8, True, 32, 8, 64, 8, 0.0, 0)])
 def test_compiles(target, cache, kv_scale, H, KV, D, bs, softcap, window):
     tgt = get_target(target)
     specs = [decode_split_spec(bf16, cache, H, KV, D, bs, D ** -0.5, tgt, softcap, window, kv_scale=kv_scale)]
@@ -173,8 +180,10 @@ def test_compiles(target, cache, kv_scale, H, KV, D, bs, softcap, window):
         ops = opcodes(sass)
         assert not any(o.startswith(("LDL", "STL")) for o in ops), f"{spec.entry}: local memory (spills)"
         if spec.template == "decode_split.cu" and dict(spec.values)["MMA"]:  # cp.async 16 B, tensor cores
-            assert {"LDGSTS.E.BYPASS.128", "HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4",
-                    "MOVM.16.MT88"} <= ops, sorted(ops)
+            mma = "HMMA.16816.F32" if cache is f8 else "HMMA.16816.F32.BF16"  # FP8: e4m3 -> f16 (exact), f16 mma
+            assert {"LDGSTS.E.BYPASS.128", mma, "LDSM.16.M88.4", "LDSM.16.MT88.4", "MOVM.16.MT88"} <= ops, sorted(ops)
+            if cache is f8:
+                assert "F2FP.F16.E4M3.UNPACK_B" in ops, sorted(ops)
         elif spec.template == "decode_split.cu":
             assert any(o.startswith("LDG.") and (".128" in o or ".64" in o) for o in ops), sorted(ops)
 
@@ -226,16 +235,58 @@ def _movmatrix_t(x):
     return np.stack([m.T[lane // 4, 2 * (lane % 4): 2 * (lane % 4) + 2] for lane in range(32)])
 
 
-def _emulate_mma_cta(q, k, v, lo, hi, warps):
-    """One CTA of the MMA loop for one (token, kv head): q [G, D], k/v [positions, D] (bf16 values), attending to
-    positions [lo, hi]; returns the CTA's (M, L, A) per head as the kernel's epilogue computes them."""
+def _f16(x):
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+def _ring_to_tile(k, v, p0, lo, hi, fp8):
+    """The cp.async issue of one tile (lane -> row, 16-byte chunk; zero-fill outside [lo, hi]) into a ring stage, and
+    for the FP8 cache the conversion pass into the warp's f16 tile: the 16-bit K+V tile the ldmatrix reads, as
+    float32 values indexed by byte offset // 2; padding stays NaN and must never be read."""
+    TQ, D = MMA_TILE, k.shape[1]
+    esz = 1 if fp8 else 2
+    chc, rsc, rs = D * esz // 16, D * esz + 16, 2 * D + 16
+    ring = np.full((2 * TQ * rsc) // esz, np.nan, np.float32)  # indexed by byte offset // esz
+    covered = set()
+    for r0 in range(0, TQ, 32 // chc):
+        for lane in range(32):
+            row, c = r0 + lane // chc, lane % chc
+            p, n = p0 + row, 16 // esz  # n elements per 16-byte chunk
+            ok = lo <= p <= hi
+            covered.add((row, c))
+            for src, base in ((k, 0), (v, TQ * rsc)):
+                off = (base + row * rsc + c * 16) // esz
+                ring[off: off + n] = src[p, n * c: n * c + n] if ok else 0.0
+    assert len(covered) == TQ * chc
+    if not fp8:
+        return ring
+    tile = np.full(2 * TQ * rs // 2, np.nan, np.float32)
+    for kk in range(2 * TQ * chc // 32):  # convert(): chunk of 16 codes -> two chunks of 8 f16
+        for lane in range(32):
+            row, c = (32 * kk + lane) // chc, lane % chc
+            codes = ring[row * rsc + c * 16: row * rsc + c * 16 + 16]
+            for half in range(2):
+                off = (row * rs + (2 * c + half) * 16) // 2
+                tile[off: off + 8] = _f16(codes[8 * half: 8 * half + 8])
+    return tile
+
+
+def _emulate_mma_cta(q, k, v, lo, hi, warps, fp8=False, ksc=1.0):
+    """One CTA of the MMA loop for one (token, kv head): q [G, D] (bf16 values), k/v [positions, D] (bf16 values, or
+    e4m3 codes with K = code * ksc), attending to positions [lo, hi]; returns the CTA's (M, L, A) per head as the
+    kernel's epilogue computes them (A without the V scale)."""
     TQ = MMA_TILE
     G, D = q.shape
-    CH, RS = D // 8, 2 * D + 16
-    rpi, tile_b = 32 // CH, TQ * RS
-    scale = D ** -0.5 * np.log2(np.e)
+    RS = 2 * D + 16
+    tile_b = TQ * RS
+    qk = D ** -0.5 * np.log2(np.e) * ksc
     qpad = np.zeros((8, D), np.float32)
     qpad[:G] = q
+    half = _bf16
+    if fp8:  # the f16 query: scaled by 2^(141 - ex) (amax in [2^(ex-127), 2^(ex-126))), the scores by its inverse
+        ex = int(np.frexp(np.float32(np.abs(qpad).max()))[1]) + 126 if np.abs(qpad).max() > 0 else 0
+        qs = 2.0 ** (min(268 - ex, 254) - 127)
+        qpad, qk, half = _f16(qpad * qs), qk / qs, _f16
     # B fragments of Q^T: words 8 ks + t and 8 ks + 4 + t of head g's row
     qb = [np.stack([np.stack([qpad[lane // 4, 2 * (8 * ks + lane % 4): 2 * (8 * ks + lane % 4) + 2],
                               qpad[lane // 4, 2 * (8 * ks + 4 + lane % 4): 2 * (8 * ks + 4 + lane % 4) + 2]])
@@ -246,25 +297,14 @@ def _emulate_mma_cta(q, k, v, lo, hi, warps):
         o, m2, l2 = np.zeros((D // 16, 32, 4)), np.full((32, 2), -np.inf), np.zeros((32, 2))
         for i in range(max(0, -(-(ntile - warp) // warps))):
             p0 = (j0 + warp + warps * i) * TQ
-            mem = np.full(2 * tile_b // 2, np.nan, np.float32)  # a stage; padding stays NaN and must never be read
-            covered = set()
-            for r0 in range(0, TQ, rpi):  # the cp.async issue: lane -> (row, chunk)
-                for lane in range(32):
-                    row, c = r0 + lane // CH, lane % CH
-                    p = p0 + row
-                    ok = lo <= p <= hi
-                    off = row * RS + c * 16
-                    covered.add((row, c))
-                    mem[off // 2: off // 2 + 8] = k[p, 8 * c: 8 * c + 8] if ok else 0.0
-                    mem[(tile_b + off) // 2: (tile_b + off) // 2 + 8] = v[p, 8 * c: 8 * c + 8] if ok else 0.0
-            assert len(covered) == TQ * CH
+            mem = _ring_to_tile(k, v, p0, lo, hi, fp8)
             sa, sb = np.zeros((32, 4)), np.zeros((32, 4))
             for ks in range(D // 16):
                 addrs = [((ln & 7) + 8 * ((ln >> 3) & 1)) * RS + (2 * ks + (ln >> 4)) * 16 for ln in range(32)]
                 _mma(sb if ks & 1 else sa, _ldmatrix_x4(mem, addrs), qb[ks])
             x = sa + sb
             pos = np.array([[p0 + ln // 4 + 8 * (e >> 1) for e in range(4)] for ln in range(32)])
-            x = np.where((pos >= lo) & (pos <= hi), x * scale, -np.inf)
+            x = np.where((pos >= lo) & (pos <= hi), x * qk, -np.inf)
             for hh in range(2):
                 mx = np.maximum(x[:, hh], x[:, hh + 2])
                 for sh in (4, 8, 16):
@@ -276,7 +316,7 @@ def _emulate_mma_cta(q, k, v, lo, hi, warps):
                 m2[:, hh], l2[:, hh] = mn, l2[:, hh] * corr
                 o[:, :, hh] *= corr
                 o[:, :, hh + 2] *= corr
-            plo, phi = _bf16(x[:, 0:2]), _bf16(x[:, 2:4])
+            plo, phi = half(x[:, 0:2]), half(x[:, 2:4])
             l2 += plo + phi
             pb = np.stack([_movmatrix_t(plo), _movmatrix_t(phi)], axis=1)
             for mt in range(D // 16):
@@ -301,20 +341,30 @@ def _emulate_mma_cta(q, k, v, lo, hi, warps):
     return M, L, A
 
 
+@pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("D,G,lo,hi,warps", [(128, 4, 0, 63, 4), (64, 3, 5, 50, 2), (256, 8, 17, 17, 4),
                                             (128, 1, 20, 130, 4), (64, 8, 31, 33, 1)])
-def test_mma_fragments_emulated(D, G, lo, hi, warps):
-    """The tensor-core loop's data flow (cp.async placement, ldmatrix/mma/movmatrix fragments, online softmax in
-    log2 units, the warps' merge) against float64 attention over positions [lo, hi]."""
+def test_mma_fragments_emulated(D, G, lo, hi, warps, fp8):
+    """The tensor-core loop's data flow (cp.async placement, the FP8 cache's f16 conversion and scaled query,
+    ldmatrix/mma/movmatrix fragments, online softmax in log2 units, the warps' merge) against float64 attention
+    over positions [lo, hi]."""
     r = rng()
-    assert split_config(D, 8, G, 16).mma
+    cache = f8 if fp8 else bf16
+    assert split_config(D, 8, G, 16, cache_dtype=cache).mma
     n = hi // 16 * 16 + 16
-    q, k, v = (_bf16(r.standard_normal(shape) * 2.0) for shape in ((G, D), (n, D), (n, D)))
-    M, L, A = _emulate_mma_cta(q, k, v, lo, hi, warps)
-    s = (q.astype(np.float64) @ k[lo: hi + 1].T) * D ** -0.5
+    q = _bf16(r.standard_normal((G, D)) * 2.0)
+    if fp8:  # e4m3 codes over their range, K = code * ksc, V = code * vsc
+        k, v = (np.clip(r.standard_normal((n, D)) * 60.0, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+                for _ in range(2))
+        ksc, vsc = 0.01, 0.02
+    else:
+        k, v = (_bf16(r.standard_normal((n, D)) * 2.0) for _ in range(2))
+        ksc = vsc = 1.0
+    M, L, A = _emulate_mma_cta(q, k, v, lo, hi, warps, fp8, ksc)
+    s = (q.astype(np.float64) @ (k[lo: hi + 1].astype(np.float64) * ksc).T) * D ** -0.5
     p = np.exp(s - s.max(axis=1, keepdims=True))
-    ref = p @ v[lo: hi + 1] / p.sum(axis=1, keepdims=True)
-    np.testing.assert_allclose(A / L[:, None], ref, rtol=2e-2, atol=2e-2)
+    ref = p @ (v[lo: hi + 1] * vsc) / p.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(A / L[:, None] * vsc, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
     np.testing.assert_allclose(M, s.max(axis=1) * np.log2(np.e), rtol=1e-5, atol=1e-5)  # the running max, log2
 
 

@@ -7,7 +7,7 @@
 // Grid (token, kv head, split). The CTA of (t, kvh, z) reads each K/V row of KV head kvh in its range of cache
 // blocks once and scores it against all ${GROUP} query heads of the group. Two inner loops (MMA, chosen by the rule):
 //
-// Tensor cores (MMA: bf16 cache, block size a multiple of 16). Warp w of the CTA takes the 16-position tiles
+// Tensor cores (MMA: block size a multiple of 16). Warp w of the CTA takes the 16-position tiles
 // w, w + WARPS, ... of the CTA's range and streams them through its own ring of STAGES shared-memory stages
 // (cp.async, rows padded by 16 bytes so ldmatrix is conflict-free; STAGES - 1 tiles in flight
 // while one is computed; no CTA-wide barrier in the loop). Positions outside the CTA's range [lo, hi] are
@@ -18,7 +18,9 @@
 //                                                quarters transposed by movmatrix (the C layout of S^T is
 //                                                the B layout of P^T once transposed);
 // so each thread's accumulator columns are the heads of its own score columns (no exchange for the rescale).
-// SIMT (FP8 cache, other block sizes): a warp takes one tile of TP positions at a time (PPW positions per
+// An FP8 cache streams e4m3 codes through the ring; each tile is converted (exactly) to f16 in a per-warp buffer
+// that the same fragment code reads, the mma runs on f16 (Q scaled by a power of two into f16's range, P in f16).
+// SIMT (other block sizes): a warp takes one tile of TP positions at a time (PPW positions per
 // 16-byte-per-lane load row: lane = position pp x 8 features dc), loads the tile's K and V rows before using them,
 // keeps a running (max, sum, acc) per query head and lane group (online softmax, float32, natural log units).
 // Either way the warps' states are merged through shared memory (the MMA path reuses its ring for that).
@@ -46,14 +48,19 @@ static_assert(D % 8 == 0 && 32 % LPP == 0 && LPP <= 32, "head_dim: 8 features pe
 static_assert(BS % TP == 0, "a cache block is whole tiles");
 // the tensor-core path
 constexpr bool MMA = ${MMA};
-constexpr int STAGES = ${STAGES}, TQ = 16, CH = D / 8, RPI = 32 / CH;  // RPI: tile rows per cp.async of the warp
-// a tile row in shared memory: D bf16 plus 16 bytes of padding, so the 8 rows an ldmatrix reads start 4 banks apart
-// (conflict-free) and every fragment address is a per-lane base plus a constant
-constexpr unsigned RS = D * 2 + 16, KV_TILE_B = TQ * RS, STAGE_B = 2 * KV_TILE_B, WARP_RING_B = STAGES * STAGE_B;
+constexpr int STAGES = ${STAGES}, TQ = 16, ESZ = FP8 ? 1 : 2;  // ESZ: bytes per cached element
+// ring rows: D cached elements plus 16 bytes of padding; CHC 16-byte chunks per row, RPI rows per cp.async of the
+// warp. The rows mma reads (bf16 cache: the ring itself; FP8: a per-warp f16 copy of the tile) are D 16-bit values
+// plus 16 bytes (RS), so the 8 rows an ldmatrix reads start 4 banks apart (conflict-free) and every fragment
+// address is a per-lane base plus a constant.
+constexpr int CHC = D * ESZ / 16, RPI = 32 / CHC;
+constexpr unsigned RSC = D * ESZ + 16, KV_TILE_B = TQ * RSC, STAGE_B = 2 * KV_TILE_B, RS = D * 2 + 16;
+constexpr unsigned CONV_B = FP8 ? 2 * TQ * RS : 0;  // FP8: the warp's f16 K and V tiles after the ring
+constexpr unsigned WARP_RING_B = STAGES * STAGE_B + CONV_B;
 constexpr float LOG2E = 1.4426950408889634f;
 // floats between two warps' accumulators in shared memory (the MMA path keeps them in the warp's own ring)
 constexpr int ACC_WSTRIDE = MMA ? (int)(WARP_RING_B / 4) : G * D;
-static_assert(!MMA || (!FP8 && BS % TQ == 0 && G <= 8 && STAGES >= 2), "tensor-core path: bf16, whole tiles");
+static_assert(!MMA || (BS % TQ == 0 && G <= 8 && STAGES >= 2 && 32 % CHC == 0), "tensor-core path: whole tiles");
 static_assert(!MMA || G * D * 4 <= (int)WARP_RING_B, "a warp's accumulators fit its ring");
 }  // namespace
 
@@ -132,11 +139,18 @@ __device__ __forceinline__ void pa_ldsm4_t(unsigned addr, unsigned* r) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+// D += A B on bf16 pairs (bf16 cache) or f16 pairs (FP8 cache: e4m3 -> f16 is exact)
 __device__ __forceinline__ void pa_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  if constexpr (FP8)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 // an 8x8 b16 matrix in fragment layout (lane holds row lane / 4, columns 2 (lane % 4) + {0, 1}) -> its transpose
 __device__ __forceinline__ unsigned pa_movt(unsigned x) {
@@ -144,14 +158,30 @@ __device__ __forceinline__ unsigned pa_movt(unsigned x) {
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
   return r;
 }
-// two floats -> bf16x2 (lo in the low half), round to nearest even
+// two floats -> the mma's 16-bit pair (bf16, or f16 for the FP8 cache; lo in the low half), round to nearest even
 __device__ __forceinline__ unsigned pa_pack(float lo, float hi) {
   unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  if constexpr (FP8) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
-// byte offset of (row, 16-byte chunk c) in a padded [TQ][D] bf16 tile
+// the pair back to floats (exact)
+__device__ __forceinline__ void pa_unpack(unsigned x, float& lo, float& hi) {
+  if constexpr (FP8) {
+    asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(x));
+  } else {
+    lo = __uint_as_float(x << 16);
+    hi = __uint_as_float(x & 0xffff0000u);
+  }
+}
+// 4 e4m3 codes (byte i = element i) -> 2 f16 pairs, exact
+__device__ __forceinline__ void pa_e4m3x4_f16(unsigned x, unsigned& lo, unsigned& hi) {
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(lo) : "h"((unsigned short)(x & 0xffffu)));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hi) : "h"((unsigned short)(x >> 16)));
+}
+// byte offset of (row, 16-byte chunk c) in a padded [TQ][D] tile of 16-bit values, and in a ring tile
 __device__ __forceinline__ unsigned pa_off(int row, int c) { return (unsigned)(row * RS + c * 16); }
+__device__ __forceinline__ unsigned pa_offc(int row, int c) { return (unsigned)(row * RSC + c * 16); }
 
 // MMA: min. 1 CTA per SM (shared memory allows 1-2): without it ptxas caps the tensor-core loop at 64 registers and
 // spills; the CUDA-core loop keeps ptxas's own choice (3 CTAs per SM for the common shapes)
@@ -213,6 +243,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
     const int g8 = lane >> 2, t4 = lane & 3;
     // B fragments of Q^T (k = features, n = query head g8 of the group; zero columns past G), bf16 pairs
     unsigned qb[D / 16][2];
+    // the scores' factor to log2 units: SCALE (and kv_scale, and 1 / qs for the FP8 cache's scaled f16 query)
+    float qk = SCALE * LOG2E * ksc;
     {
       const bool live = owned && g8 < G;
       const unsigned* qw = reinterpret_cast<const unsigned*>(q + (i64)t * ${Q_STRIDE} + (kvh * G + (live ? g8 : 0)) * D);
@@ -220,6 +252,28 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
       for (int ks = 0; ks < D / 16; ++ks) {
         qb[ks][0] = live ? __ldg(qw + 8 * ks + t4) : 0u;
         qb[ks][1] = live ? __ldg(qw + 8 * ks + 4 + t4) : 0u;
+      }
+      if constexpr (FP8) {
+        // the f16 mma takes q as f16: scaled by a power of two qs that puts the group's largest |q| in
+        // [2^14, 2^15) (exact; entries below 2^-24 of the largest, too small to move a float32 score, flush),
+        // divided back out of the scores. The warp's lanes hold the whole group, so the amax is the warp's.
+        float amax = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(qb[ks][j] << 16)),
+                                     fabsf(__uint_as_float(qb[ks][j] & 0xffff0000u))));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const int ex = (int)((__float_as_uint(amax) >> 23) & 0xffu);  // amax in [2^(ex-127), 2^(ex-126))
+        const float qs = __uint_as_float((unsigned)min(268 - ex, 254) << 23);  // 2^(141 - ex), at most 2^127
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            qb[ks][j] = pa_pack(__uint_as_float(qb[ks][j] << 16) * qs, __uint_as_float(qb[ks][j] & 0xffff0000u) * qs);
+        qk /= qs;
       }
     }
     // O^T accumulators: o[mt] = rows (features) 16 mt + g8 (+ 8), columns (heads) 2 t4 + {0, 1}; running max (log2
@@ -243,24 +297,41 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
       }
       const i64 blk = __shfl_sync(0xffffffffu, win, i & 31);
       const int p0 = (j0 + warp + WARPS * i) * TQ;
-      const ${CT}* kt = kv_cache + ((blk * 2) * BS + p0 % BS) * (KV * D) + kvh * D + (lane % CH) * 8;
+      const ${CT}* kt = kv_cache + ((blk * 2) * BS + p0 % BS) * (KV * D) + kvh * D + (lane % CHC) * (16 / ESZ);
       const unsigned sk = ring + st * STAGE_B;
       if (p0 >= lo && p0 + TQ - 1 <= hi) {  // a whole tile (all but a range's first and last): no predicates
 #pragma unroll
         for (int r0 = 0; r0 < TQ; r0 += RPI) {
-          const int row = r0 + lane / CH;
-          pa_cp16(sk + pa_off(row, lane % CH), kt + row * (KV * D), true);
-          pa_cp16(sk + KV_TILE_B + pa_off(row, lane % CH), kt + (row + BS) * (KV * D), true);
+          const int row = r0 + lane / CHC;
+          pa_cp16(sk + pa_offc(row, lane % CHC), kt + row * (KV * D), true);
+          pa_cp16(sk + KV_TILE_B + pa_offc(row, lane % CHC), kt + (row + BS) * (KV * D), true);
         }
       } else {
 #pragma unroll
         for (int r0 = 0; r0 < TQ; r0 += RPI) {
-          const int row = r0 + lane / CH, p = p0 + row;
+          const int row = r0 + lane / CHC, p = p0 + row;
           const bool ok = p >= lo && p <= hi;
           const ${CT}* src = kt + row * (KV * D);
-          pa_cp16(sk + pa_off(row, lane % CH), ok ? src : kv_cache, ok);
-          pa_cp16(sk + KV_TILE_B + pa_off(row, lane % CH), ok ? src + BS * (KV * D) : kv_cache, ok);
+          pa_cp16(sk + pa_offc(row, lane % CHC), ok ? src : kv_cache, ok);
+          pa_cp16(sk + KV_TILE_B + pa_offc(row, lane % CHC), ok ? src + BS * (KV * D) : kv_cache, ok);
         }
+      }
+    };
+    // FP8: the warp's f16 copy of the tile in stage st (ring chunk c of 16 codes -> 2 chunks of 8 f16), exact
+    const unsigned conv = ring + STAGES * STAGE_B;
+    auto convert = [&](int st) {
+#pragma unroll
+      for (int k = 0; k < 2 * TQ * CHC / 32; ++k) {
+        const int row = (32 * k + lane) / CHC, c = lane % CHC;  // row: the K rows, then the V rows
+        unsigned w[4], h[8];
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                     : "r"(ring + st * STAGE_B + pa_offc(row, c)));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) pa_e4m3x4_f16(w[j], h[2 * j], h[2 * j + 1]);
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(conv + pa_off(row, 2 * c)), "r"(h[0]), "r"(h[1]),
+                     "r"(h[2]), "r"(h[3]) : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(conv + pa_off(row, 2 * c + 1)), "r"(h[4]),
+                     "r"(h[5]), "r"(h[6]), "r"(h[7]) : "memory");
       }
     };
 #pragma unroll
@@ -275,7 +346,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
       pa_commit();
       pa_wait<STAGES - 1>();  // this lane's copies of tile i have landed
       __syncwarp();           // ... and every lane's
-      const unsigned sk = ring + st * STAGE_B, sv = sk + KV_TILE_B;
+      if constexpr (FP8) {
+        convert(st);
+        __syncwarp();
+      }
+      const unsigned sk = FP8 ? conv : ring + st * STAGE_B, sv = sk + (FP8 ? TQ * RS : KV_TILE_B);
       const int p0 = (j0 + warp + WARPS * i) * TQ;
       // S^T = K Q^T: rows = positions p0 + g8 (+ 8), columns = heads 2 t4 + {0, 1}; two chains of D / 32 mma
       float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -288,9 +363,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
       float x[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float v = sa[e] + sb[e];
-        if (SOFTCAP > 0.0f) v = SOFTCAP * tanhf(v * (SCALE / (SOFTCAP > 0.0f ? SOFTCAP : 1.0f))) * LOG2E;
-        else v *= SCALE * LOG2E;
+        float v = (sa[e] + sb[e]) * qk;  // log2 units
+        if (SOFTCAP > 0.0f) v = SOFTCAP * LOG2E * tanhf(v * (1.0f / (LOG2E * (SOFTCAP > 0.0f ? SOFTCAP : 1.0f))));
         const int p = p0 + g8 + 8 * (e >> 1);
         x[e] = p >= lo && p <= hi ? v : NEG_INF;
       }
@@ -314,10 +388,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
           o[mt][hh + 2] *= corr;
         }
       }
-      // P in bf16; the sums take the rounded weights, so the output is their exact convex combination
+      // P in bf16 (f16 for the FP8 cache); the sums take the rounded weights, so the output is their exact convex
+      // combination
       const unsigned plo = pa_pack(x[0], x[1]), phi = pa_pack(x[2], x[3]);
-      l2[0] += __uint_as_float(plo << 16) + __uint_as_float(phi << 16);
-      l2[1] += __uint_as_float(plo & 0xffff0000u) + __uint_as_float(phi & 0xffff0000u);
+      {
+        float a0, a1, b0, b1;
+        pa_unpack(plo, a0, a1);
+        pa_unpack(phi, b0, b1);
+        l2[0] += a0 + b0;
+        l2[1] += a1 + b1;
+      }
       // B fragment of P^T (k = position, n = head): the (position, head) quarters of S^T's layout, transposed
       const unsigned pb0 = pa_movt(plo), pb1 = pa_movt(phi);
       // O^T += V^T P^T: A = V^T (rows = features 16 mt .., k = positions) by ldmatrix.trans of the V rows

@@ -6,14 +6,15 @@ and the splits of a token are merged by the last of its CTAs in the same launch 
 How many splits a token gets is decided in the kernel from its context and the launch's token count, by the
 formula ``split_plan`` mirrors here; the module-scope workspace is sized by ``workspace_bytes``.
 
-Two inner loops, one template (``SplitConfig.mma``): a bf16 cache whose block size is a multiple of 16 takes the
+Two inner loops, one template (``SplitConfig.mma``): a cache whose block size is a multiple of 16 takes the
 tensor-core loop (16-position K/V tiles streamed through a per-warp ring of ``stages`` shared-memory stages by
-cp.async, QK^T and PV on ``mma.sync``); the FP8 cache and other block sizes keep the CUDA-core loop. The ring is
-dynamic shared memory (``smem_bytes``); ``MMA_RING_BYTES`` per CTA leaves room for two CTAs per SM, and the split
-policy fills the CTAs that fit at once (``resident_ctas``) without a second wave: splits = floor(resident CTAs /
-(tokens x KV heads)), at least 1. With ``stages - 1`` tiles in flight per warp one wave keeps well over the ~32 KB
-per SM in flight that HBM needs (4.19 TB/s x ~1 us / 132 SMs); on the H200 (batch 32, 4k context, 256 CTAs of
-2 MB) it read 4.0 TB/s, where 2 waves of 1 MB CTAs read 3.6 and the CUDA-core loop 2.8.
+cp.async, QK^T and PV on ``mma.sync``: bf16 for a bf16 cache; f16 for an e4m3 cache, each tile converted exactly to
+f16 in shared memory and the query scaled by a power of two into f16's range); other block sizes keep the CUDA-core
+loop. The ring is dynamic shared memory (``smem_bytes``); ``MMA_RING_BYTES`` per CTA leaves room for two CTAs per
+SM, and the split policy fills the CTAs that fit at once (``resident_ctas``) without a second wave: splits =
+floor(resident CTAs / (tokens x KV heads)), at least 1. With ``stages - 1`` tiles in flight per warp one wave keeps
+well over the ~32 KB per SM in flight that HBM needs (4.19 TB/s x ~1 us / 132 SMs); on the H200 (batch 32, 4k
+context, 256 CTAs of 2 MB) it read 4.0 TB/s, where 2 waves of 1 MB CTAs read 3.6 and the CUDA-core loop 2.8.
 
 When it is chosen (``use_split``): bf16 queries, head_dim 64, 128 or 256, a query-head group of at most 8, the
 cache block a whole number of tiles; and, where the shapes are static (graph mode), unless the batch alone fills
@@ -68,7 +69,7 @@ class SplitConfig:
     target_ctas: int
     token_cap: int
     iters: int
-    #: the tensor-core loop (bf16 cache, block size a multiple of MMA_TILE); else the CUDA-core loop
+    #: the tensor-core loop (block size a multiple of MMA_TILE); else the CUDA-core loop
     mma: bool = False
     #: shared-memory stages of each warp's K/V ring (tensor-core loop)
     stages: int = 0
@@ -85,20 +86,31 @@ class SplitConfig:
     def tile(self) -> int:
         return self.positions_per_row * self.iters
 
+    #: bytes per cached element (2: bf16, 1: e4m3)
+    elem_bytes: int = 2
+
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory per CTA: the warps' rings of K+V tiles (bf16); none for the CUDA-core loop."""
-        return self.warps * self.stages * mma_stage_bytes(self.head_dim) if self.mma else 0
+        """Dynamic shared memory per CTA: the warps' rings (and f16 tiles); none for the CUDA-core loop."""
+        return mma_smem_bytes(self.head_dim, self.stages, self.elem_bytes, self.warps) if self.mma else 0
 
 
-def mma_stage_bytes(head_dim: int) -> int:
-    """One stage of a warp's ring: the K and V rows of a tile, bf16, each row padded by 16 bytes."""
-    return 2 * MMA_TILE * (2 * head_dim + 16)
+def mma_stage_bytes(head_dim: int, elem_bytes: int = 2) -> int:
+    """One stage of a warp's ring: the K and V rows of a tile as cached, each row padded by 16 bytes."""
+    return 2 * MMA_TILE * (elem_bytes * head_dim + 16)
 
 
-def mma_stages(head_dim: int, warps: int = WARPS) -> int:
+def mma_smem_bytes(head_dim: int, stages: int, elem_bytes: int = 2, warps: int = WARPS) -> int:
+    """The tensor-core loop's shared memory: per warp, ``stages`` ring stages plus, for an FP8 cache, the f16 copy
+    of one tile (K and V) that the mma reads."""
+    conv = mma_stage_bytes(head_dim) if elem_bytes == 1 else 0
+    return warps * (stages * mma_stage_bytes(head_dim, elem_bytes) + conv)
+
+
+def mma_stages(head_dim: int, elem_bytes: int = 2, warps: int = WARPS) -> int:
     """Ring stages per warp for the tensor-core loop: ``MMA_RING_BYTES`` per CTA, 2 to 8."""
-    return max(2, min(8, MMA_RING_BYTES // (warps * mma_stage_bytes(head_dim))))
+    free = MMA_RING_BYTES - mma_smem_bytes(head_dim, 0, elem_bytes, warps)
+    return max(2, min(8, free // (warps * mma_stage_bytes(head_dim, elem_bytes))))
 
 
 def resident_ctas(smem_bytes: int, warps: int = WARPS, smem_per_sm: int = 228 * 1024) -> int:
@@ -123,13 +135,14 @@ def split_config(head_dim: int, num_kv_heads: int, group: int, block_size: int, 
     iters = 1
     while iters * 2 <= (8 if group <= 4 else 4) and block_size % (ppw * iters * 2) == 0:
         iters *= 2
-    mma = cache_dtype is DType.bf16 and block_size % MMA_TILE == 0
-    nstages = (stages or mma_stages(head_dim)) if mma else 0
+    mma = block_size % MMA_TILE == 0
+    esz = 1 if cache_dtype is DType.f8e4m3fn else 2
+    nstages = (stages or mma_stages(head_dim, esz)) if mma else 0
     if ctas_per_sm is None:
-        ctas_per_sm = resident_ctas(WARPS * nstages * mma_stage_bytes(head_dim)) if mma else CTAS_PER_SM
+        ctas_per_sm = resident_ctas(mma_smem_bytes(head_dim, nstages, esz)) if mma else CTAS_PER_SM
     target = ctas_per_sm * num_sms
     return SplitConfig(head_dim, num_kv_heads, group, block_size, WARPS, max_splits,
-                       max(1, min_chunk // block_size), target, -(-target // num_kv_heads), iters, mma, nstages)
+                       max(1, min_chunk // block_size), target, -(-target // num_kv_heads), iters, mma, nstages, esz)
 
 
 def split_plan(cfg: SplitConfig, first: int, qpos: int, num_tokens: int, token: int = 0) -> tuple[int, int]:
@@ -189,8 +202,8 @@ def decode_split_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_h
     group = num_heads // num_kv_heads
     cfg = config or split_config(head_dim, num_kv_heads, group, block_size, target.num_sms or 132,
                                  cache_dtype=cache_dtype)
-    if cfg.mma and (cache_dtype is not DType.bf16 or block_size % MMA_TILE):
-        raise ValueError("the tensor-core loop needs a bf16 cache and whole 16-position tiles per block")
+    if cfg.mma and block_size % MMA_TILE or cfg.elem_bytes != (1 if cache_dtype is DType.f8e4m3fn else 2):
+        raise ValueError(f"config {cfg} does not fit a {cache_dtype.value} cache with blocks of {block_size}")
     values = {"HEAD_DIM": head_dim, "KV_HEADS": num_kv_heads, "GROUP": group, "BLOCK_SIZE": block_size,
               "DT": ctype(dtype), "CT": ctype(cache_dtype), "FP8": cache_dtype is DType.f8e4m3fn,
               "WARPS": cfg.warps, "MAX_SPLITS": cfg.max_splits, "MIN_CHUNK_BLOCKS": cfg.min_chunk_blocks,
