@@ -11,7 +11,10 @@ work. Two of them per layer only prepare the next ``linear``'s input, so the GEM
 
 The staged x is bit-identical to the skipped kernel's output, so a step's results do not change. Runs in
 ``lower_for_target`` after the variants are planned and autotuned (a fused variant takes the tuned plain variant's
-configuration); ``INGOT_NO_DECODE_FUSION=1`` turns it off.
+configuration). **Off by default** (``INGOT_DECODE_FUSION=1`` turns it on): measured on the H200 (docs/PERF.md,
+"End to end", third run) it does not pay yet: at batch 1 on the 1B shape the fused GEMVs take about as much longer
+(gate_up +4.5 us, down +4.6 us, qkv +3.3 us: every CTA sums its tokens' whole rows before staging) as the skipped
+launches took (843.7 tok/s fused vs 850.3 unfused, GPU 1.080 vs 1.075 ms per step).
 
 A pair is fused when:
 
@@ -40,8 +43,8 @@ from .kernel import KernelSpec
 from .kernels.gemv import rule as gemv
 from .target import Target
 
-#: set to 1 to lower without decode fusion (the kernel table is then as before it existed)
-ENV = "INGOT_NO_DECODE_FUSION"
+#: set to 1 to lower with decode fusion (unset or 0: the kernel table is as before it existed)
+ENV = "INGOT_DECODE_FUSION"
 #: op -> the largest GEMV bucket fused. rms_norm: every CTA reads its tokens' whole rows of x for the sums of
 #: squares (8 tokens of a 2048-wide row: 32 KB from L2 per CTA, beside its share of the weights), worth a launch
 #: only for few tokens; swiglu reads just the CTA's K slice (twice x's bytes) and an expf per element.
@@ -65,7 +68,7 @@ class DecodeFusion:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "") in ("", "0")
+    return os.environ.get(ENV, "").strip() not in ("", "0")
 
 
 def _prologue(node: Node, spec: KernelSpec, args: Mapping[str, Any]) -> tuple[gemv.Prologue, str, str] | None:

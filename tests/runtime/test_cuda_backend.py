@@ -258,14 +258,14 @@ def test_decode_fusion_changes_no_logit(gpu_target, tmp_path, monkeypatch):
     launches skipped for steps of <= 8 rows) changes no bit of any step's logits, with and without CUDA graphs:
     prefill, mixed and decode steps of 3 sequences (the final norm is skipped in the prefill steps too: S <= 8), 20
     more decode steps of 3 (graph bucket 4) and 10 of one (bucket 1), against the same model compiled with
-    INGOT_NO_DECODE_FUSION=1."""
+    decode fusion off (it is opt-in: INGOT_DECODE_FUSION=1)."""
     from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
 
     ckpt = smollm2_like(tmp_path, 2)
+    monkeypatch.setenv("INGOT_DECODE_FUSION", "1")
     on = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "on.ingot")
-    monkeypatch.setenv("INGOT_NO_DECODE_FUSION", "1")
+    monkeypatch.setenv("INGOT_DECODE_FUSION", "0")
     off = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "off.ingot")
-    monkeypatch.delenv("INGOT_NO_DECODE_FUSION")
     skips = sum("skip" in ln for ln in load_graph(on)[1]["cuda"]["launches"])
     # per layer: both norms and the swiglu; then the final norm (before the lm_head)
     assert skips == 2 * 3 + 1 and not any("skip" in ln for ln in load_graph(off)[1]["cuda"]["launches"])
