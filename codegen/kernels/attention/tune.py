@@ -2,8 +2,8 @@
 
 The split policy is compiled into ``decode_split.cu`` (``split_rule.split_config``): splitting stops at
 ``ctas_per_sm x num_sms`` CTAs, a token gets at most ``MAX_SPLITS`` splits of at least ``MIN_CHUNK`` positions.
-CUDA-core loop (FP8 cache): candidates vary each around the heuristic's (4, 16, 256) and two combinations.
-Tensor-core loop (bf16 cache): the heuristic aims at the CTAs that fit at once (2 per SM for head_dim 64/128);
+CUDA-core loop (8-position blocks): candidates vary each around the heuristic's (4, 16, 256) and two combinations.
+Tensor-core loop (bf16 or e4m3 cache): the heuristic aims at the CTAs that fit at once (2 per SM, head_dim <= 128);
 candidates halve and double that, change the ring depth by one stage (a deeper ring may fit fewer CTAs: the
 target follows), halve the smallest split, double the most splits, or both (more, shorter CTAs for small
 batches). Workloads: decode batches of 1, 8 and 32 tokens (those within the artifact's ``S``), every sequence at
