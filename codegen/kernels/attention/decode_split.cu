@@ -1,4 +1,5 @@
 #include "../common.cuh"
+#include "mma.cuh"
 
 // Split-KV ("flash-decoding") paged attention, GQA-aware: the same semantics as paged_attention.cu (causal over
 // the sequence's cached positions, softcap, sliding window, tokens past query_start_loc[num_seqs] get zeros),
@@ -115,30 +116,6 @@ __device__ __forceinline__ void pa_merge(float& m, float& l, float* a, float mo,
 __device__ __forceinline__ float pa_unit_exp(float x) { return MMA ? exp2f(x) : expf(x); }
 
 // ---- tensor-core path helpers (see prefill_flash.cu for the same fragments in the standard orientation) ----
-__device__ __forceinline__ float pa_exp2(float x) {  // ex2.approx: exp2(-inf) = 0
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ unsigned pa_smem(const void* p) {
-  unsigned r;
-  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-  return r;
-}
-// 16 bytes global -> shared, L2 only (each K/V byte is read once); zero-filled (nothing read) when !pred
-__device__ __forceinline__ void pa_cp16(unsigned dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void pa_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void pa_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-__device__ __forceinline__ void pa_ldsm4(unsigned addr, unsigned* r) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void pa_ldsm4_t(unsigned addr, unsigned* r) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
 // D += A B on bf16 pairs (bf16 cache) or f16 pairs (FP8 cache: e4m3 -> f16 is exact)
 __device__ __forceinline__ void pa_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
   if constexpr (FP8)
@@ -284,7 +261,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
     // this warp's tiles: j0 + warp + WARPS * i, i < nt (tile j = positions [16 j, 16 j + 15], inside one block)
     const int j0 = lo / TQ, ntile = owned ? hi / TQ - j0 + 1 : 0;
     const int nt = ntile > warp ? (ntile - warp + WARPS - 1) / WARPS : 0;
-    const unsigned ring = pa_smem(pa_ring) + warp * WARP_RING_B;
+    const unsigned ring = att_smem(pa_ring) + warp * WARP_RING_B;
     // block_tables entries of the warp's tiles lane + 32 k, a window of 32 in registers (the next window is loaded
     // 32 tiles before it is needed, so no table read stalls the loads)
     auto entry = [&](int i) { return i < nt ? __ldg(table + (j0 + warp + WARPS * i) * TQ / BS) : 0; };
@@ -303,8 +280,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
 #pragma unroll
         for (int r0 = 0; r0 < TQ; r0 += RPI) {
           const int row = r0 + lane / CHC;
-          pa_cp16(sk + pa_offc(row, lane % CHC), kt + row * (KV * D), true);
-          pa_cp16(sk + KV_TILE_B + pa_offc(row, lane % CHC), kt + (row + BS) * (KV * D), true);
+          att_cp16(sk + pa_offc(row, lane % CHC), kt + row * (KV * D), true);
+          att_cp16(sk + KV_TILE_B + pa_offc(row, lane % CHC), kt + (row + BS) * (KV * D), true);
         }
       } else {
 #pragma unroll
@@ -312,8 +289,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
           const int row = r0 + lane / CHC, p = p0 + row;
           const bool ok = p >= lo && p <= hi;
           const ${CT}* src = kt + row * (KV * D);
-          pa_cp16(sk + pa_offc(row, lane % CHC), ok ? src : kv_cache, ok);
-          pa_cp16(sk + KV_TILE_B + pa_offc(row, lane % CHC), ok ? src + BS * (KV * D) : kv_cache, ok);
+          att_cp16(sk + pa_offc(row, lane % CHC), ok ? src : kv_cache, ok);
+          att_cp16(sk + KV_TILE_B + pa_offc(row, lane % CHC), ok ? src + BS * (KV * D) : kv_cache, ok);
         }
       }
     };
@@ -337,14 +314,14 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
       if (i < nt) issue(i, i);
-      pa_commit();
+      att_commit();
     }
     int st = 0, st_next = STAGES - 1;  // the stage of tile i, and of tile i + STAGES - 1 (the one computed last)
     for (int i = 0; i < nt; ++i) {
       __syncwarp();  // every lane is done with stage st_next (tile i - 1), which tile i + STAGES - 1 overwrites
       if (i + STAGES - 1 < nt) issue(i + STAGES - 1, st_next);
-      pa_commit();
-      pa_wait<STAGES - 1>();  // this lane's copies of tile i have landed
+      att_commit();
+      att_wait<STAGES - 1>();  // this lane's copies of tile i have landed
       __syncwarp();           // ... and every lane's
       if constexpr (FP8) {
         convert(st);
@@ -357,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         unsigned a[4];
-        pa_ldsm4(sk + pa_off((lane & 7) + 8 * ((lane >> 3) & 1), 2 * ks + (lane >> 4)), a);
+        att_ldsm4(sk + pa_off((lane & 7) + 8 * ((lane >> 3) & 1), 2 * ks + (lane >> 4)), a);
         pa_mma((ks & 1) ? sb : sa, a, qb[ks][0], qb[ks][1]);
       }
       float x[4];
@@ -377,9 +354,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
         const float mn = fmaxf(m2[hh], mx);
         const float mu = mn == NEG_INF ? 0.0f : mn;  // nothing seen yet: exp2(-inf - 0) = 0
-        const float corr = pa_exp2(m2[hh] - mu);
-        x[hh] = pa_exp2(x[hh] - mu);
-        x[hh + 2] = pa_exp2(x[hh + 2] - mu);
+        const float corr = att_exp2(m2[hh] - mu);
+        x[hh] = att_exp2(x[hh] - mu);
+        x[hh + 2] = att_exp2(x[hh + 2] - mu);
         m2[hh] = mn;
         l2[hh] *= corr;
 #pragma unroll
@@ -404,13 +381,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
 #pragma unroll
       for (int mt = 0; mt < D / 16; ++mt) {
         unsigned a[4];
-        pa_ldsm4_t(sv + pa_off((lane & 7) + 8 * (lane >> 4), 2 * mt + ((lane >> 3) & 1)), a);
+        att_ldsm4_t(sv + pa_off((lane & 7) + 8 * (lane >> 4), 2 * mt + ((lane >> 3) & 1)), a);
         pa_mma(o[mt], a, pb0, pb1);
       }
       st = st + 1 == STAGES ? 0 : st + 1;
       st_next = st_next + 1 == STAGES ? 0 : st_next + 1;
     }
-    pa_wait<0>();
+    att_wait<0>();
     __syncwarp();  // the ring is free: it takes this warp's state
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {

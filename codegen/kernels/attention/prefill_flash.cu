@@ -1,4 +1,5 @@
 #include "../common.cuh"
+#include "mma.cuh"
 
 // Paged prefill attention on tensor cores, FlashAttention-2 style: the same semantics as paged_attention.cu
 // (a ragged token batch, each token attending causally to its sequence's cached positions through block_tables,
@@ -30,31 +31,6 @@ static_assert(D % 64 == 0 && D <= 128, "head_dim 64 or 128");
 static_assert(G <= ROWS, "a CTA holds at least one whole query-head group (rows past TPT * G stay idle)");
 struct __align__(16) pf_u32x4 { unsigned x, y, z, w; };
 
-__device__ __forceinline__ float pf_exp2(float x) {  // ex2.approx: exp2(-inf) = 0
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-
-__device__ __forceinline__ unsigned pf_smem(const void* p) {
-  unsigned r;
-  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-  return r;
-}
-// 16 bytes global -> shared; zero-filled (nothing read) when !pred
-__device__ __forceinline__ void pf_cp16(unsigned dst, const void* src, bool pred) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void pf_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void pf_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-__device__ __forceinline__ void pf_ldsm4(unsigned addr, unsigned* r) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void pf_ldsm4_t(unsigned addr, unsigned* r) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
 __device__ __forceinline__ void pf_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};"
@@ -78,8 +54,8 @@ __device__ __forceinline__ void pf_load_kv(const bf16* kv_cache, const int* tabl
     const bool ok = p >= lo && p <= hi;
     const i64 blk = ok ? table[p / BS] : 0;
     const bf16* kp = kv_cache + ((blk * 2 + 0) * BS + p % BS) * (KV * D) + kvh * D + c * 8;
-    pf_cp16(sk + pf_off(j, c), ok ? kp : kv_cache, ok);
-    pf_cp16(sv + pf_off(j, c), ok ? kp + BS * (KV * D) : kv_cache, ok);
+    att_cp16(sk + pf_off(j, c), ok ? kp : kv_cache, ok);
+    att_cp16(sv + pf_off(j, c), ok ? kp + BS * (KV * D) : kv_cache, ok);
   }
 }
 }  // namespace
@@ -89,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(NT) ${KERNEL}(
     const int* __restrict__ seq_lens, const int* __restrict__ query_start_loc, bf16* __restrict__ out,
     int num_tokens, int num_seqs, int max_blocks) {
   extern __shared__ __align__(128) unsigned char pf_shared[];
-  const unsigned sq = pf_smem(pf_shared), sk0 = sq + ROWS * D * 2, sv0 = sk0 + 2 * BN * D * 2;
+  const unsigned sq = att_smem(pf_shared), sk0 = sq + ROWS * D * 2, sv0 = sk0 + 2 * BN * D * 2;
   const float NEG_INF = __int_as_float(0xff800000u);
   const int kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
   const int b = gridDim.x - 1 - blockIdx.x;
@@ -124,13 +100,13 @@ extern "C" __global__ void __launch_bounds__(NT) ${KERNEL}(
       const int r = i / CH, c = i % CH, tl = r / G;
       const bool ok = tl < ntok;
       const bf16* src = q + (ok ? (i64)(t0 + tl) * QS + (kvh * G + r % G) * D + c * 8 : 0);
-      pf_cp16(sq + pf_off(r, c), src, ok);
+      att_cp16(sq + pf_off(r, c), src, ok);
     }
-    pf_commit();
+    att_commit();
     const int kt0 = lo / BN, ntiles = qpos_hi / BN - kt0 + 1;
     pf_load_kv(kv_cache, table, kvh, kt0 * BN, lo, qpos_hi, sk0, sv0, tid);
-    pf_commit();
-    pf_wait<1>();
+    att_commit();
+    att_wait<1>();
     __syncthreads();
 
     // this warp's 16 rows: Q fragments, and the positions of rows g8 and g8 + 8 (-1: not a token, never masked in
@@ -138,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(NT) ${KERNEL}(
     unsigned qf[D / 16][4];
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
-      pf_ldsm4(sq + pf_off(warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * ks + (lane >> 4)), qf[ks]);
+      att_ldsm4(sq + pf_off(warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * ks + (lane >> 4)), qf[ks]);
     int qpos[2], first[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
@@ -154,8 +130,8 @@ extern "C" __global__ void __launch_bounds__(NT) ${KERNEL}(
       if (it + 1 < ntiles)
         pf_load_kv(kv_cache, table, kvh, (kt0 + it + 1) * BN, lo, qpos_hi, sk0 + ((it + 1) & 1) * STAGE,
                    sv0 + ((it + 1) & 1) * STAGE, tid);
-      pf_commit();
-      pf_wait<1>();
+      att_commit();
+      att_wait<1>();
       __syncthreads();
       const unsigned sk = sk0 + (it & 1) * STAGE, sv = sv0 + (it & 1) * STAGE;
       const int p0 = (kt0 + it) * BN;
@@ -168,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(NT) ${KERNEL}(
 #pragma unroll
         for (int np = 0; np < BN / 16; ++np) {
           unsigned kb[4];
-          pf_ldsm4(sk + pf_off(np * 16 + (lane & 7) + 8 * (lane >> 4), 2 * ks + ((lane >> 3) & 1)), kb);
+          att_ldsm4(sk + pf_off(np * 16 + (lane & 7) + 8 * (lane >> 4), 2 * ks + ((lane >> 3) & 1)), kb);
           pf_mma(sc[2 * np], qf[ks], kb[0], kb[1]);
           pf_mma(sc[2 * np + 1], qf[ks], kb[2], kb[3]);
         }
@@ -196,12 +172,12 @@ extern "C" __global__ void __launch_bounds__(NT) ${KERNEL}(
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float mu = mx == NEG_INF ? 0.0f : mx;  // a row with nothing seen yet: exp2(-inf - 0) = 0
-        const float corr = pf_exp2(m[hf] - mu);
+        const float corr = att_exp2(m[hf] - mu);
         float sum = 0.0f;
 #pragma unroll
         for (int i = 0; i < BN / 8; ++i) {
-          sc[i][2 * hf] = pf_exp2(sc[i][2 * hf] - mu);
-          sc[i][2 * hf + 1] = pf_exp2(sc[i][2 * hf + 1] - mu);
+          sc[i][2 * hf] = att_exp2(sc[i][2 * hf] - mu);
+          sc[i][2 * hf + 1] = att_exp2(sc[i][2 * hf + 1] - mu);
           sum += sc[i][2 * hf] + sc[i][2 * hf + 1];
         }
         l[hf] = l[hf] * corr + sum;  // this lane's partial; the row's 4 lanes are summed at the end
@@ -221,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(NT) ${KERNEL}(
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           unsigned vb[4];
-          pf_ldsm4_t(sv + pf_off(kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * dp + (lane >> 4)), vb);
+          att_ldsm4_t(sv + pf_off(kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * dp + (lane >> 4)), vb);
           pf_mma(o[2 * dp], pa, vb[0], vb[1]);
           pf_mma(o[2 * dp + 1], pa, vb[2], vb[3]);
         }
