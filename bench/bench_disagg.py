@@ -118,7 +118,7 @@ def _transfer_rank(rank: int, uid: bytes, sizes: list[int], iters: int, conn: An
     """One side of the raw transfer (a spawned process seeing one GPU). Sends results (or an error) on ``conn``."""
     try:
         from ingot.runtime import cuda_driver as cd
-        from ingot.runtime.cuda_backend import _address
+        from ingot.runtime.cuda_launch import address_of as _address
         from ingot.runtime.tp import nccl
 
         ctx = cd.Context(0)

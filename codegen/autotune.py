@@ -514,7 +514,7 @@ class CudaTimer:
     def _cutlass_launcher(self, fn: Any, spec: KernelSpec, layout: Mapping[str, Any],
                           w: Workload) -> Callable[[int], None]:
         """One Params blob per copy of the rotating buffers (the blob holds TMA descriptors of their addresses), for
-        the workload's M and the shaped spec's N and K, as ``runtime/cuda_backend.py``'s ``_CutlassLaunch``."""
+        the workload's M and the shaped spec's N and K, as ``runtime/cuda_launch.py``'s ``CutlassLaunch``."""
         from .kernels.gemm_cutlass import cutlass_params
 
         self._set_smem(fn, int(layout["smem"]))

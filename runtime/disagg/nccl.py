@@ -103,7 +103,7 @@ class NcclLink:
         self.comm = NcclAllReduce(rank, 2, unique_id, device=0)
 
     def _stream(self) -> int:
-        from ..cuda_backend import _address
+        from ..cuda_launch import address_of as _address
 
         return _address(self.stream.handle)
 

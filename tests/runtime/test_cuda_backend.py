@@ -57,15 +57,15 @@ def test_cuda_device_without_gpu_is_a_clear_error(tmp_path):
 
 
 def test_launch_choice_skips_and_packs_variant_arguments(monkeypatch):
-    """``_Launch`` without a GPU (the driver's launch recorded): a launch marked ``skip`` launches nothing up to its
-    ``max_rows``; a variant with its own ``args`` (a fused decode GEMV) launches with its own argument block, whose
-    pointers are its buffers and whose row count is set per step; other variants share the launch's block."""
+    """``cuda_launch.Launch`` without a GPU (the driver's launch recorded): a launch marked ``skip`` launches nothing up
+    to its ``max_rows``; a variant with its own ``args`` (a fused decode GEMV) launches with its own argument block,
+    whose pointers are its buffers and whose row count is set per step; other variants share the launch's block."""
     from ingot.codegen.kernels.gemv.rule import Prologue, fused_spec, gemv_spec
     from ingot.codegen.kernels.norm.rule import norm_spec
     from ingot.codegen.target import get_target
     from ingot.ir.types import DType
-    from ingot.runtime import cuda_backend as cb
     from ingot.runtime import cuda_driver
+    from ingot.runtime import cuda_launch as cl
 
     calls = []
     monkeypatch.setattr(cuda_driver, "launch", lambda fn, grid, block, smem, stream, params, what, pdl=False:
@@ -76,13 +76,13 @@ def test_launch_choice_skips_and_packs_variant_arguments(monkeypatch):
     norm_args = {"x": {"buffer": "h"}, "weight": {"buffer": "nw"}, "bias": {"null": True},
                  "residual": {"null": True}, "residual_out": {"null": True}, "out": {"buffer": "n"},
                  "rows": {"dim": "T"}}
-    skipped = cb._Launch("norm", norm, norm_args, address, "rms_norm", rows_arg="rows", skip_rows=8)
+    skipped = cl.Launch("norm", norm, norm_args, address, "rms_norm", rows_arg="rows", skip_rows=8)
     plain8, plain16 = gemv_spec(512, 2048, 8, h200), gemv_spec(512, 2048, 16, h200)
     fused = fused_spec(plain8, Prologue("rms_norm", 1e-5, norm.value("BLOCK"), norm.value("PER_THREAD")), h200)
     args = {"x": {"buffer": "n"}, "weight": {"buffer": "w"}, "weight_scale": {"null": True}, "bias": {"null": True},
             "residual": {"null": True}, "out": {"buffer": "y"}, "M": {"dim": "T"}}
-    own = cb._Arguments(fused, {**args, "x": {"buffer": "h"}, "norm_weight": {"buffer": "nw"}}, address)
-    linear = cb._Launch("gemm", plain16, args, address, "linear",
+    own = cl.Arguments(fused, {**args, "x": {"buffer": "h"}, "norm_weight": {"buffer": "nw"}}, address)
+    linear = cl.Launch("gemm", plain16, args, address, "linear",
                         [(8, "fused", fused, own), (16, "gemv16", plain16, None)])
     for t, norm_fn, linear_fn in ((3, None, "fused"), (8, None, "fused"), (9, "norm", "gemv16"), (40, "norm", "gemm")):
         calls.clear()
