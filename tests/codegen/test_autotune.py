@@ -46,6 +46,7 @@ def _cache(tmp_path, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("INGOT_CACHE_DIR", kernels)
     monkeypatch.setattr(at, "cache_dir", lambda: tmp_path / "tune-cache")
     monkeypatch.setenv(at.ENV, "auto")
+    monkeypatch.setenv(at.CUTLASS_ENV, "1")
 
 
 @pytest.fixture(autouse=True)
@@ -383,6 +384,16 @@ def test_compile_records_tuned_kernels_and_caches(tmp_path, monkeypatch):
     calls = timer.calls
     again = ingot.compile(TINY_KV, target="h200", out=tmp_path / "t2.ingot", mode="llm")
     assert timer.calls == calls and _manifest(again)["cuda"] == cuda
+
+
+def test_cutlass_configurations_are_tuned_only_when_asked(tmp_path, monkeypatch):
+    """``INGOT_AUTOTUNE_CUTLASS`` unset: the GEMVs and attention are tuned, the CUTLASS GEMMs keep the rule table."""
+    monkeypatch.setattr(at, "detect_gpu", lambda: GPU)
+    monkeypatch.setattr(at, "make_timer", lambda: TableTimer(prefer_wide))
+    monkeypatch.delenv(at.CUTLASS_ENV)
+    cuda = _manifest(ingot.compile(TINY_KV, target="h200", out=tmp_path / "t.ingot", mode="llm"))["cuda"]
+    assert cuda["autotune"]["kernels"] == TINY_TUNED - 5
+    assert not any("autotune" in k for k in cuda["kernels"].values() if k["spec"]["family"] == "gemm_cutlass")
 
 
 def test_autotune_off_leaves_the_artifact_as_without_a_gpu(tmp_path, monkeypatch):
