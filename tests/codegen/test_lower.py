@@ -115,12 +115,14 @@ def test_gpu_artifact_runs_on_cpu_backend(tmp_path):
     assert np.array_equal(rows[1].argmax(-1), np.array(seq[len(ids):]))
 
 
-def test_memory_plan_reuses_without_overlap(tmp_path):
+@pytest.mark.parametrize("fusion", ["0", "1"])
+def test_memory_plan_reuses_without_overlap(tmp_path, monkeypatch, fusion):
+    monkeypatch.setenv("INGOT_DECODE_FUSION", fusion)
     path = ingot.compile(TINY_KV, target="h200", out=tmp_path / "g.ingot", mode="llm")
     graph, manifest = load_graph(path)
-    # fused decode variants read their skipped launch's input (codegen/decode_fusion.py): live until their node
+    # fused decode variants (opt-in, codegen/decode_fusion.py) read their skipped launch's input: live until their node
     reads = variant_reads(manifest["cuda"]["launches"])
-    assert reads
+    assert bool(reads) == (fusion == "1")
     plan = plan_memory(graph, manifest["cuda"]["memory_plan"]["bindings"], reads=reads)
     assert plan.to_dict()["buffers"] == manifest["cuda"]["memory_plan"]["buffers"]
     live: dict[str, tuple[int, int]] = {}
