@@ -16,7 +16,9 @@ What one run does:
    (default: a temp dir, removed at the end).
 2. Compiles it with ``ingot.compile`` for ``--target`` (default: GPU 0's) three ways: ``bf16``; ``fp8-w8a16``
    (FP8 weights, weight-only: quant config ``{"default": "fp8:wo"}``); ``fp8-w8a8`` (``quant="fp8"``: FP8 weights
-   and per-token FP8 activations; reported as skipped when it does not compile for the target).
+   and per-token FP8 activations; reported as skipped when it does not compile for the target). On request
+   (``--formats ...,fp8-w8a16-lmhead``) also FP8 weights with the lm_head quantized too (the default skip-list
+   keeps it bf16: 525 MB of the 1.5 GB an FP8 step reads at batch 1).
 3. Runs each artifact in the serving engine (``LLMEngine``, device cuda, greedy, ``ignore_eos``, fixed
    ``max_tokens``), as ``bench/bench_tp.py`` does: per decode batch (``--batches``, default 1,64) ``batch``
    requests of ``--context`` random tokens are prefilled, ``--warmup`` decode steps run (the CUDA graph of the
@@ -80,8 +82,14 @@ FORMATS: dict[str, dict[str, Any]] = {
     "bf16": {},
     "fp8-w8a16": {"quant_config": {"default": "fp8:wo"}},  # FP8 weights, activations stay bf16
     "fp8-w8a8": {"quant": "fp8"},  # FP8 weights and per-token dynamic FP8 activations
+    # FP8 weights with the lm_head too (the default skip-list keeps it bf16; a `layers` entry names it: its node is
+    # `logits` or `lm_head` depending on the frontend); not built unless asked (--formats)
+    "fp8-w8a16-lmhead": {"quant_config": {"default": "fp8:wo", "layers": {"lm_head": "fp8:wo", "logits": "fp8:wo"}}},
 }
-LABELS = {"bf16": "BF16", "fp8-w8a16": "FP8 weights (fp8:wo)", "fp8-w8a8": "FP8 W8A8 (fp8)"}
+#: what --formats builds when not given
+DEFAULT_FORMATS = ("bf16", "fp8-w8a16", "fp8-w8a8")
+LABELS = {"bf16": "BF16", "fp8-w8a16": "FP8 weights (fp8:wo)", "fp8-w8a8": "FP8 W8A8 (fp8)",
+          "fp8-w8a16-lmhead": "FP8 weights incl. lm_head (fp8:wo)"}
 
 
 def emit(**fields: Any) -> None:
@@ -135,18 +143,23 @@ def weight_bytes(ckpt: Path) -> dict[str, int]:
 
     cfg = json.loads((ckpt / "config.json").read_text())
     fp8 = parse_spec("fp8:wo")
-    total = {"bf16": 0, "fp8": 0}
+    tied = cfg.get("tie_word_embeddings", False)
+    total = {"bf16": 0, "fp8": 0, "fp8_lm_head": 0}
     for f in sorted(ckpt.glob("*.safetensors")):
         st = SafetensorsFile(f)
         for name in st.keys():
             dtype, shape = st.info(name)
-            if name == "model.embed_tokens.weight" and not cfg.get("tie_word_embeddings", False):
+            if name == "model.embed_tokens.weight" and not tied:
                 continue  # one row per token; the separate lm_head.weight is the full read
             n = int(np.prod(shape)) * dtype.np.itemsize
             total["bf16"] += n
             linear = name.startswith("model.layers.") and len(shape) == 2
-            total["fp8"] += weight_nbytes((int(shape[0]), int(shape[1])), fp8) if linear else n
-    return {"bf16": total["bf16"], "fp8-w8a16": total["fp8"], "fp8-w8a8": total["fp8"]}
+            q = weight_nbytes((int(shape[0]), int(shape[1])), fp8) if len(shape) == 2 else n
+            total["fp8"] += q if linear else n
+            lm_head = name == "lm_head.weight" or (tied and name == "model.embed_tokens.weight")
+            total["fp8_lm_head"] += q if linear or lm_head else n
+    return {"bf16": total["bf16"], "fp8-w8a16": total["fp8"], "fp8-w8a8": total["fp8"],
+            "fp8-w8a16-lmhead": total["fp8_lm_head"]}
 
 
 def compile_format(ckpt: Path, workdir: Path, fmt: str, target: str, limits: dict[str, int],
@@ -604,8 +617,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workdir", type=Path, default=None, help="checkpoint and artifacts (default: a temp dir)")
     ap.add_argument("--layers", type=int, default=None, help="depth of the model (default 16; --dry-run 2)")
     ap.add_argument("--target", default=None, help="h200 / h100 / b200 (default: GPU 0's; --dry-run: cpu)")
-    ap.add_argument("--formats", default=",".join(FORMATS), help=f"artifacts to build and run (default "
-                                                                 f"{','.join(FORMATS)})")
+    ap.add_argument("--formats", default=",".join(DEFAULT_FORMATS), help=f"artifacts to build and run, from "
+                    f"{','.join(FORMATS)} (default {','.join(DEFAULT_FORMATS)})")
     ap.add_argument("--batches", default=None, help="decode batch sizes (default 1,64; --dry-run 1,4)")
     ap.add_argument("--steps", default=None, help="timed decode steps per batch size, same order (default 64,32)")
     ap.add_argument("--warmup", type=int, default=None, help="decode steps before timing (default 8)")
