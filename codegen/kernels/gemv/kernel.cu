@@ -17,11 +17,10 @@
 //   workspace, and the last CTA of a row block (atomic counter, reset by that CTA for the next launch)
 //   sums the partials in a fixed order (deterministic) and runs the epilogue. One launch at a time per
 //   module (stream order) may use the workspace.
-// - programmatic dependent launch: the weights do not depend on the kernel before this one, so the CTA asks L2
-//   for the first ${PF_COLS} columns of each of its rows' K slice (cp.async.bulk.prefetch) and loads its first
-//   stage of weights into registers *before* waiting for that kernel's grid; only x (its output) is read after
-//   the wait. Launched early (PDL), the weight stream so overlaps the previous kernel's tail instead of starting
-//   from an idle memory system.
+// - programmatic dependent launch: the weights do not depend on the kernel before this one, so the CTA loads its
+//   first stage of weights into registers *before* waiting for that kernel's grid; only x (its output) is read
+//   after the wait. Launched early (PDL), the weight stream so starts during the previous kernel's tail. (Asking
+//   L2 for the whole K slice there as well was measured slower on the H200: docs/PERF.md, "Decode GEMV ... PDL".)
 // - prologue (${PROLOGUE}; codegen/decode_fusion.py): x may be computed while it is staged, so that the per-token op
 //   that would have produced it needs no launch of its own in decode steps. 1: rms_norm: x is the norm's input, each
 //   CTA sums its tokens' whole rows (in the order of the norm kernel's ${NORM_BLOCK}-thread block, so the result is
@@ -60,13 +59,12 @@ __device__ __forceinline__ unsigned gemv_pack(float lo, float hi) {
 
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, BN = 16 * MT * WARPS;
-constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U}, STEPS = KS / 32, NS = STEPS / U, PF_COLS = ${PF_COLS};
+constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U}, STEPS = KS / 32, NS = STEPS / U;
 constexpr int LDX = KS + 32;  // x row stride in shared memory (bf16): +64 B keeps the 16-B fragment loads conflict-free
 constexpr int GX = (N + BN - 1) / BN;
 static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
 static_assert(KS % (32 * U) == 0 && K % 32 == 0, "K slices are whole stages of 32-column steps");
 static_assert(SPLITK * KS >= K && (SPLITK - 1) * KS < K, "SPLITK slices cover K");
-static_assert(PF_COLS % 8 == 0 && PF_COLS <= KS, "L2 prefetch: whole 16-byte chunks of the K slice");
 // prologue 1 (rms_norm): the norm kernel's block (NB threads, NP elements each: thread j holds x[j + i NB]); a lane
 // here plays 8 of its threads (one 16-byte load), a warp 256 of them per pass
 constexpr int PROLOGUE = ${PROLOGUE}, NB = ${NORM_BLOCK}, NP = ${NORM_P}, NVW = NB / 32, NPASS = (NB + 255) / 256;
@@ -104,16 +102,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
       p[mt][h] = wbits + (i64)(r < N ? r : N - 1) * K + kb + 8 * q;
     }
 
-  // L2 prefetch of the CTA's weight rows (bytes a multiple of 16: K and kb are multiples of 32 columns)
-  if (PF_COLS > 0) {
-    const int cols = min(PF_COLS, K - kb);
-    for (int r = threadIdx.x; r < BN; r += WARPS * 32) {
-      const int n = blockIdx.x * BN + r;
-      if (n < N && cols > 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wbits + (i64)n * K + kb), "r"(cols * 2)
-                     : "memory");
-    }
-  }
   u32x4 buf[2][U][MT][2];
   // stage 0 of w first, so the weight stream starts before x is staged
 #pragma unroll

@@ -20,9 +20,6 @@
 // order inside a step is permuted identically for w and x, so both load as whole 16-byte vectors; split-K over
 // CTAs (grid.y = ${SPLITK}) with the last CTA of a row block summing the partials in a fixed order.
 // ANY_M: grid.z = ceil(M / ${MB}) token chunks (no split-K): the launch for any M (prefill), weights re-read per chunk.
-// Programmatic dependent launch: before waiting for the previous kernel's grid, a variant's CTA asks L2 for the
-// first ${PF_ROW_BYTES} bytes of each of its weight rows' K slice (cp.async.bulk.prefetch; the weights do not depend
-// on that kernel), so the weight stream overlaps the previous kernel's tail (see kernel.cu).
 struct u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ u32x4 qg_ld_stream(const void* p) {
@@ -92,7 +89,6 @@ constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT 
 constexpr int WFMT = ${WFMT}, AFMT = ${AFMT};
 constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U};
 constexpr bool ANY_M = ${ANY_M};
-constexpr int PF_ROW_BYTES = ${PF_ROW_BYTES};
 constexpr int SW = WFMT == 0 ? 64 : 128;            // K columns per step (16 B of weights per lane)
 constexpr int STEPS = KS / SW, NS = STEPS / U;
 constexpr int WROW = WFMT == 0 ? K : K / 2;         // weight row stride (bytes)
@@ -104,20 +100,7 @@ static_assert(KS % (SW * U) == 0 && K % SW == 0, "K slices are whole stages of w
 static_assert(ANY_M || (SPLITK * KS >= K && (SPLITK - 1) * KS < K), "SPLITK slices cover K");
 static_assert(!ANY_M || SPLITK == 1, "the any-M launch walks its K slices in one CTA");
 static_assert(WFMT == 0 || AFMT == 0, "nvfp4 weights take bf16 activations");
-static_assert(PF_ROW_BYTES % 16 == 0 && (PF_ROW_BYTES == 0 || !ANY_M), "L2 prefetch: whole 16-byte chunks");
 }  // namespace
-
-// L2 prefetch of the CTA's weight rows (K and the slice start are multiples of 64); called first thing, before the
-// grid-dependency wait, so that none of its values stay live into the main loop (which runs at the register limit).
-__device__ __forceinline__ void qg_prefetch_rows(const unsigned char* w) {
-  const int kb = blockIdx.y * KS, bytes = min(PF_ROW_BYTES, (WFMT == 0 ? K - kb : (K - kb) / 2));
-  for (int r = threadIdx.x; r < BN; r += WARPS * 32) {
-    const int n = blockIdx.x * BN + r;
-    if (n < N && bytes > 0)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + (i64)n * WROW + (WFMT == 0 ? kb : kb / 2)),
-                   "r"(bytes) : "memory");
-  }
-}
 
 __device__ float ${KERNEL}_ws[SPLITK > 1 ? SPLITK * GX * BN * MB : 1];
 __device__ unsigned ${KERNEL}_cnt[GX];
@@ -129,9 +112,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
   extern __shared__ __align__(16) unsigned char xs[];  // [MB][LDX] in fragment order
   __shared__ float tok_scale[MB];
   __shared__ unsigned is_last;
-  if (PF_ROW_BYTES > 0) qg_prefetch_rows(w);
-  // the previous kernel's outputs (x, residual) are read only from here on
-${PDL_WAIT}
   if (M > (long long)MB * gridDim.z) __trap();  // the executor launches this variant only for M <= MB
   const int tok0 = blockIdx.z * MB;
   const int rows = (int)min((long long)MB, M - tok0);

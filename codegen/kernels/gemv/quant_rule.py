@@ -35,7 +35,7 @@ from ....ir.types import DType, TensorType
 from ...family import static_dim
 from ...kernel import GridDim, KernelSpec
 from ...target import Target
-from .rule import BUCKETS, CTAS_PER_SM, LARGE_N_SHAPE, SHAPE_BY_BUCKET, SMEM_BUDGET, prefetch_cols
+from .rule import BUCKETS, CTAS_PER_SM, LARGE_N_SHAPE, SHAPE_BY_BUCKET, SMEM_BUDGET
 
 PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("weight_scale_2", "ptr"), ("input_scale", "ptr"),
           ("bias", "ptr"), ("residual", "ptr"), ("out", "ptr"), ("M", "i64")]
@@ -120,15 +120,9 @@ def quant_gemv_spec(n: int, k: int, mb: int, target: Target, weight_format: str 
         raise ValueError(f"quantized gemv: mb must be one of {BUCKETS}, got {mb}")
     cfg = config or quant_config(n, k, mb, weight_format, act, target.num_sms or 132, any_m=any_m)
     afmt = ACT_MODES[(act, act_granularity)]
-    row_bytes = cfg.slice_k if weight_format == "fp8" else cfg.slice_k // 2  # one row's K slice, codes only
-    # no prefetch for the any-M launch (prefill), nor for NVFP4 at 32+ tokens: that kernel is ALU-bound (its unpack),
-    # and the prefetch's few registers made NVRTC 13 spill in it (sm_90a, 2048 x 8192, bias and residual)
-    pf = 0 if any_m or (weight_format == "nvfp4" and mb >= 32) else prefetch_cols(n, k, cfg.slice_k,
-                                                                                  row_bytes / cfg.slice_k)
-    pf_bytes = pf * row_bytes // cfg.slice_k // 16 * 16
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
               "U": cfg.stage_steps, "WFMT": WEIGHT_FORMATS[weight_format], "AFMT": afmt, "ANY_M": any_m,
-              "HAS_BIAS": bias, "HAS_RESIDUAL": residual, "PF_ROW_BYTES": pf_bytes}
+              "HAS_BIAS": bias, "HAS_RESIDUAL": residual}
     a = "a16" if afmt == 0 else "a8"
     tag = f"gemv_{weight_format}_{a}_n{n}_k{k}_m{mb}{'_any' if any_m else ''}"
     grid = [GridDim(const=-(-n // (16 * cfg.warps * cfg.tiles))), GridDim(const=cfg.splitk),

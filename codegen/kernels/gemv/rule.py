@@ -58,12 +58,6 @@ SHAPE_BY_BUCKET = {8: (4, 1, 8), 16: (4, 1, 8), 32: (8, 1, 4), 64: (8, 1, 4)}
 LARGE_N_SHAPE = {32: (8, 2, 2)}
 #: split K until the grid has this many CTAs per SM
 CTAS_PER_SM = {8: 1.5, 16: 1.5, 32: 0.9, 64: 0.9}
-#: weight bytes a launch asks L2 to prefetch before its grid-dependency wait (the same leading fraction of every
-#: CTA's K slice; ``prefetch_cols``). Off: measured on the H200 (docs/PERF.md, "Decode GEMV ... PDL"), a 16 MB
-#: budget made every GEMV slower (qkv M=1 6.8 -> 8.1 us, back-to-back launches) and the batch-1 / batch-64 decode
-#: steps 4% / 9% slower (the prefetches of early-launched GEMVs compete with the kernel before them for bandwidth).
-#: The template keeps the option (``PF_COLS``) for experiments; the first weight stage still loads before the wait.
-PREFETCH_BYTES = 0
 
 
 @dataclass(frozen=True)
@@ -73,7 +67,6 @@ class GemvConfig:
     splitk: int = 1
     stage_steps: int = 4  # U: 32-column steps per load stage
     slice_k: int = 0  # KS (0: derived from splitk)
-    prefetch_cols: int = -1  # PF_COLS: leading columns of each K slice prefetched to L2 (-1: from PREFETCH_BYTES)
 
 
 #: the template's PROLOGUE codes
@@ -132,17 +125,6 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
     return GemvConfig(warps=warps, tiles=tiles, splitk=splitk, stage_steps=stage_steps, slice_k=ks)
 
 
-def prefetch_cols(n: int, k: int, slice_k: int, elem_bytes: float = 2.0, budget: int = PREFETCH_BYTES) -> int:
-    """Columns of each CTA's K slice to prefetch into L2: all of it when ``w[n, k]`` fits ``budget``, else the
-    leading fraction that does (whole 32-column steps; 0 when that is less than one)."""
-    total = n * k * elem_bytes
-    if budget <= 0:
-        return 0
-    if total <= budget:
-        return slice_k
-    return int(slice_k * budget / total) // 32 * 32
-
-
 def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
               config: GemvConfig | None = None, prologue: Prologue | None = None) -> KernelSpec:
     """The variant for ``M <= mb`` of ``linear`` with bf16 ``x[M, k]``, ``w[n, k]``; params as the GEMM's (and
@@ -153,9 +135,8 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
     if pro.kind == "rms_norm" and (pro.block % 32 or pro.block > 1024 or pro.block * pro.per_thread < k):
         raise ValueError(f"gemv: rms_norm prologue with a norm block of {pro.block} x {pro.per_thread} for K = {k}")
     cfg = config or gemv_config(n, k, mb, target.num_sms or 132)
-    pf = prefetch_cols(n, k, cfg.slice_k) if cfg.prefetch_cols < 0 else cfg.prefetch_cols
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
-              "U": cfg.stage_steps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual, "PF_COLS": pf,
+              "U": cfg.stage_steps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual,
               "PROLOGUE": PROLOGUES[pro.kind], "NORM_BLOCK": pro.block, "NORM_P": pro.per_thread,
               "EPS": float(pro.eps), "ALPHA": float(pro.alpha)}
     tag = f"gemv_bf16_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
@@ -168,9 +149,9 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
 
 
 def spec_config(spec: KernelSpec) -> GemvConfig:
-    """The configuration a bf16 GEMV spec was made with (its L2 prefetch length included)."""
+    """The configuration a bf16 GEMV spec was made with (``gemv_spec(..., config=spec_config(s))`` rebuilds ``s``)."""
     v = dict(spec.values)
-    return GemvConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["U"]), int(v["KS"]), int(v["PF_COLS"]))
+    return GemvConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["U"]), int(v["KS"]))
 
 
 def is_plain(spec: KernelSpec) -> bool:

@@ -20,7 +20,7 @@ from ...autotune import Tunable, Workload, random_array
 from ...kernel import KernelSpec
 from ...target import Target
 from .quant_rule import WEIGHT_FORMATS, QuantGemvConfig, quant_config, quant_gemv_spec
-from .rule import BUCKETS, GemvConfig, gemv_config, gemv_spec
+from .rule import BUCKETS, gemv_config, gemv_spec
 
 #: (warps, tiles per warp, steps per stage) tried besides the heuristic's (bench/bench_gemv.py --sweep's best ones)
 SHAPES = ((4, 1, 8), (8, 1, 4), (4, 1, 4), (8, 2, 2))
@@ -61,11 +61,6 @@ def quant_candidates(spec: KernelSpec, target: Target) -> list[KernelSpec]:
         out.append(quant_gemv_spec(n, k, mb, target, fmt, act, gran, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]),
                                    config=cfg))
     return out
-
-
-def heuristic_config(spec: KernelSpec) -> GemvConfig:
-    v = dict(spec.values)
-    return GemvConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["U"]), int(v["KS"]))
 
 
 def _edges(mb: int) -> tuple[int, ...]:
@@ -114,7 +109,6 @@ def _is(template: str):
 
 
 TUNABLES = [
-    # the L2 prefetch length follows the K slice (rule.prefetch_cols), so it differs between candidates too
-    Tunable("gemv-bf16", _is("kernel.cu"), bf16_candidates, workloads, KNOBS + ("PF_COLS",)),
-    Tunable("gemv-quant", _is("quant.cu"), quant_candidates, workloads, KNOBS + ("PF_ROW_BYTES",)),
+    Tunable("gemv-bf16", _is("kernel.cu"), bf16_candidates, workloads, KNOBS),
+    Tunable("gemv-quant", _is("quant.cu"), quant_candidates, workloads, KNOBS),
 ]
