@@ -227,6 +227,14 @@ def test_smollm2_shaped_logits_and_greedy(gpu_target, tmp_path):
     ex.close()
 
 
+def assert_same_steps(runs: dict, reference: tuple, what: str) -> None:
+    """Every run's per-step logits finite and bit-identical to ``runs[reference]``'s."""
+    for key, got in runs.items():
+        assert all(np.isfinite(g).all() for g in got), key
+        same = [np.array_equal(a, b) for a, b in zip(got, runs[reference])]
+        assert all(same), f"{key}: steps {[i for i, ok in enumerate(same) if not ok]} differ from {what}"
+
+
 @pytest.mark.gpu
 def test_pdl_launches_give_the_same_logits(gpu_target, tmp_path, monkeypatch):
     """Programmatic dependent launch (kernels wait for the grid before them themselves, codegen/kernel.py) changes
@@ -246,10 +254,7 @@ def test_pdl_launches_give_the_same_logits(gpu_target, tmp_path, monkeypatch):
             assert bool(ex.pdl_kernels) == (flag == "1")
             runs[flag, graphs] = drive_steps(CudaPagedModel(ex), steps)
             ex.close()
-    for key, got in runs.items():
-        assert all(np.isfinite(g).all() for g in got), key
-        same = [np.array_equal(a, b) for a, b in zip(got, runs["0", False])]
-        assert all(same), f"{key}: steps {[i for i, ok in enumerate(same) if not ok]} differ from plain launches"
+    assert_same_steps(runs, ("0", False), "plain launches")
 
 
 @pytest.mark.gpu
@@ -283,10 +288,7 @@ def test_decode_fusion_changes_no_logit(gpu_target, tmp_path, monkeypatch):
             if graphs:
                 assert ex.stats["graph_steps"] == 3 + 20 + 10
             ex.close()
-    for key, got in runs.items():
-        assert all(np.isfinite(g).all() for g in got), key
-        same = [np.array_equal(a, b) for a, b in zip(got, runs["off", False])]
-        assert all(same), f"{key}: steps {[i for i, ok in enumerate(same) if not ok]} differ from the unfused launches"
+    assert_same_steps(runs, ("off", False), "the unfused launches")
 
 
 @pytest.mark.gpu
