@@ -91,16 +91,12 @@ def test_tuned_attention_is_correct_and_not_slower(gpu, timer):
     scale = D ** -0.5
     spec = decode_split_spec(DType.bf16, DType.bf16, H, KV, D, bs, scale, H200)
     res = _tune(spec, timer, {"S": 32, "max_blocks": 4096 // bs})
-    from tests.codegen.test_decode_attention_gpu import attention_case
+    from tests.codegen.test_decode_attention_gpu import paged_step
 
     r = rng()
     seqs = [(int(c), 1) for c in (4095, 3000, 17, 0, 2047, 1500, 600, 4000)]
-    max_blocks = max(-(-(c + n) // bs) for c, n in seqs) + 1
-    num_blocks = sum(-(-(c + n) // bs) for c, n in seqs) + 3
-    block_tables, seq_lens, qsl, slots = attention_case(r, seqs, bs, num_blocks, max_blocks)
-    T = int(qsl[-1])
+    block_tables, seq_lens, qsl, slots, q, k, v, T, num_blocks, max_blocks = paged_step(r, seqs, bs, H, KV, D)
     bf16 = DType.bf16
-    q, k, v = (cast_array(r.standard_normal((T, w * D)).astype(np.float32) * 2.0, bf16) for w in (H, KV, KV))
     cache = cast_array(r.standard_normal((num_blocks, 2, bs, KV, D)).astype(np.float32), bf16)
     op = PagedAttention(num_heads=H, num_kv_heads=KV, head_dim=D, scale=scale)
     ref_cache = cache.copy()

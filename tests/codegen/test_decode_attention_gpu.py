@@ -9,6 +9,8 @@ counters must be reset by the first launch); the cache bytes must equal the refe
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 
@@ -44,6 +46,34 @@ def attention_case(r, seqs, block_size, num_blocks, max_blocks):
     return block_tables, np.array(seq_lens, np.int32), np.array(qsl, np.int32), np.array(slots, np.int64)
 
 
+class PagedStep(NamedTuple):
+    """A step's paged-attention inputs but the cache: indices (``attention_case``), ``padding`` tokens past the
+    sequences' (slot -1), and bf16 q, k, v of ``T`` tokens drawn at scale 2."""
+
+    block_tables: np.ndarray
+    seq_lens: np.ndarray
+    qsl: np.ndarray
+    slots: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    T: int
+    num_blocks: int
+    max_blocks: int
+
+
+def paged_step(r, seqs, block_size, H, KV, D, padding=0, spare_columns=1, spare_blocks=3) -> PagedStep:
+    """``seqs`` as ``attention_case`` takes them; block tables ``spare_columns`` wider than the longest sequence
+    needs, a cache ``spare_blocks`` larger than all of them need."""
+    max_blocks = max(-(-(c + n) // block_size) for c, n in seqs) + spare_columns
+    num_blocks = sum(-(-(c + n) // block_size) for c, n in seqs) + spare_blocks
+    block_tables, seq_lens, qsl, slots = attention_case(r, seqs, block_size, num_blocks, max_blocks)
+    T = int(qsl[-1]) + padding
+    slots = np.concatenate([slots, np.full(padding, -1, np.int64)])
+    q, k, v = (cast_array(r.standard_normal((T, w * D)).astype(np.float32) * 2.0, bf16) for w in (H, KV, KV))
+    return PagedStep(block_tables, seq_lens, qsl, slots, q, k, v, T, num_blocks, max_blocks)
+
+
 CASES = {
     # name: (heads, kv heads, head_dim, block_size, softcap, window, fp8 scales, [(cached, new), ...], padding)
     "long-decode-gqa": (32, 8, 128, 16, 0.0, 0, None, [(c, 1) for c in (4095, 3000, 17, 0, 2047, 1500, 600, 4000)], 0),
@@ -61,12 +91,7 @@ def test_split_attention_matches_reference(gpu, case):
     H, KV, D, bs, softcap, window, fp8, seqs, padding = CASES[case]
     r = rng()
     tgt = get_target("h200" if gpu.arch == "sm_90a" else "b200")
-    max_blocks = max(-(-(c + n) // bs) for c, n in seqs) + 1
-    num_blocks = sum(-(-(c + n) // bs) for c, n in seqs) + 3
-    block_tables, seq_lens, qsl, slots = attention_case(r, seqs, bs, num_blocks, max_blocks)
-    T = int(qsl[-1]) + padding
-    slots = np.concatenate([slots, np.full(padding, -1, np.int64)])
-    q, k, v = (cast_array(r.standard_normal((T, w * D)).astype(np.float32) * 2.0, bf16) for w in (H, KV, KV))
+    block_tables, seq_lens, qsl, slots, q, k, v, T, num_blocks, max_blocks = paged_step(r, seqs, bs, H, KV, D, padding)
     scale = float(D ** -0.5)
     cache_dt = f8 if fp8 else bf16
     cache = cast_array(r.standard_normal((num_blocks, 2, bs, KV, D)).astype(np.float32) * (60.0 if fp8 else 1.0),

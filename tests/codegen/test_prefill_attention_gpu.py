@@ -18,7 +18,7 @@ from ingot.codegen.target import get_target
 from ingot.ir.ops.core import cast_array
 from ingot.ir.ops.llm import PagedAttention
 from ingot.ir.types import DType
-from tests.codegen.test_decode_attention_gpu import attention_case
+from tests.codegen.test_decode_attention_gpu import paged_step
 from tests.helpers import assert_close, rng
 
 pytestmark = pytest.mark.gpu
@@ -45,12 +45,8 @@ def test_prefill_attention_matches_reference(gpu, case):
     H, KV, D, bs, softcap, window, warps, seqs, padding = CASES[case]
     r = rng()
     tgt = get_target("h200" if gpu.arch == "sm_90a" else "b200")
-    max_blocks = max(-(-(c + n) // bs) for c, n in seqs) + 2
-    num_blocks = sum(-(-(c + n) // bs) for c, n in seqs) + 5
-    block_tables, seq_lens, qsl, slots = attention_case(r, seqs, bs, num_blocks, max_blocks)
-    T = int(qsl[-1]) + padding
-    slots = np.concatenate([slots, np.full(padding, -1, np.int64)])
-    q, k, v = (cast_array(r.standard_normal((T, w * D)).astype(np.float32) * 2.0, bf16) for w in (H, KV, KV))
+    block_tables, seq_lens, qsl, slots, q, k, v, T, num_blocks, max_blocks = paged_step(
+        r, seqs, bs, H, KV, D, padding, spare_columns=2, spare_blocks=5)
     cache = cast_array(r.standard_normal((num_blocks, 2, bs, KV, D)).astype(np.float32), bf16)
     scale = float(D ** -0.5)
     op = PagedAttention(num_heads=H, num_kv_heads=KV, head_dim=D, scale=scale, softcap=softcap,
