@@ -28,23 +28,33 @@ from bench_gemv import COPY_TBPS, init_gpu, time_graph  # noqa: E402
 from bench_gemv_quant import SpecKernel  # noqa: E402
 
 
-def sdpa_times(q, k, v, launches: int, reps: int) -> dict[str, float | str]:
+def sdpa_times(q, k, v, launches: int, reps: int, causal: bool = False,
+               backends: tuple[str, ...] = ("cudnn", "flash")) -> dict[str, float | str]:
+    """q [B, H, Lq, D], k/v [B, KV, L, D]: seconds per SDPA call for each of ``backends`` (``cudnn``, ``flash``,
+    ``efficient``), with GQA through ``enable_gqa`` where the backend takes it, else K/V repeated to every query head
+    (reads G x the bytes; TB/s still counts the KV heads' bytes); a backend that refuses both says why.
+    ``bench/bench_prefill_attention.py`` times its causal references here too."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    by_name = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+               "efficient": SDPBackend.EFFICIENT_ATTENTION}
     out: dict[str, float | str] = {}
-    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+    g = q.shape[1] // k.shape[1]
+    for name in backends:
+        backend = by_name[name]
         for mode in ("gqa", "expanded"):
             try:
                 if mode == "gqa":
-                    kk, vv, kw = k, v, {"enable_gqa": True}
-                else:  # K/V repeated to every query head (reads 4x the bytes; TB/s still counts the KV heads' bytes)
-                    g = q.shape[1] // k.shape[1]
+                    kk, vv, kw = k, v, ({"enable_gqa": True} if g > 1 else {})
+                elif g == 1:
+                    break
+                else:
                     kk, vv, kw = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), {}
 
                 def run(i: int, kk=kk, vv=vv, kw=kw, backend=backend) -> None:
                     with sdpa_kernel([backend]):
-                        F.scaled_dot_product_attention(q, kk, vv, **kw)
+                        F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, **kw)
 
                 out[name] = time_graph(run, launches, reps)
                 out[f"{name}_mode"] = mode

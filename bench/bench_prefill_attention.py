@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_decode_attention import sdpa_times  # noqa: E402
 from bench_gemv import init_gpu, time_graph  # noqa: E402
 from bench_gemv_quant import SpecKernel  # noqa: E402
 
@@ -36,37 +37,6 @@ BF16_PEAK_TFLOPS = 747.0  # cuBLAS bf16 GEMM 8192^3 on this H200 (../shared/GPU.
 
 def causal_flops(B: int, L: int, H: int, D: int) -> float:
     return 4.0 * B * L * L * H * D / 2
-
-
-def sdpa_times(q, k, v, launches: int, reps: int) -> dict[str, float | str]:
-    """q [B, H, L, D], k/v [B, KV, L, D]: seconds per causal SDPA call per backend (or why it refused)."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    out: dict[str, float | str] = {}
-    backends = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
-                ("efficient", SDPBackend.EFFICIENT_ATTENTION))
-    for name, backend in backends:
-        for mode in ("gqa", "expanded"):
-            try:
-                g = q.shape[1] // k.shape[1]
-                if mode == "gqa":
-                    kk, vv, kw = k, v, ({"enable_gqa": True} if g > 1 else {})
-                elif g == 1:
-                    break
-                else:
-                    kk, vv, kw = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), {}
-
-                def run(i: int, kk=kk, vv=vv, kw=kw, backend=backend) -> None:
-                    with sdpa_kernel([backend]):
-                        F.scaled_dot_product_attention(q, kk, vv, is_causal=True, **kw)
-
-                out[name] = time_graph(run, launches, reps)
-                out[f"{name}_mode"] = mode
-                break
-            except Exception as e:  # noqa: BLE001 - a backend that refuses the shape is reported, not fatal
-                out[f"{name}_error_{mode}"] = f"{type(e).__name__}: {str(e)[:200]}"
-    return out
 
 
 def bench_shape(shape: str, a: argparse.Namespace) -> dict:
@@ -128,7 +98,8 @@ def bench_shape(shape: str, a: argparse.Namespace) -> dict:
     row["old_paged_attention_tflops"] = flops / t_old / 1e12
     del ref
     best_sdpa = None
-    for name, val in sdpa_times(qh, kc, vc, a.launches, a.reps).items():
+    for name, val in sdpa_times(qh, kc, vc, a.launches, a.reps, causal=True,
+                                     backends=("cudnn", "flash", "efficient")).items():
         if isinstance(val, float):
             row[f"sdpa_{name}_us"] = val * 1e6
             row[f"sdpa_{name}_tflops"] = flops / val / 1e12
