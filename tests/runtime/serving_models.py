@@ -134,3 +134,15 @@ def drive_steps(model, steps) -> list[np.ndarray]:
             batch.append((ids[s], toks))
         out.append(model.step(batch))
     return out
+
+
+def run_requests(engine, requests) -> list:
+    """Add ``requests`` ([(prompt ids, SamplingParams)]) to ``engine``, step it until every one finished; per request,
+    per choice: (token ids, logprobs, text, finish reason)."""
+    ids = [engine.add_request(p, sp) for p, sp in requests]
+    done = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o
+    return [[(c.token_ids, c.logprobs, c.text, c.finish_reason) for c in done[i].outputs] for i in ids]

@@ -13,7 +13,7 @@ import pytest
 
 from ingot.runtime.engine import EngineArgs, LLMEngine, device_sampling_default
 from ingot.runtime.sampling import SamplingParams
-from tests.runtime.serving_models import VOCAB, compile_tiny
+from tests.runtime.serving_models import VOCAB, compile_tiny, run_requests
 
 pytest.importorskip("tokenizers")
 
@@ -52,16 +52,6 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(3, VOCAB - 1, int(rng.integers(2, 70))).tolist() for _ in range(n)]
 
 
-def _run(engine: LLMEngine, requests: list[tuple[list[int], SamplingParams]]) -> list[Any]:
-    ids = [engine.add_request(p, sp) for p, sp in requests]
-    done = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o
-    return [[(c.token_ids, c.logprobs, c.text, c.finish_reason) for c in done[i].outputs] for i in ids]
-
-
 def test_greedy_steps_take_device_tokens_and_match(artifact):
     """All-greedy requests (chunked prefill mixed with decodes, n > 1, stop strings): every step goes through
     ``greedy_tokens``, none copies logits, and the tokens are the host path's."""
@@ -69,9 +59,9 @@ def test_greedy_steps_take_device_tokens_and_match(artifact):
     requests = [(p, greedy) for p in _prompts(8)]
     requests.append((_prompts(1, 5)[0], SamplingParams(n=3, temperature=0.0, max_tokens=12, ignore_eos=True)))
     off, off_spy = _engine(artifact, False)
-    want = _run(off, requests)
+    want = run_requests(off, requests)
     on, on_spy = _engine(artifact, True)
-    assert _run(on, requests) == want
+    assert run_requests(on, requests) == want
     assert set(off_spy.calls) == {"run"} and off.num_device_sampled_steps == 0
     assert set(on_spy.calls) == {"greedy_tokens"} and on.num_device_sampled_steps == len(on_spy.calls)
     assert on.scheduler.kv.num_used_blocks == 0
@@ -90,9 +80,9 @@ def test_mixed_steps_fall_back_to_logits(artifact, other):
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     requests = [(p, greedy) for p in _prompts(4, 1)] + [(_prompts(1, 2)[0], other)]
     off, _ = _engine(artifact, False)
-    want = _run(off, requests)
+    want = run_requests(off, requests)
     on, spy = _engine(artifact, True)
-    got = _run(on, requests)
+    got = run_requests(on, requests)
     assert got == want
     # exactly the steps that sample the other request's 6 tokens (one after another) copy logits
     first = spy.calls.index("run")
@@ -108,9 +98,9 @@ def test_prefill_only_steps_skip_the_logits(artifact):
     prompt = list(range(3, 3 + 150))  # 150 tokens, 48 per step: 3 chunks before the first token
     params = SamplingParams(temperature=0.7, seed=1, max_tokens=3, ignore_eos=True)
     off, _ = _engine(artifact, False)
-    want = _run(off, [(prompt, params)])
+    want = run_requests(off, [(prompt, params)])
     on, spy = _engine(artifact, True)
-    assert _run(on, [(prompt, params)]) == want
+    assert run_requests(on, [(prompt, params)]) == want
     assert spy.calls[:3] == ["greedy_tokens"] * 3 and set(spy.calls[3:]) == {"run"}
 
 
@@ -154,7 +144,7 @@ def test_ties_and_nan_match_the_host_sampler(artifact):
     for on in (False, True):
         engine = LLMEngine(artifact, EngineArgs(num_blocks=256, device_sampling=on))
         engine.executor = TiedLogits(engine.vocab_size)
-        outs.append(_run(engine, requests))
+        outs.append(run_requests(engine, requests))
         assert engine.num_device_sampled_steps == (engine.executor.step if on else 0)
     assert outs[0] == outs[1]
     tokens = {t for o in outs[1] for c in o for t in c[0]}

@@ -18,6 +18,7 @@ import ingot
 from ingot.runtime.engine import EngineArgs, LLMEngine
 from ingot.runtime.sampling import SamplingParams
 from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
+from tests.runtime.serving_models import run_requests
 
 pytestmark = pytest.mark.gpu
 
@@ -83,13 +84,7 @@ def test_device_argmax_equals_host_argmax_of_the_cuda_logits(tied):
 def _generate(path: Path, requests: list[tuple[list[int], SamplingParams]], device_sampling: bool,
               ) -> tuple[list, LLMEngine]:
     engine = LLMEngine(path, EngineArgs(num_blocks=128, device_sampling=device_sampling), device="cuda")
-    ids = [engine.add_request(p, sp) for p, sp in requests]
-    done = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o
-    return [[(c.token_ids, c.logprobs) for c in done[i].outputs] for i in ids], engine
+    return run_requests(engine, requests), engine
 
 
 @pytest.mark.parametrize("mix", ["greedy", "mixed"])
