@@ -58,24 +58,15 @@ def init_gpu() -> None:
 
 
 def launch_kernel(fn, grid, block, smem: int, stream: int, params_addr: int, pdl: bool = False) -> None:
-    """``cuLaunchKernel``; ``pdl``: ``cuLaunchKernelEx`` with programmatic stream serialization, as ingot's runtime
-    launches kernels that wait for the previous grid themselves (``runtime/cuda_driver.py``): a kernel may then
-    start (e.g. prefetch its weights) while the one before it finishes."""
-    cu = _cu()
-    if not pdl:
-        check(cu.cuLaunchKernel(fn, *grid, *block, smem, stream, params_addr, 0))
-        return
-    config = cu.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = grid
-    config.blockDimX, config.blockDimY, config.blockDimZ = block
-    config.sharedMemBytes = smem
-    config.hStream = cu.CUstream(stream)
-    attr = cu.CUlaunchAttribute()
-    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
-    config.attrs = [attr]
-    config.numAttrs = 1
-    check(cu.cuLaunchKernelEx(config, fn, params_addr, 0))
+    """A launch on torch's ``stream`` through the runtime's own ``cuda_driver.launch``: ``pdl`` with programmatic
+    stream serialization, as ingot's runtime launches kernels that wait for the previous grid themselves (a kernel
+    may then start, e.g. load its first weights, while the one before it finishes)."""
+    from types import SimpleNamespace
+
+    from ingot.runtime import cuda_driver
+
+    cuda_driver.launch(fn, tuple(grid), tuple(block), smem, SimpleNamespace(handle=_cu().CUstream(stream)),
+                       params_addr, "bench kernel", pdl)
 
 
 class Kernel:
