@@ -141,6 +141,7 @@ class Router:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._ids = itertools.count()
+        self._background: set[asyncio.Task] = set()
 
     # -- workers ----------------------------------------------------------------------------------
 
@@ -244,11 +245,14 @@ class Router:
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         acc = OutputAccumulator(rid, ids, time.monotonic())
         self.num_in_flight += 1
+        decode: WorkerInfo | None = None
+        tid = uuid.uuid4().hex
+        staged = False  # whether the decode worker may hold this request's KV that no decode call will take
         try:
             prefill, decode = self.pick("prefill"), self.pick("decode")
-            tid = uuid.uuid4().hex
             body = {"request_id": rid, "prompt_token_ids": ids, "params": params_to_json(params), "priority": priority,
                     "transfer_id": tid}
+            staged = True  # from here the prefill worker may send the KV, even if its answer never reaches us
             try:
                 first = await self._prefill(prefill, {**body, "kv_addr": decode.kv_addr})
             except WorkerError as e:
@@ -257,18 +261,42 @@ class Router:
                 if decode.kv_addr and decode.kv_addr in str(e):
                     raise WorkerError(f"decode worker {decode.url} did not take the KV transfer: {e}") from None
                 raise
+            staged = bool(first.get("transferred"))
             out = acc.add(first["output"], time.monotonic())
             yield out
             if out.finished:
                 return
-            if not first.get("transferred"):
+            if not staged:
                 raise WorkerError(f"prefill worker {prefill.url} returned an unfinished request without its KV")
             self.metrics.transfer_bytes.inc(first.get("bytes", 0))
             self.metrics.transfer_seconds.inc(first.get("seconds", 0.0))
+            staged = False  # the decode call takes the transfer (or the worker's TTL drops it if that call fails)
             async for out in self._decode(decode, {**body, "first": first["output"]}, acc):
                 yield out
         finally:
             self.num_in_flight -= 1
+            if staged and decode is not None:
+                self._discard_later(decode, tid)
+
+    def _discard_later(self, w: WorkerInfo, tid: str) -> None:
+        """Tell decode worker ``w`` that transfer ``tid`` will not be claimed (best effort, in the background:
+        this runs in a request's cleanup, possibly a cancelled one). Without it the transfer would hold the
+        worker's staging memory until its TTL."""
+        if self._loop is None or self._client is None:
+            return
+
+        async def discard() -> None:
+            import httpx
+
+            try:
+                await self._client.post(w.url + "/internal/discard", json={"transfer_id": tid},
+                                         timeout=self.health_timeout)
+            except httpx.HTTPError as e:  # a dead worker drops its staging anyway
+                log.info("discarding transfer %s on %s failed: %s", tid, w.url, e)
+
+        task = self._loop.create_task(discard())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _prefill(self, w: WorkerInfo, body: dict[str, Any]) -> dict[str, Any]:
         import httpx

@@ -151,6 +151,8 @@ class TransferStore:
     """Received transfers waiting for their decode request (``take``), dropped after ``ttl`` seconds unclaimed.
 
     A request whose KV comes from ``parts`` sender ranks (TP) is complete when that many parts arrived.
+    ``cancel`` drops a transfer whose request will never come (the router gave up on it) and refuses its
+    parts that arrive later, for ``ttl`` seconds.
     """
 
     def __init__(self, ttl: float = 60.0, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> None:
@@ -159,9 +161,11 @@ class TransferStore:
         self._parts: dict[str, list[KVTransfer]] = {}
         self._born: dict[str, float] = {}
         self._events: dict[str, asyncio.Event] = {}
+        self._cancelled: dict[str, float] = {}  # transfer id -> when cancelled (parts arriving later are refused)
         self.nbytes = 0
         self.num_received = 0
         self.num_expired = 0
+        self.num_cancelled = 0
 
     def _event(self, tid: str) -> asyncio.Event:
         ev = self._events.get(tid)
@@ -175,6 +179,8 @@ class TransferStore:
         if self.nbytes + n > self.max_bytes:
             raise LayoutError(f"staging full ({self.nbytes} of {self.max_bytes} bytes held); retry later")
         tid = transfer.transfer_id
+        if tid in self._cancelled:
+            raise LayoutError(f"transfer {tid} was cancelled: its request is gone")
         parts = self._parts.setdefault(tid, [])
         if any(p.layout.tp_rank == transfer.layout.tp_rank for p in parts):
             raise LayoutError(f"transfer {tid}: rank {transfer.layout.tp_rank}'s part arrived twice")
@@ -199,6 +205,8 @@ class TransferStore:
             self.discard(t)
             log.warning("dropped KV transfer %s: unclaimed for %.0f s", t, self.ttl)
         self.num_expired += len(old)
+        for t in [t for t, c in self._cancelled.items() if now - c > self.ttl]:
+            del self._cancelled[t]
         return len(old)
 
     async def take(self, tid: str, timeout: float) -> list[KVTransfer]:
@@ -218,6 +226,16 @@ class TransferStore:
 
         for p in self._drop(tid):
             release(p.data)
+
+    def cancel(self, tid: str) -> int:
+        """The router gave up on ``tid``'s request: drop what arrived of it (returns how many parts) and
+        refuse parts that arrive later. Waiters in ``take`` keep waiting until their own deadline."""
+        self.expire()
+        n = len(self._parts.get(tid, []))
+        self.discard(tid)
+        self._cancelled[tid] = time.monotonic()
+        self.num_cancelled += 1
+        return n
 
     @property
     def num_pending(self) -> int:

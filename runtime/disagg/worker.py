@@ -13,6 +13,10 @@ Decode worker (``ingot serve --role decode``)::
     POST /internal/decode {request_id, prompt_token_ids, params, transfer_id, first: delta}
       -> waits (bounded) for the transfer, converts it to its own layout, starts the request from it
       <- NDJSON stream of output deltas; the last has "finished": true
+    POST /internal/discard {transfer_id}
+      -> the router gave up on the request (its prefill worker failed after sending, or its client left
+         before the decode began): drops what was staged and refuses the transfer's later parts
+      <- {"ok": true, "dropped": number of parts dropped}
 
 With ``kv_transport="nccl"`` (``--kv-transport nccl``, both workers on GPUs) the KV blocks go GPU to GPU
 (runtime/disagg/nccl.py): the prefill worker copies them into a device buffer, the descriptor still
@@ -196,7 +200,9 @@ class Worker:
                 "layout": self.layout.to_json(), "model": self.llm.model_name, "max_model_len": self.llm.max_model_len,
                 "load": {"in_flight": self.engine.num_in_flight, "running": st.num_running, "waiting": st.num_waiting,
                          "kv_blocks_used": st.kv_blocks_used, "kv_blocks_total": st.kv_blocks_total,
-                         "staged_transfers": self.store.num_pending if self.store else 0},
+                         "staged_transfers": self.store.num_pending if self.store else 0,
+                         "staged_expired": self.store.num_expired if self.store else 0,
+                         "staged_cancelled": self.store.num_cancelled if self.store else 0},
                 "transfer": {"transport": self.kv_transport, "bytes_sent": self.bytes_sent,
                              "seconds_sending": self.seconds_sending, "transfers_sent": self.transfers_sent,
                              "bytes_received": self.receiver.bytes_received if self.receiver else 0,
@@ -306,6 +312,14 @@ class Worker:
         return _EventStream(lines(), media_type="application/x-ndjson")
 
 
+    async def discard(self, request: Request) -> Response:
+        assert self.store is not None
+        try:
+            tid = str((await self._body(request))["transfer_id"])
+        except (ValueError, KeyError, TypeError) as e:
+            return _err(400, f"bad discard request: {type(e).__name__}: {e}", "invalid_request_error")
+        return JSONResponse({"ok": True, "dropped": self.store.cancel(tid)})
+
     def _prefilled(self, parts: list[KVTransfer], ids: list[int], params: Any, tid: str, first_ids: list[int],
                    first_lps: Any) -> Prefilled | Response:
         """The received parts as the engine's ``Prefilled``, or the error response (releasing device blocks).
@@ -369,6 +383,7 @@ def create_worker_app(worker: Worker) -> FastAPI:
         app.post("/internal/prefill")(worker.prefill)
     else:
         app.post("/internal/decode")(worker.decode)
+        app.post("/internal/discard")(worker.discard)
     return app
 
 

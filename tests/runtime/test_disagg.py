@@ -161,6 +161,24 @@ def test_tcp_transport_roundtrip_bandwidth_and_faults():
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_staging_store_cancel_drops_and_refuses_late_parts():
+    layout = KVLayout(block_size=4, dtype="float32", num_layers=1, num_kv_heads=2, head_dim=4)
+    parts = [KVTransfer("t", lay, [1, 2, 3], np.zeros(lay.block_shape(1), np.float32))
+             for lay in split_heads(layout, 2)]
+    store = TransferStore(ttl=0.2)
+    store.put(parts[0])
+    assert store.cancel("t") == 1 and store.num_pending == 0 and store.nbytes == 0
+    with pytest.raises(LayoutError, match="t was cancelled"):
+        store.put(parts[1])  # the other rank's part, late
+    assert store.cancel("never-sent") == 0
+    with pytest.raises(LayoutError, match="never-sent was cancelled"):
+        store.put(KVTransfer("never-sent", layout, [1], np.zeros(layout.block_shape(1), np.float32)))
+    time.sleep(0.3)
+    store.expire()  # the refusal lasts one ttl
+    store.put(parts[1])
+    assert store.num_pending == 1 and store.num_cancelled == 2
+
+
 def test_staging_store_expires_and_waits_for_all_parts():
     layout = KVLayout(block_size=4, dtype="float32", num_layers=1, num_kv_heads=2, head_dim=4)
 
@@ -359,6 +377,31 @@ def test_disagg_matches_single_engine_32_concurrent(cluster, tiny):
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
 
 
+def test_a_transfer_nobody_claims_is_discarded_on_the_routers_word(cluster):
+    """The router tells a decode worker to drop a transfer whose request it gave up on (its prefill worker
+    died after sending): the staged KV goes at once, not at the TTL, and a late part of it is refused."""
+    dec = cluster["decode"]
+    info = httpx.get(dec.url + "/internal/info", timeout=10).json()
+    layout = KVLayout.from_json(info["layout"])
+    kv = np.zeros(layout.block_shape(layout.num_blocks(20)), layout.np_dtype)
+    before = info["load"]["staged_cancelled"]
+
+    def send(tid: str) -> dict:
+        return asyncio.run(TcpKVSender().send(info["kv_addr"], KVTransfer(tid, layout, [5] * 20, kv), 10))
+
+    assert send("orphan")["ok"]
+    assert httpx.get(dec.url + "/internal/info", timeout=10).json()["load"]["staged_transfers"] == 1
+    r = httpx.post(dec.url + "/internal/discard", json={"transfer_id": "orphan"}, timeout=10)
+    assert r.status_code == 200 and r.json() == {"ok": True, "dropped": 1}
+    load = httpx.get(dec.url + "/internal/info", timeout=10).json()["load"]
+    assert load["staged_transfers"] == 0 and load["staged_cancelled"] == before + 1
+    with pytest.raises(TransferError, match="orphan was cancelled"):
+        send("orphan")
+    assert httpx.get(dec.url + "/internal/info", timeout=10).json()["load"]["staged_transfers"] == 0
+    r = httpx.post(dec.url + "/internal/discard", json={"id": "orphan"}, timeout=10)
+    assert r.status_code == 400 and "transfer_id" in r.json()["error"]["message"]
+
+
 def test_killing_a_prefill_worker_fails_only_its_requests(cluster, tiny):
     router, p16, p8, dec = cluster["router"], cluster["p16"], cluster["p8"], cluster["decode"]
     prompts = _prompts(24, seed=3, lo=150, hi=300)  # long prompts: the prefill workers stay busy a while
@@ -405,7 +448,10 @@ def _assert_no_blocks_held(workers: list[Proc]) -> None:
     """Every worker ends with no KV block in use, nothing running and nothing staged."""
     for w in workers:
         deadline = time.monotonic() + 10
-        while w.metric("ingot_kv_cache_blocks_used") != 0 and time.monotonic() < deadline:
+        # the router's discards of transfers it gave up on run in the background: give them a moment
+        while (w.metric("ingot_kv_cache_blocks_used") != 0 or httpx.get(
+                w.url + "/internal/info", timeout=10).json()["load"]["staged_transfers"] != 0
+               ) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert w.metric("ingot_kv_cache_blocks_used") == 0, w.args
         info = httpx.get(w.url + "/internal/info", timeout=10).json()
