@@ -1,0 +1,347 @@
+#include "../common.cuh"
+#include "mma.cuh"
+
+// Paged prefill attention on Hopper's warpgroup MMA (wgmma), FlashAttention-3 style, sm_90a only: the same
+// parameters and semantics as prefill_flash.cu (a ragged token batch, each token attending causally to its
+// sequence's cached positions through block_tables, GQA, softcap, sliding window; tokens outside
+// [query_start_loc[0], query_start_loc[num_seqs]) get zeros), bf16 queries and cache. See
+// codegen/kernels/attention/prefill_wgmma_rule.py for when it runs.
+//
+// Rows and grid: as prefill_flash.cu with ROWS = 64 x WGS. Row r is (token r / G, query head kvh * G + r % G), so
+// the G query heads of KV head kvh share the CTA and each K/V tile is loaded once for the group; a CTA covers
+// TPT = ROWS / G tokens of the flat token range, split into the sub-tiles of the sequences it overlaps. Consumer
+// warpgroup w (threads 128w ..) owns rows [64w, 64w + 64): wgmma's M is 64, and its accumulator layout puts row
+// 16 * (warp % 4) + lane / 4 (+ 8) of the warpgroup in a thread -- the rows prefill_flash.cu gives warp `warp`.
+//
+// Per sub-tile: Q rows -> shared (cp.async, zero rows past its tokens); K/V tiles of BN positions through STAGES
+// shared stages (cp.async by all threads, zero-filled outside [lo, hi] so block-table entries past a context are
+// never read; tiles past hi never visited). Per tile and warpgroup:
+//   S = Q K^T  wgmma m64nBNk16, A = Q and B = K from shared memory (descriptors, both K-major: head_dim
+//              contiguous), D / 16 instructions;
+//   softmax    online, f32, ex2.approx with the scale x log2 e folded in, on S in the accumulator layout
+//              (thread: rows g8, g8 + 8; columns 8 i + 2 t4 (+1));
+//   O += P V   wgmma m64nDk16 with A = P from registers (bf16 pairs of S's accumulator layout are exactly the
+//              A fragment of a 16-position k-step) and B = V from shared memory, MN-major (head_dim contiguous
+//              is wgmma's N), i.e. the transpose bit set; BN / 16 instructions.
+// Every wgmma group is waited for (wait_group 0) before its registers are read: correct first; no intra-warpgroup
+// overlap of softmax with the next S yet (the two warpgroups still overlap each other's MMAs and softmax).
+//
+// Shared memory: every operand tile is stored as 128-byte-swizzle panels: a panel holds 64 head_dim elements
+// (128 bytes) of each row, rows 128 bytes apart, the 16-byte chunk c of row r at chunk c ^ (r & 7) (wgmma's
+// SWIZZLE_128B: address bits [4, 7) ^= bits [7, 10), so every panel starts 1024-aligned). A head_dim-128 tile is
+// two panels, [0, 64) then [64, 128). Descriptors: start address >> 4 (bits 0-13), leading byte offset >> 4
+// (16-29), stride byte offset >> 4 (32-45), base offset 0 (49-51), layout 1 = SWIZZLE_128B (62-63).
+//   K-major (Q, K): SBO = 1024 (8-row groups); LBO unused with a swizzle (16); the k-step ks of a panel starts
+//                   32 * ks bytes in (the unswizzled offset: the hardware swizzles the computed address).
+//   MN-major (V):   SBO = 1024 (8-position groups), LBO = BN * 128 (the next 64-wide head_dim panel); the
+//                   16-position k-step kk starts kk * 2048 bytes in.
+// cp.async writes are generic-proxy writes and wgmma reads through the async proxy: a fence.proxy.async after each
+// thread's cp.async.wait_group, before the barrier that publishes the stage.
+namespace {
+constexpr int D = ${HEAD_DIM}, KV = ${KV_HEADS}, G = ${GROUP}, H = KV * G, BS = ${BLOCK_SIZE};
+constexpr int WGS = ${WGS}, ROWS = 64 * WGS, TPT = ROWS / G, BN = ${BLOCK_N}, STAGES = ${STAGES}, NT = WGS * 128;
+constexpr int WINDOW = ${SLIDING_WINDOW}, QS = ${Q_STRIDE}, CH = D / 8;
+constexpr unsigned TILE = BN * D * 2;  // one K or V tile
+constexpr float SCALE = ${SCALE}, SOFTCAP = ${SOFTCAP}, LOG2E = 1.4426950408889634f;
+static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+static_assert(BN == 64 || BN == 128, "64 or 128 positions per K/V tile");
+static_assert(WGS == 1 || WGS == 2, "one or two consumer warpgroups");
+static_assert(STAGES >= 2 && STAGES <= 3, "two or three K/V stages");
+static_assert(G <= ROWS, "a CTA holds at least one whole query-head group (rows past TPT * G stay idle)");
+struct __align__(16) pw_u32x4 { unsigned x, y, z, w; };
+
+__device__ __forceinline__ unsigned pw_pack(float lo, float hi) {  // bf16x2, lo in the low half, nearest even
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// byte offset of (row, 16-byte chunk c) in a swizzled tile of `rows` rows (D / 64 panels of rows x 128 bytes)
+__device__ __forceinline__ unsigned pw_off(int row, int c, int rows) {
+  return (unsigned)((c >> 3) * rows * 128 + row * 128 + (((c & 7) ^ (row & 7)) << 4));
+}
+__device__ __forceinline__ unsigned long long pw_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+         ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void pw_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void pw_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// wgmma.wait_group 0 with the accumulators as operands, so no read of them is scheduled before the wait
+// register operands pinned in place: no write of them moves past a wgmma.fence, no read before a wait_group
+template <int N> __device__ __forceinline__ void pw_pin(float* d) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void pw_pin(unsigned* d) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void pw_wait(float* d) {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  pw_pin<N>(d);
+}
+// S (+)= A B, both from shared memory (descriptors), K-major; m64n64k16
+__device__ __forceinline__ void pw_ss_n64(float* d, unsigned long long da, unsigned long long db, int acc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %34, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0; }"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+        "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(acc));
+}
+// D += A B, A (bf16 pairs of the m64nNk16 accumulator layout) from registers, B an MN-major (transposed)
+// shared-memory tile; m64n64k16
+__device__ __forceinline__ void pw_rs_n64(float* d, const unsigned* a, unsigned long long db, int acc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %37, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1; }"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+        "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+// S (+)= A B, both from shared memory (descriptors), K-major; m64n128k16
+__device__ __forceinline__ void pw_ss_n128(float* d, unsigned long long da, unsigned long long db, int acc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+      "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
+      "%59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0; }"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+        "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(acc));
+}
+// D += A B, A (bf16 pairs of the m64nNk16 accumulator layout) from registers, B an MN-major (transposed)
+// shared-memory tile; m64n128k16
+__device__ __forceinline__ void pw_rs_n128(float* d, const unsigned* a, unsigned long long db, int acc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %69, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+      "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
+      "%59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1; }"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+        "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+template <int N>
+__device__ __forceinline__ void pw_ss(float* d, unsigned long long da, unsigned long long db, int acc) {
+  if constexpr (N == 64) pw_ss_n64(d, da, db, acc);
+  else pw_ss_n128(d, da, db, acc);
+}
+template <int N> __device__ __forceinline__ void pw_rs(float* d, const unsigned* a, unsigned long long db) {
+  if constexpr (N == 64) pw_rs_n64(d, a, db, 1);
+  else pw_rs_n128(d, a, db, 1);
+}
+// K/V rows of positions [p0, p0 + BN) into one stage; positions outside [lo, hi] are zero-filled, not read
+__device__ __forceinline__ void pw_load_kv(const bf16* kv_cache, const int* table, int kvh, int p0, int lo, int hi,
+                                           unsigned sk, unsigned sv, int tid) {
+#pragma unroll 4
+  for (int i = tid; i < BN * CH; i += NT) {
+    const int j = i / CH, c = i % CH, p = p0 + j;
+    const bool ok = p >= lo && p <= hi;
+    const i64 blk = ok ? table[p / BS] : 0;
+    const bf16* kp = kv_cache + ((blk * 2 + 0) * BS + p % BS) * (KV * D) + kvh * D + c * 8;
+    att_cp16(sk + pw_off(j, c, BN), ok ? kp : kv_cache, ok);
+    att_cp16(sv + pw_off(j, c, BN), ok ? kp + BS * (KV * D) : kv_cache, ok);
+  }
+}
+// this thread's cp.async groups but the newest N done, their writes made visible to wgmma (async proxy), then
+// the whole CTA's
+template <int N> __device__ __forceinline__ void pw_publish() {
+  att_wait<N>();
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
+    const bf16* __restrict__ q, const bf16* __restrict__ kv_cache, const int* __restrict__ block_tables,
+    const int* __restrict__ seq_lens, const int* __restrict__ query_start_loc, bf16* __restrict__ out,
+    int num_tokens, int num_seqs, int max_blocks) {
+  extern __shared__ __align__(1024) unsigned char pw_shared[];
+  // SWIZZLE_128B needs 1024-aligned panels; the dynamic window's start is only promised 16 (the rule adds 1 KB)
+  const unsigned sq = (att_smem(pw_shared) + 1023u) & ~1023u, sk0 = sq + ROWS * D * 2, sv0 = sk0 + STAGES * TILE;
+  const float NEG_INF = __int_as_float(0xff800000u);
+  const int kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
+  const int wg = tid >> 7;
+  const int b = gridDim.x - 1 - blockIdx.x;
+  const int tstart = b * TPT, tend = min(tstart + TPT, num_tokens);
+  const int qsl0 = query_start_loc[0], qsl_end = query_start_loc[num_seqs];
+
+  // tokens of this range that belong to no sequence (padding) get zeros, like paged_attention.cu
+  for (int i = tid; i < (tend - tstart) * G * CH; i += NT) {
+    const int t = tstart + i / (G * CH), h = kvh * G + (i / CH) % G, c = i % CH;
+    if (t < qsl0 || t >= qsl_end)
+      *reinterpret_cast<pw_u32x4*>(out + (i64)t * (H * D) + h * D + c * 8) = pw_u32x4{0u, 0u, 0u, 0u};
+  }
+  // the last s with query_start_loc[s] <= tstart (empty sequences share a start with the next one)
+  int s = 0, hi_s = num_seqs;
+  while (s < hi_s) {
+    const int mid = (s + hi_s + 1) >> 1;
+    if (query_start_loc[mid] <= tstart) s = mid; else hi_s = mid - 1;
+  }
+  for (; s < num_seqs; ++s) {
+    const int start = query_start_loc[s], end = query_start_loc[s + 1];
+    if (start >= tend) break;
+    const int t0 = max(start, tstart), t1 = min(end, tend);
+    if (t0 >= t1) continue;
+    const int ntok = t1 - t0, n = end - start, base = seq_lens[s] - n - start;  // position of token t: base + t
+    const int qpos_lo = base + t0, qpos_hi = base + t1 - 1;
+    const int lo = WINDOW > 0 ? max(0, qpos_lo - WINDOW + 1) : 0;
+    const int first_hi = WINDOW > 0 ? max(0, qpos_hi - WINDOW + 1) : 0;
+    const int* table = block_tables + (i64)s * max_blocks;
+
+    // Q rows of this sub-tile (rows past its tokens are zeros)
+    for (int i = tid; i < ROWS * CH; i += NT) {
+      const int r = i / CH, c = i % CH, tl = r / G;
+      const bool ok = tl < ntok;
+      const bf16* src = q + (ok ? (i64)(t0 + tl) * QS + (kvh * G + r % G) * D + c * 8 : 0);
+      att_cp16(sq + pw_off(r, c, ROWS), src, ok);
+    }
+    att_commit();
+    const int kt0 = lo / BN, ntiles = qpos_hi / BN - kt0 + 1;
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {  // prologue: the first STAGES - 1 tiles in flight
+      if (st < ntiles) pw_load_kv(kv_cache, table, kvh, (kt0 + st) * BN, lo, qpos_hi, sk0 + st * TILE,
+                                  sv0 + st * TILE, tid);
+      att_commit();
+    }
+
+    // this thread's rows g8 and g8 + 8 of its warp: positions (-1: not a token, never masked in or written)
+    int qpos[2], first[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int tl = (warp * 16 + g8 + 8 * hf) / G;
+      qpos[hf] = tl < ntok ? base + t0 + tl : -1;
+      first[hf] = WINDOW > 0 ? qpos[hf] - WINDOW + 1 : 0;
+    }
+    float o[D / 2], sc[BN / 2], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) sc[i] = 0.0f;
+    const unsigned qa = sq + wg * 64 * 128;  // this warpgroup's 64 rows of each Q panel
+
+    int stage = 0;
+    for (int it = 0; it < ntiles; ++it) {
+      {  // the tile STAGES - 1 ahead goes to the stage tile it - 1 used (free: the barrier closing it - 1)
+        const int ahead = it + STAGES - 1, as = stage == 0 ? STAGES - 1 : stage - 1;
+        if (ahead < ntiles) pw_load_kv(kv_cache, table, kvh, (kt0 + ahead) * BN, lo, qpos_hi, sk0 + as * TILE,
+                                       sv0 + as * TILE, tid);
+        att_commit();
+      }
+      pw_publish<STAGES - 1>();
+      const unsigned sk = sk0 + stage * TILE, sv = sv0 + stage * TILE;
+      const int p0 = (kt0 + it) * BN;
+      // S = Q K^T: this warpgroup's 64 rows x BN positions, D / 16 k-steps of 16 head_dim elements
+      pw_pin<BN / 2>(sc);
+      pw_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+        pw_ss<BN>(sc, pw_desc(qa + (ks >> 2) * (ROWS * 128) + (ks & 3) * 32, 16, 1024),
+                  pw_desc(sk + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024), ks > 0);
+      pw_commit();
+      pw_wait<BN / 2>(sc);
+
+      const bool masked = p0 + BN - 1 > qpos_lo || (WINDOW > 0 && p0 < first_hi);
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = sc[4 * i + e];
+          if (SOFTCAP > 0.0f) x = SOFTCAP * tanhf(x * (SCALE / (SOFTCAP > 0.0f ? SOFTCAP : 1.0f))) * LOG2E;
+          else x *= SCALE * LOG2E;
+          if (masked) {
+            const int p = p0 + i * 8 + 2 * t4 + (e & 1), hf = e >> 1;
+            if (qpos[hf] >= 0 && (p > qpos[hf] || (WINDOW > 0 && p < first[hf]))) x = NEG_INF;
+          }
+          sc[4 * i + e] = x;
+        }
+      // online softmax: rows g8 (e = 0, 1) and g8 + 8 (e = 2, 3); a row's 4 lanes share its max
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = m[hf];
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * hf], sc[4 * i + 2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mu = mx == NEG_INF ? 0.0f : mx;  // a row with nothing seen yet: exp2(-inf - 0) = 0
+        const float corr = att_exp2(m[hf] - mu);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+          sc[4 * i + 2 * hf] = att_exp2(sc[4 * i + 2 * hf] - mu);
+          sc[4 * i + 2 * hf + 1] = att_exp2(sc[4 * i + 2 * hf + 1] - mu);
+          sum += sc[4 * i + 2 * hf] + sc[4 * i + 2 * hf + 1];
+        }
+        l[hf] = l[hf] * corr + sum;  // this lane's partial; the row's 4 lanes are summed at the end
+        m[hf] = mx;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          o[4 * i + 2 * hf] *= corr;
+          o[4 * i + 2 * hf + 1] *= corr;
+        }
+      }
+      // O += P V: P's k-step kk is S's 8-position chunks 2 kk and 2 kk + 1, as bf16 pairs
+      unsigned pa[BN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = pw_pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+        pa[kk][1] = pw_pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+        pa[kk][2] = pw_pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+        pa[kk][3] = pw_pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+      }
+      pw_pin<D / 2>(o);
+      pw_pin<BN / 4>(&pa[0][0]);
+      pw_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) pw_rs<D>(o, pa[kk], pw_desc(sv + kk * 2048, BN * 128, 1024));
+      pw_commit();
+      pw_wait<D / 2>(o);
+      __syncthreads();  // this stage is loaded again STAGES - 1 tiles later
+      stage = stage == STAGES - 1 ? 0 : stage + 1;
+    }
+    att_wait<0>();  // the (empty) groups of tiles past the last
+
+    // O / l -> out (rows that are tokens of this sub-tile)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float sum = l[hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int r = warp * 16 + g8 + 8 * hf, tl = r / G;
+      if (tl >= ntok) continue;
+      bf16* dst = out + (i64)(t0 + tl) * (H * D) + (kvh * G + r % G) * D + 2 * t4;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i)
+        *reinterpret_cast<unsigned*>(dst + i * 8) = pw_pack(o[4 * i + 2 * hf] * inv, o[4 * i + 2 * hf + 1] * inv);
+    }
+  }
+}

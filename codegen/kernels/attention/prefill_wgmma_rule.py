@@ -1,0 +1,103 @@
+"""Paged prefill attention on Hopper's warpgroup MMA (``prefill_wgmma.cu``): when it runs, and its launch.
+
+``prefill_wgmma.cu`` is ``prefill_flash.cu`` (same parameters ``ATTEND_PARAMS``, same semantics: ragged packing,
+chunked prefill over a cached prefix, GQA rows (token, query head of the group), softcap, sliding window, zeros
+for padding tokens) with its MMAs on ``wgmma.mma_async`` (FlashAttention-3 style): each consumer warpgroup owns 64
+query rows, S = Q K^T with both operands from 128-byte-swizzled shared memory, P kept in registers as the A
+operand of O += P V (V from shared memory, MN-major). sm_90a only (wgmma exists nowhere else), bf16 queries and
+cache, head_dim 64 or 128.
+
+Launch: ``WgmmaConfig`` (consumer warpgroups, K/V tile positions, stages); block ``128 * warpgroups`` threads,
+grid ``(ceil(num_tokens / (64 * warpgroups / G)), num_kv_heads)``, dynamic shared memory ``smem_bytes``.
+
+Selection is opt-in until the kernel is measured on the H200: ``prefill_rule.plan_prefill`` returns this kernel
+instead of ``prefill_flash.cu`` only where ``INGOT_PREFILL_ATTENTION=wgmma`` (``prefill_rule.prefill_kernel``) and
+``supported`` hold; everything else keeps ``prefill_flash.cu``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ....ir.types import DType
+from ...kernel import GridDim, KernelSpec
+from ...target import Target
+from .split_rule import ATTEND_PARAMS
+
+HEAD_DIMS = (64, 128)
+BLOCK_NS = (64, 128)
+#: the alignment slack the kernel rounds its dynamic shared memory up by (SWIZZLE_128B panels start 1024-aligned)
+ALIGN_SLACK = 1024
+#: dynamic shared memory an sm_90a CTA may have
+MAX_SMEM = 227 * 1024
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    #: consumer warpgroups per CTA (64 query rows each); 2 is FlashAttention-3's 128-row tile
+    warpgroups: int = 2
+    #: K/V positions per tile (the N of S = Q K^T, the K of O += P V)
+    block_n: int = 128
+    #: shared-memory K/V stages (cp.async: STAGES - 1 tiles in flight while one is computed)
+    stages: int = 2
+
+    @property
+    def rows(self) -> int:
+        return 64 * self.warpgroups
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.warpgroups
+
+
+def default_config(head_dim: int) -> WgmmaConfig:
+    """128 x 128 tiles, two stages (d 128: 161 KB of shared memory; d 64: three stages fit in 113 KB)."""
+    return WgmmaConfig(2, 128, 2 if head_dim == 128 else 3)
+
+
+def smem_bytes(head_dim: int, cfg: WgmmaConfig) -> int:
+    """The Q rows plus ``stages`` K and V tiles, bf16, plus the 1 KB the kernel may skip to align them."""
+    return ALIGN_SLACK + 2 * head_dim * (cfg.rows + 2 * cfg.stages * cfg.block_n)
+
+
+def supported(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: int, head_dim: int,
+              block_size: int, target: Target, cfg: WgmmaConfig | None = None) -> bool:
+    """Whether ``prefill_wgmma.cu`` takes this attention: an sm_90a target, bf16 queries and cache, head_dim 64 or
+    128, a query-head group no larger than the CTA's rows, a valid config whose shared memory fits."""
+    if target.arch != "sm_90a" or not target.wgmma:
+        return False
+    if dtype is not DType.bf16 or cache_dtype is not DType.bf16 or head_dim not in HEAD_DIMS:
+        return False
+    if num_kv_heads <= 0 or num_heads % num_kv_heads or block_size <= 0:
+        return False
+    cfg = cfg or default_config(head_dim)
+    if cfg.warpgroups not in (1, 2) or cfg.block_n not in BLOCK_NS or cfg.stages not in (2, 3):
+        return False
+    return num_heads // num_kv_heads <= cfg.rows and smem_bytes(head_dim, cfg) <= MAX_SMEM
+
+
+def tokens_per_cta(num_heads: int, num_kv_heads: int, cfg: WgmmaConfig) -> int:
+    return cfg.rows // (num_heads // num_kv_heads)
+
+
+def wgmma_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: int, head_dim: int,
+               block_size: int, scale: float, target: Target, softcap: float = 0.0, sliding_window: int = 0,
+               cfg: WgmmaConfig | None = None) -> KernelSpec:
+    """The attention launch: params ``ATTEND_PARAMS`` (those of ``prefill_flash.cu`` and the decode kernels),
+    grid ``(ceil(num_tokens / tokens_per_cta), num_kv_heads)``."""
+    cfg = cfg or default_config(head_dim)
+    if not supported(dtype, cache_dtype, num_heads, num_kv_heads, head_dim, block_size, target, cfg):
+        raise ValueError(f"wgmma prefill attention does not take {dtype.value}/{cache_dtype.value} "
+                         f"{num_heads}x{num_kv_heads}x{head_dim} block {block_size} on {target.name} with {cfg}")
+    group = num_heads // num_kv_heads
+    values = {"HEAD_DIM": head_dim, "KV_HEADS": num_kv_heads, "GROUP": group, "BLOCK_SIZE": block_size,
+              "WGS": cfg.warpgroups, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages, "Q_STRIDE": num_heads * head_dim,
+              "SCALE": float(scale), "SOFTCAP": float(softcap), "SLIDING_WINDOW": int(sliding_window)}
+    tag = (f"{dtype.value}_{num_heads}x{num_kv_heads}x{head_dim}_b{block_size}"
+           f"_wg{cfg.warpgroups}_n{cfg.block_n}_s{cfg.stages}")
+    tpt = tokens_per_cta(num_heads, num_kv_heads, cfg)
+    return KernelSpec.make("attention", "prefill_wgmma.cu", f"paged_attention_prefill_wgmma_{tag}",
+                           target.arch or "", values, ATTEND_PARAMS, cfg.threads,
+                           [GridDim("num_tokens", tpt), GridDim(const=num_kv_heads)], smem_bytes(head_dim, cfg),
+                           doc=f"wgmma prefill attention, {cfg.rows} rows ({tpt} tokens) x {cfg.block_n} positions, "
+                               f"{cfg.stages} stages")
