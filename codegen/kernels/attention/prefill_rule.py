@@ -12,13 +12,20 @@ prefill-sized steps run it, decode steps keep the family's kernel (split-KV ``de
 ``max_rows = DECODE_MAX_ROWS``: the executor runs the variant when the step's token count (the ``num_tokens``
 argument) is at most that. Where the token count is static and at most ``DECODE_MAX_ROWS`` the flash kernel is left
 out; FP8 caches (``paged_attention_fp8``), f32/f16 queries and other head dims keep the family's kernel.
+
+Which prefill kernel: ``prefill_kernel()``, the one switch, reads ``INGOT_PREFILL_ATTENTION``: ``flash`` (the
+default) or ``wgmma``, which takes ``prefill_wgmma.cu`` (``prefill_wgmma_rule.py``, Hopper's warpgroup MMA) where
+it is supported (sm_90a, the same bf16 head dims) and this kernel elsewhere. Opt-in until measured on the H200.
 """
 
 from __future__ import annotations
 
+import os
+
 from ....ir.types import DType
 from ...kernel import GridDim, KernelSpec
 from ...target import Target
+from . import prefill_wgmma_rule
 from .split_rule import ATTEND_PARAMS
 
 HEAD_DIMS = (64, 128)
@@ -32,6 +39,17 @@ WARPS = 4
 DECODE_MAX_ROWS = 256
 #: the name of the launch argument that is the step's row count for the variant choice
 ROWS_ARG = "num_tokens"
+#: the environment variable choosing the prefill kernel, and its values (the first is the default)
+KERNEL_ENV = "INGOT_PREFILL_ATTENTION"
+KERNELS = ("flash", "wgmma")
+
+
+def prefill_kernel() -> str:
+    """``flash`` or ``wgmma``: the prefill kernel ``INGOT_PREFILL_ATTENTION`` asks for (unset or empty: flash)."""
+    kernel = os.environ.get(KERNEL_ENV, "") or KERNELS[0]
+    if kernel not in KERNELS:
+        raise ValueError(f"{KERNEL_ENV}={kernel!r}: expected one of {', '.join(KERNELS)}")
+    return kernel
 
 
 def prefill_supported(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -74,11 +92,15 @@ def prefill_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads:
                            doc=f"tensor-core prefill attention, {16 * warps} rows ({tpt} tokens) x 64 positions")
 
 
-def plan_prefill(attend: KernelSpec, num_tokens: int | str, target: Target) -> KernelSpec | None:
+def plan_prefill(attend: KernelSpec, num_tokens: int | str, target: Target,
+                 kernel: str | None = None) -> KernelSpec | None:
     """The flash kernel to run instead of the family's attention launch ``attend`` for steps of more than
     ``DECODE_MAX_ROWS`` tokens (``attend`` then becomes its variant), or None: ``attend`` is not a bf16
     ``paged_attention.cu`` / ``decode_split.cu`` launch the flash kernel can take, or the token count is static and
-    small. ``num_tokens``: the step's token count, an int when static."""
+    small. ``num_tokens``: the step's token count, an int when static. ``kernel``: ``flash`` or ``wgmma``
+    (default: ``prefill_kernel()``); ``wgmma`` gives ``prefill_wgmma.cu`` where ``prefill_wgmma_rule.supported``,
+    else the flash kernel."""
+    kernel = kernel or prefill_kernel()
     if attend.family != "attention" or attend.template not in ("paged_attention.cu", "decode_split.cu"):
         return None
     if isinstance(num_tokens, int) and num_tokens <= DECODE_MAX_ROWS:
@@ -91,5 +113,8 @@ def plan_prefill(attend: KernelSpec, num_tokens: int | str, target: Target) -> K
     d, kv, g, bs = (int(v[k]) for k in ("HEAD_DIM", "KV_HEADS", "GROUP", "BLOCK_SIZE"))
     if int(v["Q_STRIDE"]) != kv * g * d or not prefill_supported(DType.bf16, DType.bf16, kv * g, kv, d, bs):
         return None
-    return prefill_spec(DType.bf16, DType.bf16, kv * g, kv, d, bs, float(v["SCALE"]), target,
-                        float(v["SOFTCAP"]), int(v["SLIDING_WINDOW"]))
+    args = (DType.bf16, DType.bf16, kv * g, kv, d, bs, float(v["SCALE"]), target, float(v["SOFTCAP"]),
+            int(v["SLIDING_WINDOW"]))
+    if kernel == "wgmma" and prefill_wgmma_rule.supported(DType.bf16, DType.bf16, kv * g, kv, d, bs, target):
+        return prefill_wgmma_rule.wgmma_spec(*args)
+    return prefill_spec(*args)

@@ -1,0 +1,165 @@
+"""The wgmma paged prefill attention kernel (``codegen/kernels/attention/prefill_wgmma.cu``) without a GPU: what
+``prefill_wgmma_rule`` takes and declines, its spec (the flash kernel's parameters, grid, shared memory), the
+opt-in selection through ``INGOT_PREFILL_ATTENTION`` (``prefill_rule.plan_prefill`` and the lowering), and compile
+checks for sm_90a: warpgroup MMA (``HGMMA``, the V operand transposed) in the SASS, no local memory."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+import ingot
+from ingot.codegen import compile as cc
+from ingot.codegen.kernel import GridDim
+from ingot.codegen.kernels.attention import prefill_rule
+from ingot.codegen.kernels.attention.prefill_rule import KERNEL_ENV, plan_prefill, prefill_kernel
+from ingot.codegen.kernels.attention.prefill_wgmma_rule import (
+    MAX_SMEM,
+    WgmmaConfig,
+    default_config,
+    smem_bytes,
+    supported,
+    tokens_per_cta,
+    wgmma_spec,
+)
+from ingot.codegen.kernels.attention.split_rule import ATTEND_PARAMS
+from ingot.codegen.sass import disassemble, find_cuobjdump, sass_arch
+from ingot.codegen.target import get_target
+from ingot.ir.types import DType
+from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
+from tests.codegen.test_prefill_attention import family_attend
+from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
+from tests.helpers import rng
+
+bf16, f32, f16, f8 = DType.bf16, DType.f32, DType.f16, DType.f8e4m3fn
+h200, b200 = get_target("h200"), get_target("b200")
+
+
+def test_supported_and_declined():
+    assert supported(bf16, bf16, 32, 8, 64, 16, h200) and supported(bf16, bf16, 32, 32, 128, 16, h200)
+    assert supported(bf16, bf16, 9, 3, 64, 16, h200)  # a group that does not divide the CTA's 128 rows
+    assert not supported(bf16, bf16, 32, 8, 128, 16, b200)  # no wgmma on sm_100a
+    assert not supported(bf16, bf16, 32, 8, 128, 16, get_target("cpu"))
+    assert not supported(f32, f32, 32, 8, 128, 16, h200) and not supported(f16, f16, 32, 8, 128, 16, h200)
+    assert not supported(bf16, f8, 32, 8, 128, 16, h200)  # FP8 cache
+    for d in (80, 96, 256):
+        assert not supported(bf16, bf16, 32, 8, d, 16, h200)
+    assert not supported(bf16, bf16, 256, 1, 128, 16, h200)  # a group larger than the CTA's 128 rows
+    assert not supported(bf16, bf16, 128, 1, 128, 16, h200, WgmmaConfig(1, 128, 2))  # ... or 64 rows
+    assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 96, 2))
+    assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 4))
+    assert not supported(bf16, bf16, 32, 5, 128, 16, h200)  # heads not a multiple of the KV heads
+    with pytest.raises(ValueError):
+        wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, b200)
+
+
+def test_spec_shares_the_flash_parameters():
+    spec = wgmma_spec(bf16, bf16, 32, 8, 64, 16, 0.125, h200)
+    assert spec.template == "prefill_wgmma.cu" and spec.arch == "sm_90a"
+    assert [(p.name, p.ctype) for p in spec.params] == ATTEND_PARAMS
+    cfg = default_config(64)
+    assert tokens_per_cta(32, 8, cfg) == 32 and tokens_per_cta(32, 32, cfg) == 128 and tokens_per_cta(9, 3, cfg) == 42
+    assert spec.grid == (GridDim("num_tokens", 32), GridDim(const=8), GridDim())
+    assert spec.grid_dims({"num_tokens": 4096, "num_seqs": 1, "max_blocks": 256}) == (128, 8, 1)
+    assert spec.block == (256, 1, 1) and spec.smem == smem_bytes(64, cfg) == 1024 + 2 * 64 * (128 + 6 * 128)
+    one = wgmma_spec(bf16, bf16, 8, 8, 128, 32, 0.088, h200, cfg=WgmmaConfig(1, 64, 3))
+    assert one.block == (128, 1, 1) and one.smem == 1024 + 2 * 128 * (64 + 6 * 64)
+    for d in (64, 128):
+        for cfg in (default_config(d), WgmmaConfig(2, 128, 3), WgmmaConfig(2, 64, 3), WgmmaConfig(1, 128, 2)):
+            assert smem_bytes(d, cfg) <= MAX_SMEM
+    assert smem_bytes(128, default_config(128)) == 1024 + 2 * 128 * (128 + 4 * 128)
+
+
+def test_selection_is_opt_in(monkeypatch):
+    sym = family_attend("T", "S", "max_blocks")
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    assert prefill_kernel() == "flash" and plan_prefill(sym, "T", h200).template == "prefill_flash.cu"
+    monkeypatch.setenv(KERNEL_ENV, "wgmma")
+    assert prefill_kernel() == "wgmma"
+    chosen = plan_prefill(sym, "T", h200)
+    assert chosen.template == "prefill_wgmma.cu"
+    assert dict(chosen.values)["SCALE"] == dict(sym.values)["SCALE"]
+    soft = plan_prefill(family_attend("T", "S", "max_blocks", softcap=30.0, window=512), "T", h200)
+    assert soft.template == "prefill_wgmma.cu"
+    assert (dict(soft.values)["SOFTCAP"], dict(soft.values)["SLIDING_WINDOW"]) == (30.0, 512)
+    assert plan_prefill(family_attend("T", "S", "max_blocks", D=64), "T", h200).template == "prefill_wgmma.cu"
+    # what the wgmma kernel declines keeps the flash kernel (b200) or the family's kernel (f32, head_dim 256)
+    assert plan_prefill(sym, "T", b200).template == "prefill_flash.cu"
+    assert plan_prefill(family_attend("T", "S", "max_blocks", dtype=f32), "T", h200) is None
+    assert plan_prefill(family_attend("T", "S", "max_blocks", H=16, KV=2, D=256), "T", h200) is None
+    assert plan_prefill(sym, prefill_rule.DECODE_MAX_ROWS, h200) is None
+    # an explicit choice wins over the environment
+    assert plan_prefill(sym, "T", h200, kernel="flash").template == "prefill_flash.cu"
+    monkeypatch.setenv(KERNEL_ENV, "fa3")
+    with pytest.raises(ValueError):
+        prefill_kernel()
+
+
+def test_lowering_takes_wgmma_when_asked(tmp_path, monkeypatch):
+    """The serving form of a head_dim-64 GQA model: with ``INGOT_PREFILL_ATTENTION=wgmma`` the attention launch
+    runs the wgmma kernel (the decode kernel still its variant); without it, the flash kernel."""
+    monkeypatch.setenv("INGOT_NO_CUTLASS", "1")  # the linears' kernels are not this test's subject
+    cfg = {**TINY_CONFIG, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+           "num_hidden_layers": 1}
+    ckpt = write_checkpoint(tmp_path / "ckpt", cfg, random_weights(cfg, rng()))
+
+    def attention_templates(out: str) -> list[tuple[str, int, list[str]]]:
+        cuda = json.loads((ingot.compile(ckpt, target="h200", out=tmp_path / out) / "manifest.json").read_text())
+        cuda = cuda["cuda"]
+        found = []
+        for ln in cuda["launches"]:
+            if ln["op"] == "paged_attention" and "query_start_loc" in ln["args"]:
+                assert ln["rows_arg"] == prefill_rule.ROWS_ARG
+                kernel = cuda["kernels"][ln["kernel"]]
+                variants = [cuda["variant_kernels"][v["kernel"]]["spec"]["template"] for v in ln["variants"]]
+                found.append((kernel["spec"]["template"], kernel["smem"], variants))
+        assert found
+        return found
+
+    monkeypatch.setenv(KERNEL_ENV, "wgmma")
+    for template, smem, variants in attention_templates("wgmma.ingot"):
+        assert template == "prefill_wgmma.cu" and smem == smem_bytes(64, default_config(64))
+        assert variants == ["decode_split.cu"]
+    monkeypatch.delenv(KERNEL_ENV)
+    assert {t for t, _, _ in attention_templates("flash.ingot")} == {"prefill_flash.cu"}
+
+
+def sass_counts(sass: str) -> Counter:
+    """Opcode counts of a listing, by full opcode with modifiers (``HGMMA.64x128x16.F32.BF16``)."""
+    return Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]*)", sass))
+
+
+@needs_compiler
+@pytest.mark.parametrize("H,KV,D,bs,softcap,window,cfg", [
+    (32, 32, 128, 16, 0.0, 0, None), (32, 8, 64, 16, 0.0, 0, None), (8, 8, 128, 32, 0.0, 0, WgmmaConfig(2, 64, 3)),
+    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(1, 64, 2)), (9, 3, 64, 16, 30.0, 700, WgmmaConfig(2, 128, 2)),
+    (16, 4, 128, 32, 0.0, 0, WgmmaConfig(1, 128, 3))])
+def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
+    spec = wgmma_spec(bf16, bf16, H, KV, D, bs, D ** -0.5, h200, softcap, window, cfg=cfg)
+    cfg = cfg or default_config(D)
+    built = cc.compile_spec(spec)
+    assert built.cubin and spec.entry in built.ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.block_n}k16.f32.bf16.bf16" in built.ptx  # S = Q K^T
+    assert f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.bf16.bf16" in built.ptx  # O += P V
+    assert "fence.proxy.async" in built.ptx and "cp.async" in built.ptx
+    assert not re.search(r"\.local\b", built.ptx), "local memory (a spill or an indexed register array) in PTX"
+    if find_cuobjdump() is None:
+        pytest.skip("no cuobjdump: pip install nvidia-cuda-cuobjdump")
+    sass = disassemble(built.cubin)
+    assert sass_arch(sass) == "sm_90a"
+    ops = sass_counts(sass)
+    assert not any(o.startswith(("LDL", "STL")) for o in ops), "local memory in SASS (spills)"
+    qk = f"HGMMA.64x{cfg.block_n}x16.F32.BF16"
+    pv = f"HGMMA.64x{D}x16.F32.BF16"
+    hgmma = {o: n for o, n in ops.items() if o.startswith("HGMMA")}
+    # one instruction per 16 head_dim elements (S) and per 16 positions (O), unrolled once per tile
+    if qk == pv:
+        assert hgmma == {qk: D // 16 + cfg.block_n // 16}, hgmma
+    else:
+        assert hgmma == {qk: D // 16, pv: cfg.block_n // 16}, hgmma
+    assert ".tnspB" in sass  # V is the MN-major (transposed) B operand
+    assert "WARPGROUP.ARRIVE" in sass and "WARPGROUP.DEPBAR" in sass
+    assert not any(o.startswith("HMMA") for o in ops)  # no mma.sync left
