@@ -1,12 +1,16 @@
-"""Tensor-core paged prefill attention (``codegen/kernels/attention/prefill_flash.cu``) against the numpy reference
-of ``paged_attention`` on the GPU (``-m gpu``; skipped without one).
+"""Tensor-core paged prefill attention (``codegen/kernels/attention/prefill_flash.cu``, and the wgmma kernel
+``prefill_wgmma.cu`` on sm_90a) against the numpy reference of ``paged_attention`` on the GPU (``-m gpu``; skipped
+without one).
 
 Fresh random caches and queries (the new tokens' K/V written into the cache by the reference, the kernel reads
 that cache); block tables drawn as a random permutation (scattered, non-contiguous blocks). Cases: sequences of
 1, 17, 300 and 1000 new tokens; chunked prefill after cached prefixes; GQA 32/8 at head_dim 64 and 8/8 at 128;
 decode tokens mixed with prefill chunks; softcap with a sliding window and a group (3) that does not divide the
-CTA's rows; padding tokens past ``query_start_loc[-1]`` (zeros); 4 and 8 warps. Outputs poisoned with NaN before
-each launch; every element compared."""
+CTA's rows; padding tokens past ``query_start_loc[-1]`` (zeros); 4 and 8 warps; one head and one 64-token
+sequence (a single tile per CTA: the first case to read when a layout is wrong). Every case runs both kernels;
+the wgmma kernel takes its default config where the flash kernel has 4 warps and one warpgroup with 64-position
+tiles where it has 8 (it needs sm_90a: skipped elsewhere). Outputs poisoned with NaN before each launch; every
+element compared."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import numpy as np
 import pytest
 
 from ingot.codegen.kernels.attention.prefill_rule import prefill_spec
+from ingot.codegen.kernels.attention.prefill_wgmma_rule import WgmmaConfig, wgmma_spec
 from ingot.codegen.target import get_target
 from ingot.ir.ops.core import cast_array
 from ingot.ir.ops.llm import PagedAttention
@@ -37,14 +42,21 @@ CASES = {
                                0),
     "softcap-window-group3": (9, 3, 64, 16, 30.0, 200, 4, [(1200, 70), (0, 333), (90, 1)], 0),
     "padding-block32": (16, 4, 128, 32, 0.0, 0, 4, [(100, 150), (0, 40)], 5),
+    "one-tile-mha1-d64": (1, 1, 64, 16, 0.0, 0, 4, [(0, 64)], 0),
+    "one-tile-mha1-d128": (1, 1, 128, 16, 0.0, 0, 4, [(0, 64)], 0),
 }
+#: the wgmma kernel's config for a case's flash warp count (None: the rule's default)
+WGMMA_CONFIGS = {4: None, 8: WgmmaConfig(1, 64, 3)}
 
 
+@pytest.mark.parametrize("kernel", ["flash", "wgmma"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_prefill_attention_matches_reference(gpu, case):
+def test_prefill_attention_matches_reference(gpu, case, kernel):
     H, KV, D, bs, softcap, window, warps, seqs, padding = CASES[case]
     r = rng()
     tgt = get_target("h200" if gpu.arch == "sm_90a" else "b200")
+    if kernel == "wgmma" and gpu.arch != "sm_90a":
+        pytest.skip(f"prefill_wgmma.cu is sm_90a only (this GPU is {gpu.arch})")
     block_tables, seq_lens, qsl, slots, q, k, v, T, num_blocks, max_blocks = paged_step(
         r, seqs, bs, H, KV, D, padding, spare_columns=2, spare_blocks=5)
     cache = cast_array(r.standard_normal((num_blocks, 2, bs, KV, D)).astype(np.float32), bf16)
@@ -52,8 +64,11 @@ def test_prefill_attention_matches_reference(gpu, case):
     op = PagedAttention(num_heads=H, num_kv_heads=KV, head_dim=D, scale=scale, softcap=softcap,
                         sliding_window=window)
     ref = op.ref(q, k, v, cache, block_tables, seq_lens, qsl, slots)  # also writes the new K/V into cache
-    spec = prefill_spec(bf16, bf16, H, KV, D, bs, scale, tgt, softcap, window, warps=warps)
-    print(f"{case}: T={T}, grid {spec.grid_dims({'num_tokens': T})}, smem {spec.smem}")
+    if kernel == "wgmma":
+        spec = wgmma_spec(bf16, bf16, H, KV, D, bs, scale, tgt, softcap, window, cfg=WGMMA_CONFIGS[warps])
+    else:
+        spec = prefill_spec(bf16, bf16, H, KV, D, bs, scale, tgt, softcap, window, warps=warps)
+    print(f"{case} {kernel}: T={T}, grid {spec.grid_dims({'num_tokens': T})}, smem {spec.smem}")
     args = dict(q=gpu.upload(q), kv_cache=gpu.upload(cache), block_tables=gpu.upload(block_tables),
                 seq_lens=gpu.upload(seq_lens), query_start_loc=gpu.upload(qsl), num_tokens=T, num_seqs=len(seqs),
                 max_blocks=max_blocks)
