@@ -1,18 +1,25 @@
-"""Paged causal prefill attention (``codegen/kernels/attention/prefill_flash.cu``) against torch SDPA, on the H200.
+"""Paged causal prefill attention (``codegen/kernels/attention/prefill_flash.cu`` and the wgmma kernel
+``prefill_wgmma.cu``) against torch SDPA, on the H200.
 
     python bench/bench_prefill_attention.py                  # 1 x 4096 tokens, 32 x 128 heads; 8 x 2048, GQA 32/8 x 64
     python bench/bench_prefill_attention.py --shapes 1x4096x32x32x128 --json out.json
+    python bench/bench_prefill_attention.py --wgmma-configs 2x128x2 2x64x3   # warpgroups x positions x stages
+    python bench/bench_prefill_attention.py --dry-run        # no GPU: compile every ingot kernel a run would launch
 
 One layer's attention for a whole prompt: every sequence has ``L`` new tokens and no cached prefix (its K/V already
 written to a paged cache with ingot's block size 16, blocks drawn at random without reuse). Timed as the other
 benchmarks: ``--launches`` back-to-back launches in one CUDA graph, median over ``--reps`` replays (CUDA events).
-Printed per shape: ingot's tensor-core kernel (4 and 8 warps per CTA), the one-pass CUDA-core kernel it replaces
+Printed per shape: ingot's tensor-core kernel (4 and 8 warps per CTA), the wgmma kernel in each of
+``--wgmma-configs`` (``default``: the rule's; configs the rule declines for a shape are left out), the one-pass
+CUDA-core kernel it replaces
 for prefill (``paged_attention.cu``, one graph of ``--old-launches``), and torch SDPA with ``is_causal`` on a
 contiguous cache [B, heads, L, D] with the cuDNN, flash and memory-efficient backends (``enable_gqa`` where a
 backend takes it, else K/V repeated to every query head), all in the same run. TFLOP/s counts causal flops as
 half the full square: ``4 * B * L * L * H * D / 2`` (QK^T and PV, 2 flops per multiply-add; no diagonal
-correction). ``ingot_vs_best_sdpa`` is the best SDPA time over ingot's best time (>1: ingot is faster). ingot's
-output is first checked against SDPA's math in float32 on the same cache.
+correction). ``ingot_vs_best_sdpa`` is the best SDPA time over ingot's best time (>1: ingot is faster), over all of
+ingot's kernels (``ingot_best_kernel`` names it); ``wgmma_vs_best_sdpa`` the same for the best wgmma config alone.
+Each ingot kernel's output is first checked against SDPA's math in float32 on the same cache (a kernel off by
+more than 2e-2 relative is printed and not counted as best).
 """
 
 from __future__ import annotations
@@ -33,6 +40,30 @@ from bench_gemv_quant import SpecKernel  # noqa: E402
 #: B x L x heads x kv heads x head_dim
 DEFAULT_SHAPES = ("1x4096x32x32x128", "8x2048x32x8x64")
 BF16_PEAK_TFLOPS = 747.0  # cuBLAS bf16 GEMM 8192^3 on this H200 (../shared/GPU.md)
+#: wgmma configs benched by default: warpgroups x K/V positions per tile x stages (``default``: the rule's)
+DEFAULT_WGMMA_CONFIGS = ("default", "2x128x2", "2x64x3", "1x128x2")
+
+
+def ingot_kernels(shape: str, block_size: int, wgmma_configs: list[str]) -> list[tuple[str, object]]:
+    """(label, spec) of every ingot prefill kernel benched for ``shape`` (BxLxHxKVxD): the flash kernel at 4 and 8
+    warps, then the wgmma kernel in each config the rule takes (duplicates after resolving ``default`` dropped)."""
+    from ingot.codegen.kernels.attention.prefill_rule import prefill_spec
+    from ingot.codegen.kernels.attention.prefill_wgmma_rule import WgmmaConfig, default_config, supported, wgmma_spec
+    from ingot.codegen.target import get_target
+    from ingot.ir.types import DType
+
+    _, _, H, KV, D = (int(x) for x in shape.split("x"))
+    bf16, tgt, scale = DType.bf16, get_target("h200"), D ** -0.5
+    found = [(f"w{w}", prefill_spec(bf16, bf16, H, KV, D, block_size, scale, tgt, warps=w)) for w in (4, 8)]
+    seen = set()
+    for name in wgmma_configs:
+        cfg = default_config(D) if name == "default" else WgmmaConfig(*(int(x) for x in name.split("x")))
+        if cfg in seen or not supported(bf16, bf16, H, KV, D, block_size, tgt, cfg):
+            continue
+        seen.add(cfg)
+        label = f"wgmma_{cfg.warpgroups}x{cfg.block_n}x{cfg.stages}"
+        found.append((label, wgmma_spec(bf16, bf16, H, KV, D, block_size, scale, tgt, cfg=cfg)))
+    return found
 
 
 def causal_flops(B: int, L: int, H: int, D: int) -> float:
@@ -43,7 +74,6 @@ def bench_shape(shape: str, a: argparse.Namespace) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from ingot.codegen.kernels.attention.prefill_rule import prefill_spec
     from ingot.codegen.kernels.attention.rule import paged_attention_specs
     from ingot.codegen.target import get_target
     from ingot.ir.types import DType
@@ -77,21 +107,24 @@ def bench_shape(shape: str, a: argparse.Namespace) -> dict:
     out = torch.empty(B * L, H * D, device="cuda", dtype=torch.bfloat16)
     args = dict(q=q, kv_cache=cache, block_tables=tables, seq_lens=seq_lens, query_start_loc=qsl, out=out,
                 num_tokens=B * L, num_seqs=B, max_blocks=nb)
-    best = None
-    for warps in (4, 8):
-        kern = SpecKernel(prefill_spec(bf16, bf16, H, KV, D, bs, scale, tgt, warps=warps))
+    best, best_label, best_wgmma = None, None, None
+    for label, spec in ingot_kernels(shape, bs, a.wgmma_configs):
+        kern = SpecKernel(spec)
         out.fill_(float("nan"))
         kern.launch(**args)
         torch.cuda.synchronize()
-        err = float((out.float() - ref).abs().max() / ref.abs().max())
+        err = float((out.float() - ref).abs().max() / ref.abs().max())  # NaN (unwritten outputs) fails the check
         t = time_graph(lambda i, kern=kern: kern.launch(**args), a.launches, a.reps)
-        row[f"ingot_w{warps}_us"] = t * 1e6
-        row[f"ingot_w{warps}_tflops"] = flops / t / 1e12
-        row[f"ingot_w{warps}_rel_err"] = err
+        row[f"ingot_{label}_us"] = t * 1e6
+        row[f"ingot_{label}_tflops"] = flops / t / 1e12
+        row[f"ingot_{label}_rel_err"] = err
         if not err < 2e-2:
-            print(f"  ** {shape} warps {warps}: relative error {err:.3e} against SDPA math", flush=True)
-        elif best is None or t < best:
-            best = t
+            print(f"  ** {shape} {label}: relative error {err:.3e} against SDPA math", flush=True)
+            continue
+        if best is None or t < best:
+            best, best_label = t, label
+        if label.startswith("wgmma") and (best_wgmma is None or t < best_wgmma):
+            best_wgmma = t
     old = SpecKernel(paged_attention_specs(bf16, bf16, H, KV, D, bs, scale, tgt)[1])
     t_old = time_graph(lambda i: old.launch(**args), a.old_launches, a.old_reps)
     row["old_paged_attention_us"] = t_old * 1e6
@@ -106,7 +139,12 @@ def bench_shape(shape: str, a: argparse.Namespace) -> dict:
             best_sdpa = val if best_sdpa is None else min(best_sdpa, val)
         else:
             row[f"sdpa_{name}"] = val
+    if best_wgmma is not None:
+        row["wgmma_best_tflops"] = flops / best_wgmma / 1e12
+        if best_sdpa is not None:
+            row["wgmma_vs_best_sdpa"] = best_sdpa / best_wgmma
     if best is not None:
+        row["ingot_best_kernel"] = best_label
         row["ingot_best_tflops"] = flops / best / 1e12
         row["ingot_frac_of_747"] = flops / best / 1e12 / BF16_PEAK_TFLOPS
         row["speedup_vs_old"] = t_old / best
@@ -124,9 +162,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--old-launches", type=int, default=1, help="the CUDA-core kernel is slow: fewer launches")
     ap.add_argument("--old-reps", type=int, default=3)
+    ap.add_argument("--wgmma-configs", nargs="+", default=list(DEFAULT_WGMMA_CONFIGS),
+                    help="wgmma kernel configs, WARPGROUPSxBLOCK_NxSTAGES or 'default'")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dry-run", action="store_true", help="no GPU: compile the ingot kernels a run would launch")
     a = ap.parse_args(argv)
 
+    if a.dry_run:
+        from ingot.codegen.compile import compile_spec
+
+        for shape in a.shapes:
+            for label, spec in ingot_kernels(shape, a.block_size, a.wgmma_configs):
+                built = compile_spec(spec)
+                print(f"{shape} {label}: {spec.entry}, block {spec.block[0]}, smem {spec.smem}, "
+                      f"cubin {len(built.cubin)} bytes", flush=True)
+        return 0
     init_gpu()
     rows = []
     for shape in a.shapes:
