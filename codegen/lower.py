@@ -59,6 +59,11 @@ input (``x``: the norm's input or the gate_up buffer; ``norm_weight``: the norm'
 A fused variant's kernel entry carries the autotune record of the plain variant it was made from (its
 configuration) with ``"tuned_as"``: that variant's entry.
 
+**Rope-cache fusion** (``codegen/rope_cache_fusion.py``; off unless ``INGOT_ROPE_CACHE_FUSION=1``): a ``rope_qkv``
+launch whose k and v only a paged attention reads becomes ``codegen/kernels/rope/qkv_cache.cu``, which writes them
+straight into the KV cache (arguments ``qkv``, ``positions``, ``cos``, ``sin``, ``q``, ``kv_cache``, ``slot_mapping``,
+``kv_scale``, ``num_tokens``), and that attention's cache-write launch is left out of the table.
+
 On tcgen05 targets (b200) a bf16 ``linear``'s ``kernel`` is a shape-generic CUTLASS GEMM (``codegen/kernels/
 gemm_cutlass/cutlass_params.py``): its kernel entry has ``"cutlass"``, the layout of its Params blob, which the
 runtime fills in Python (TMA descriptors through ``cuTensorMapEncodeTiled``; no shipped host code), and the
@@ -99,6 +104,7 @@ from .kernels.copy.rule import plan as plan_copy
 from .kernels.gemm_cutlass import cutlass_params
 from .memory_plan import KV_DIM, plan_memory
 from .registry import plan_node, plan_variants
+from .rope_cache_fusion import fuse as fuse_rope_cache
 from .target import Target, get_target
 from .tvm import rule as tvm_rule
 
@@ -361,6 +367,8 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         except SpecializeError as e:
             raise LoweringError(str(e)) from None
     launches = plan_launches(graph, tgt)
+    # rope_qkv writes k and v into the KV cache, the attention's cache write dropped (INGOT_ROPE_CACHE_FUSION=1)
+    launches = fuse_rope_cache(graph, launches, tgt)
     alternatives: dict[int, KernelSpec] = {}  # b200 bf16 linears: CUTLASS first, the plain GEMM kept beside it
     for j, (i, node, spec, args) in enumerate(launches):
         if spec is None:

@@ -1,4 +1,5 @@
 #include "../common.cuh"
+#include "rotate.cuh"
 
 // Rotary embedding of x [tokens, ${HEADS} * ${HEAD_DIM}] at positions[t]; cos/sin [max_pos, ${ROT} / 2].
 // Each thread owns one rotating pair (and writes both of its elements, so out may alias x) or one
@@ -21,8 +22,10 @@ extern "C" __global__ void __launch_bounds__(${BLOCK}) ${KERNEL}(
       const int ib = ia + (INTERLEAVED ? 1 : HALF);
       const float c = to_f32(cos_table[pos * HALF + j]), s = to_f32(sin_table[pos * HALF + j]);
       const float a = to_f32(xr[ia]), b = to_f32(xr[ib]);
-      yr[ia] = from_f32<${DT}>(a * c - b * s);
-      yr[ib] = from_f32<${DT}>(b * c + a * s);
+      float ya, yb;
+      rotate_pair(a, b, c, s, ya, yb);
+      yr[ia] = from_f32<${DT}>(ya);
+      yr[ib] = from_f32<${DT}>(yb);
     } else {
       const int k = i - PAIRS, head = k / PD, j = R + k % PD;
       yr[head * D + j] = xr[head * D + j];

@@ -1,4 +1,5 @@
 #include "../common.cuh"
+#include "rotate.cuh"
 
 // Rotary embedding of q and k straight from a fused qkv row [tokens, (${NQ} + 2 * ${NKV}) * ${HEAD_DIM}]
 // (q heads, then k heads, then v heads) at positions[t]; cos/sin [max_pos, ${ROT} / 2]. Writes the rotated
@@ -30,8 +31,10 @@ extern "C" __global__ void __launch_bounds__(${BLOCK}) ${KERNEL}(
       ${DT}* dst = head < NQ ? qr : kr;
       const float c = to_f32(cos_table[pos * HALF + j]), s = to_f32(sin_table[pos * HALF + j]);
       const float a = to_f32(src[ia]), b = to_f32(src[ib]);
-      dst[ia] = from_f32<${DT}>(a * c - b * s);
-      dst[ib] = from_f32<${DT}>(b * c + a * s);
+      float ya, yb;
+      rotate_pair(a, b, c, s, ya, yb);
+      dst[ia] = from_f32<${DT}>(ya);
+      dst[ib] = from_f32<${DT}>(yb);
     } else if (i < PAIRS + PASS) {
       const int k = i - PAIRS, head = k / PD, j = R + k % PD;
       if (head < NQ) {
