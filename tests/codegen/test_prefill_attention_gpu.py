@@ -7,10 +7,11 @@ that cache); block tables drawn as a random permutation (scattered, non-contiguo
 1, 17, 300 and 1000 new tokens; chunked prefill after cached prefixes; GQA 32/8 at head_dim 64 and 8/8 at 128;
 decode tokens mixed with prefill chunks; softcap with a sliding window and a group (3) that does not divide the
 CTA's rows; padding tokens past ``query_start_loc[-1]`` (zeros); 4 and 8 warps; one head and one 64-token
-sequence (a single tile per CTA: the first case to read when a layout is wrong). Every case runs both kernels;
-the wgmma kernel takes its default config where the flash kernel has 4 warps and one warpgroup with 64-position
-tiles where it has 8 (it needs sm_90a: skipped elsewhere). Outputs poisoned with NaN before each launch; every
-element compared."""
+sequence (a single tile per CTA: the first case to read when a layout is wrong). Every case runs the flash kernel
+and the wgmma kernel, the latter plain and with the softmax overlapping O += P V (``wgmma-overlap``): its default
+config (overlap: 2 warpgroups x 128 positions x 3 stages) where the flash kernel has 4 warps, one warpgroup with
+64-position tiles where it has 8 (sm_90a only: skipped elsewhere). Outputs poisoned with NaN before each launch;
+every element compared."""
 
 from __future__ import annotations
 
@@ -45,17 +46,18 @@ CASES = {
     "one-tile-mha1-d64": (1, 1, 64, 16, 0.0, 0, 4, [(0, 64)], 0),
     "one-tile-mha1-d128": (1, 1, 128, 16, 0.0, 0, 4, [(0, 64)], 0),
 }
-#: the wgmma kernel's config for a case's flash warp count (None: the rule's default)
-WGMMA_CONFIGS = {4: None, 8: WgmmaConfig(1, 64, 3)}
+#: the wgmma kernel's config by variant and the case's flash warp count (None: the rule's default)
+WGMMA_CONFIGS = {"wgmma": {4: None, 8: WgmmaConfig(1, 64, 3)},
+                 "wgmma-overlap": {4: WgmmaConfig(2, 128, 3, True), 8: WgmmaConfig(1, 64, 3, True)}}
 
 
-@pytest.mark.parametrize("kernel", ["flash", "wgmma"])
+@pytest.mark.parametrize("kernel", ["flash", "wgmma", "wgmma-overlap"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_prefill_attention_matches_reference(gpu, case, kernel):
     H, KV, D, bs, softcap, window, warps, seqs, padding = CASES[case]
     r = rng()
     tgt = get_target("h200" if gpu.arch == "sm_90a" else "b200")
-    if kernel == "wgmma" and gpu.arch != "sm_90a":
+    if kernel != "flash" and gpu.arch != "sm_90a":
         pytest.skip(f"prefill_wgmma.cu is sm_90a only (this GPU is {gpu.arch})")
     block_tables, seq_lens, qsl, slots, q, k, v, T, num_blocks, max_blocks = paged_step(
         r, seqs, bs, H, KV, D, padding, spare_columns=2, spare_blocks=5)
@@ -64,8 +66,8 @@ def test_prefill_attention_matches_reference(gpu, case, kernel):
     op = PagedAttention(num_heads=H, num_kv_heads=KV, head_dim=D, scale=scale, softcap=softcap,
                         sliding_window=window)
     ref = op.ref(q, k, v, cache, block_tables, seq_lens, qsl, slots)  # also writes the new K/V into cache
-    if kernel == "wgmma":
-        spec = wgmma_spec(bf16, bf16, H, KV, D, bs, scale, tgt, softcap, window, cfg=WGMMA_CONFIGS[warps])
+    if kernel != "flash":
+        spec = wgmma_spec(bf16, bf16, H, KV, D, bs, scale, tgt, softcap, window, cfg=WGMMA_CONFIGS[kernel][warps])
     else:
         spec = prefill_spec(bf16, bf16, H, KV, D, bs, scale, tgt, softcap, window, warps=warps)
     print(f"{case} {kernel}: T={T}, grid {spec.grid_dims({'num_tokens': T})}, smem {spec.smem}")

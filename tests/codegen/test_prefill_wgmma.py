@@ -51,6 +51,8 @@ def test_supported_and_declined():
     assert not supported(bf16, bf16, 128, 1, 128, 16, h200, WgmmaConfig(1, 128, 2))  # ... or 64 rows
     assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 96, 2))
     assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 4))
+    assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 2, overlap=True))  # needs 3 stages
+    assert supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, overlap=True))
     assert not supported(bf16, bf16, 32, 5, 128, 16, h200)  # heads not a multiple of the KV heads
     with pytest.raises(ValueError):
         wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, b200)
@@ -68,7 +70,8 @@ def test_spec_shares_the_flash_parameters():
     one = wgmma_spec(bf16, bf16, 8, 8, 128, 32, 0.088, h200, cfg=WgmmaConfig(1, 64, 3))
     assert one.block == (128, 1, 1) and one.smem == 1024 + 2 * 128 * (64 + 6 * 64)
     for d in (64, 128):
-        for cfg in (default_config(d), WgmmaConfig(2, 128, 3), WgmmaConfig(2, 64, 3), WgmmaConfig(1, 128, 2)):
+        for cfg in (default_config(d), WgmmaConfig(2, 128, 3), WgmmaConfig(2, 64, 3), WgmmaConfig(1, 128, 2),
+                    WgmmaConfig(2, 128, 3, True)):
             assert smem_bytes(d, cfg) <= MAX_SMEM
     assert smem_bytes(128, default_config(128)) == 1024 + 2 * 128 * (128 + 4 * 128)
 
@@ -136,7 +139,8 @@ def sass_counts(sass: str) -> Counter:
 @pytest.mark.parametrize("H,KV,D,bs,softcap,window,cfg", [
     (32, 32, 128, 16, 0.0, 0, None), (32, 8, 64, 16, 0.0, 0, None), (8, 8, 128, 32, 0.0, 0, WgmmaConfig(2, 64, 3)),
     (32, 8, 64, 16, 0.0, 0, WgmmaConfig(1, 64, 2)), (9, 3, 64, 16, 30.0, 700, WgmmaConfig(2, 128, 2)),
-    (16, 4, 128, 32, 0.0, 0, WgmmaConfig(1, 128, 3))])
+    (16, 4, 128, 32, 0.0, 0, WgmmaConfig(1, 128, 3)), (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, True)),
+    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(2, 64, 3, True)), (9, 3, 64, 16, 30.0, 700, WgmmaConfig(2, 128, 3, True))])
 def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
     spec = wgmma_spec(bf16, bf16, H, KV, D, bs, D ** -0.5, h200, softcap, window, cfg=cfg)
     cfg = cfg or default_config(D)
@@ -155,11 +159,13 @@ def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
     qk = f"HGMMA.64x{cfg.block_n}x16.F32.BF16"
     pv = f"HGMMA.64x{D}x16.F32.BF16"
     hgmma = {o: n for o, n in ops.items() if o.startswith("HGMMA")}
-    # one instruction per 16 head_dim elements (S) and per 16 positions (O), unrolled once per tile
+    # one instruction per 16 head_dim elements (S) and per 16 positions (O), unrolled once per tile; with overlap
+    # the last tile's O += P V is issued again after the loop
+    n_pv = cfg.block_n // 16 * (2 if cfg.overlap else 1)
     if qk == pv:
-        assert hgmma == {qk: D // 16 + cfg.block_n // 16}, hgmma
+        assert hgmma == {qk: D // 16 + n_pv}, hgmma
     else:
-        assert hgmma == {qk: D // 16, pv: cfg.block_n // 16}, hgmma
+        assert hgmma == {qk: D // 16, pv: n_pv}, hgmma
     assert ".tnspB" in sass  # V is the MN-major (transposed) B operand
     assert "WARPGROUP.ARRIVE" in sass and "WARPGROUP.DEPBAR" in sass
     assert not any(o.startswith("HMMA") for o in ops)  # no mma.sync left

@@ -41,12 +41,17 @@ namespace {
 constexpr int D = ${HEAD_DIM}, KV = ${KV_HEADS}, G = ${GROUP}, H = KV * G, BS = ${BLOCK_SIZE};
 constexpr int WGS = ${WGS}, ROWS = 64 * WGS, TPT = ROWS / G, BN = ${BLOCK_N}, STAGES = ${STAGES}, NT = WGS * 128;
 constexpr int WINDOW = ${SLIDING_WINDOW}, QS = ${Q_STRIDE}, CH = D / 8;
+// OVERLAP: O += P V of a tile runs during the next tile's softmax, so a V tile is read one iteration longer and
+// the loads run AHEAD = STAGES - 2 tiles ahead instead of STAGES - 1
+constexpr bool OVERLAP = ${OVERLAP};
+constexpr int AHEAD = STAGES - 1 - (OVERLAP ? 1 : 0);
 constexpr unsigned TILE = BN * D * 2;  // one K or V tile
 constexpr float SCALE = ${SCALE}, SOFTCAP = ${SOFTCAP}, LOG2E = 1.4426950408889634f;
 static_assert(D == 64 || D == 128, "head_dim 64 or 128");
 static_assert(BN == 64 || BN == 128, "64 or 128 positions per K/V tile");
 static_assert(WGS == 1 || WGS == 2, "one or two consumer warpgroups");
 static_assert(STAGES >= 2 && STAGES <= 3, "two or three K/V stages");
+static_assert(AHEAD >= 1, "OVERLAP needs three stages");
 static_assert(G <= ROWS, "a CTA holds at least one whole query-head group (rows past TPT * G stay idle)");
 struct __align__(16) pw_u32x4 { unsigned x, y, z, w; };
 
@@ -75,9 +80,9 @@ template <int N> __device__ __forceinline__ void pw_pin(unsigned* d) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
-template <int N> __device__ __forceinline__ void pw_wait(float* d) {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  pw_pin<N>(d);
+// this warpgroup's wgmma groups but the newest N complete
+template <int N> __device__ __forceinline__ void pw_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 // S (+)= A B, both from shared memory (descriptors), K-major; m64n64k16
 __device__ __forceinline__ void pw_ss_n64(float* d, unsigned long long da, unsigned long long db, int acc) {
@@ -171,6 +176,89 @@ __device__ __forceinline__ void pw_load_kv(const bf16* kv_cache, const int* tabl
     att_cp16(sv + pw_off(j, c, BN), ok ? kp + BS * (KV * D) : kv_cache, ok);
   }
 }
+// S = Q K^T for this warpgroup's 64 rows and the BN positions of the K tile at sk: D / 16 k-steps (K-major A and
+// B, SWIZZLE_128B; within a panel a k-step is 32 bytes on), one group
+__device__ __forceinline__ void pw_qk(float* sc, unsigned qa, unsigned sk) {
+  pw_pin<BN / 2>(sc);
+  pw_fence();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+    pw_ss<BN>(sc, pw_desc(qa + (ks >> 2) * (ROWS * 128) + (ks & 3) * 32, 16, 1024),
+              pw_desc(sk + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024), ks > 0);
+  pw_commit();
+}
+// O += P V for the V tile at sv: BN / 16 k-steps of 16 positions (2048 bytes each; V MN-major, the next head_dim
+// panel BN * 128 bytes on), one group
+__device__ __forceinline__ void pw_pv(float* o, unsigned (*pa)[4], unsigned sv) {
+  pw_pin<D / 2>(o);
+  pw_pin<BN / 4>(&pa[0][0]);
+  pw_fence();
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) pw_rs<D>(o, pa[kk], pw_desc(sv + kk * 2048, BN * 128, 1024));
+  pw_commit();
+}
+// a thread's two rows (g8, g8 + 8): positions of their tokens (-1: none), window starts, running max and sum
+struct PwRows {
+  int qpos[2], first[2];
+  float m[2], l[2];
+};
+// S (accumulator layout: sc[4 i + e] is row g8 + 8 (e >> 1), position p0 + 8 i + 2 t4 + (e & 1)) -> scaled, capped,
+// masked log2-domain scores -> exp2(score - new row max) in place; corr: the factor O's rows are to be scaled by
+__device__ __forceinline__ void pw_softmax(float* sc, PwRows& rows, float* corr, int p0, bool masked, int t4) {
+  const float NEG_INF = __int_as_float(0xff800000u);
+#pragma unroll
+  for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = sc[4 * i + e];
+      if (SOFTCAP > 0.0f) x = SOFTCAP * tanhf(x * (SCALE / (SOFTCAP > 0.0f ? SOFTCAP : 1.0f))) * LOG2E;
+      else x *= SCALE * LOG2E;
+      if (masked) {
+        const int p = p0 + i * 8 + 2 * t4 + (e & 1), hf = e >> 1;
+        if (rows.qpos[hf] >= 0 && (p > rows.qpos[hf] || (WINDOW > 0 && p < rows.first[hf]))) x = NEG_INF;
+      }
+      sc[4 * i + e] = x;
+    }
+  // rows g8 (e = 0, 1) and g8 + 8 (e = 2, 3); a row's 4 lanes share its max
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = rows.m[hf];
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * hf], sc[4 * i + 2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mu = mx == NEG_INF ? 0.0f : mx;  // a row with nothing seen yet: exp2(-inf - 0) = 0
+    corr[hf] = att_exp2(rows.m[hf] - mu);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) {
+      sc[4 * i + 2 * hf] = att_exp2(sc[4 * i + 2 * hf] - mu);
+      sc[4 * i + 2 * hf + 1] = att_exp2(sc[4 * i + 2 * hf + 1] - mu);
+      sum += sc[4 * i + 2 * hf] + sc[4 * i + 2 * hf + 1];
+    }
+    rows.l[hf] = rows.l[hf] * corr[hf] + sum;  // this lane's partial; the row's 4 lanes are summed at the end
+    rows.m[hf] = mx;
+  }
+}
+__device__ __forceinline__ void pw_rescale(float* o, const float* corr) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    o[4 * i] *= corr[0];
+    o[4 * i + 1] *= corr[0];
+    o[4 * i + 2] *= corr[1];
+    o[4 * i + 3] *= corr[1];
+  }
+}
+// P as the A operand of O += P V: k-step kk is S's 8-position chunks 2 kk and 2 kk + 1, as bf16 pairs
+__device__ __forceinline__ void pw_pack_p(const float* sc, unsigned (*pa)[4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    pa[kk][0] = pw_pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+    pa[kk][1] = pw_pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+    pa[kk][2] = pw_pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+    pa[kk][3] = pw_pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+  }
+}
 // this thread's cp.async groups but the newest N done, their writes made visible to wgmma (async proxy), then
 // the whole CTA's
 template <int N> __device__ __forceinline__ void pw_publish() {
@@ -227,112 +315,87 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
     att_commit();
     const int kt0 = lo / BN, ntiles = qpos_hi / BN - kt0 + 1;
 #pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {  // prologue: the first STAGES - 1 tiles in flight
+    for (int st = 0; st < AHEAD; ++st) {  // prologue: the first AHEAD tiles in flight
       if (st < ntiles) pw_load_kv(kv_cache, table, kvh, (kt0 + st) * BN, lo, qpos_hi, sk0 + st * TILE,
                                   sv0 + st * TILE, tid);
       att_commit();
     }
 
     // this thread's rows g8 and g8 + 8 of its warp: positions (-1: not a token, never masked in or written)
-    int qpos[2], first[2];
+    PwRows rows;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int tl = (warp * 16 + g8 + 8 * hf) / G;
-      qpos[hf] = tl < ntok ? base + t0 + tl : -1;
-      first[hf] = WINDOW > 0 ? qpos[hf] - WINDOW + 1 : 0;
+      rows.qpos[hf] = tl < ntok ? base + t0 + tl : -1;
+      rows.first[hf] = WINDOW > 0 ? rows.qpos[hf] - WINDOW + 1 : 0;
+      rows.m[hf] = NEG_INF;
+      rows.l[hf] = 0.0f;
     }
-    float o[D / 2], sc[BN / 2], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    float o[D / 2], sc[BN / 2], corr[2];
+    unsigned pa[BN / 16][4];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) sc[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < BN / 4; ++i) pa[i / 4][i % 4] = 0u;
     const unsigned qa = sq + wg * 64 * 128;  // this warpgroup's 64 rows of each Q panel
 
     int stage = 0;
     for (int it = 0; it < ntiles; ++it) {
-      {  // the tile STAGES - 1 ahead goes to the stage tile it - 1 used (free: the barrier closing it - 1)
-        const int ahead = it + STAGES - 1, as = stage == 0 ? STAGES - 1 : stage - 1;
+      const int prev = stage == 0 ? STAGES - 1 : stage - 1;
+      {  // the tile AHEAD on goes to the stage AHEAD on, free since the barrier that closed iteration it - 1
+        const int ahead = it + AHEAD, as = (stage + AHEAD) % STAGES;
         if (ahead < ntiles) pw_load_kv(kv_cache, table, kvh, (kt0 + ahead) * BN, lo, qpos_hi, sk0 + as * TILE,
                                        sv0 + as * TILE, tid);
         att_commit();
       }
-      pw_publish<STAGES - 1>();
-      const unsigned sk = sk0 + stage * TILE, sv = sv0 + stage * TILE;
+      pw_publish<AHEAD>();
       const int p0 = (kt0 + it) * BN;
-      // S = Q K^T: this warpgroup's 64 rows x BN positions, D / 16 k-steps of 16 head_dim elements
-      pw_pin<BN / 2>(sc);
-      pw_fence();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)
-        pw_ss<BN>(sc, pw_desc(qa + (ks >> 2) * (ROWS * 128) + (ks & 3) * 32, 16, 1024),
-                  pw_desc(sk + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024), ks > 0);
-      pw_commit();
-      pw_wait<BN / 2>(sc);
-
       const bool masked = p0 + BN - 1 > qpos_lo || (WINDOW > 0 && p0 < first_hi);
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = sc[4 * i + e];
-          if (SOFTCAP > 0.0f) x = SOFTCAP * tanhf(x * (SCALE / (SOFTCAP > 0.0f ? SOFTCAP : 1.0f))) * LOG2E;
-          else x *= SCALE * LOG2E;
-          if (masked) {
-            const int p = p0 + i * 8 + 2 * t4 + (e & 1), hf = e >> 1;
-            if (qpos[hf] >= 0 && (p > qpos[hf] || (WINDOW > 0 && p < first[hf]))) x = NEG_INF;
-          }
-          sc[4 * i + e] = x;
-        }
-      // online softmax: rows g8 (e = 0, 1) and g8 + 8 (e = 2, 3); a row's 4 lanes share its max
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = m[hf];
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * hf], sc[4 * i + 2 * hf + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mu = mx == NEG_INF ? 0.0f : mx;  // a row with nothing seen yet: exp2(-inf - 0) = 0
-        const float corr = att_exp2(m[hf] - mu);
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) {
-          sc[4 * i + 2 * hf] = att_exp2(sc[4 * i + 2 * hf] - mu);
-          sc[4 * i + 2 * hf + 1] = att_exp2(sc[4 * i + 2 * hf + 1] - mu);
-          sum += sc[4 * i + 2 * hf] + sc[4 * i + 2 * hf + 1];
-        }
-        l[hf] = l[hf] * corr + sum;  // this lane's partial; the row's 4 lanes are summed at the end
-        m[hf] = mx;
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          o[4 * i + 2 * hf] *= corr;
-          o[4 * i + 2 * hf + 1] *= corr;
-        }
+      pw_qk(sc, qa, sk0 + stage * TILE);
+      if (OVERLAP) {
+        // FlashAttention-3's intra-warpgroup pipelining: O += P V of tile it - 1 runs on the tensor cores while
+        // this tile's softmax runs; O is rescaled and P replaced once it is done. At it = 0, P is zeros and the
+        // V tile this tile's (finite: loaded or zero-filled), so it adds nothing: the same wgmma groups in flight
+        // every iteration (a branch there makes ptxas wait for both groups before the softmax)
+        pw_pv(o, pa, sv0 + (it > 0 ? prev : stage) * TILE);
+        pw_wait<1>();
+        pw_pin<BN / 2>(sc);
+        pw_softmax(sc, rows, corr, p0, masked, t4);
+        pw_pin<BN / 2>(sc);  // the softmax before the wait: nothing it computes may sink past
+        pw_pin<2>(corr);
+        pw_pin<2>(rows.l);
+        pw_wait<0>();
+        pw_pin<D / 2>(o);
+        pw_pin<BN / 4>(&pa[0][0]);
+        pw_rescale(o, corr);
+        pw_pack_p(sc, pa);
+      } else {
+        pw_wait<0>();
+        pw_pin<BN / 2>(sc);
+        pw_softmax(sc, rows, corr, p0, masked, t4);
+        pw_rescale(o, corr);
+        pw_pack_p(sc, pa);
+        pw_pv(o, pa, sv0 + stage * TILE);
+        pw_wait<0>();
+        pw_pin<D / 2>(o);
       }
-      // O += P V: P's k-step kk is S's 8-position chunks 2 kk and 2 kk + 1, as bf16 pairs
-      unsigned pa[BN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        pa[kk][0] = pw_pack(sc[8 * kk + 0], sc[8 * kk + 1]);
-        pa[kk][1] = pw_pack(sc[8 * kk + 2], sc[8 * kk + 3]);
-        pa[kk][2] = pw_pack(sc[8 * kk + 4], sc[8 * kk + 5]);
-        pa[kk][3] = pw_pack(sc[8 * kk + 6], sc[8 * kk + 7]);
-      }
-      pw_pin<D / 2>(o);
-      pw_pin<BN / 4>(&pa[0][0]);
-      pw_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) pw_rs<D>(o, pa[kk], pw_desc(sv + kk * 2048, BN * 128, 1024));
-      pw_commit();
-      pw_wait<D / 2>(o);
-      __syncthreads();  // this stage is loaded again STAGES - 1 tiles later
+      __syncthreads();  // the stages of tile it (it - 1 with OVERLAP) are free: loaded again next iteration
       stage = stage == STAGES - 1 ? 0 : stage + 1;
+    }
+    if (OVERLAP) {  // the last tile's O += P V (its stage is not overwritten before the next sub-tile's barrier)
+      pw_pv(o, pa, sv0 + (stage == 0 ? STAGES - 1 : stage - 1) * TILE);
+      pw_wait<0>();
+      pw_pin<D / 2>(o);
+      __syncthreads();
     }
     att_wait<0>();  // the (empty) groups of tiles past the last
 
     // O / l -> out (rows that are tokens of this sub-tile)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float sum = l[hf];
+      float sum = rows.l[hf];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;

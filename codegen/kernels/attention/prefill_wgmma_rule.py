@@ -40,6 +40,9 @@ class WgmmaConfig:
     block_n: int = 128
     #: shared-memory K/V stages (cp.async: STAGES - 1 tiles in flight while one is computed)
     stages: int = 2
+    #: FlashAttention-3's intra-warpgroup pipelining: a tile's O += P V runs during the next tile's softmax (S of
+    #: the next tile live beside P and O: more registers; needs 3 stages, loads then run 1 tile ahead)
+    overlap: bool = False
 
     @property
     def rows(self) -> int:
@@ -73,6 +76,8 @@ def supported(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: in
     cfg = cfg or default_config(head_dim)
     if cfg.warpgroups not in (1, 2) or cfg.block_n not in BLOCK_NS or cfg.stages not in (2, 3):
         return False
+    if cfg.overlap and cfg.stages < 3:
+        return False
     return num_heads // num_kv_heads <= cfg.rows and smem_bytes(head_dim, cfg) <= MAX_SMEM
 
 
@@ -91,13 +96,14 @@ def wgmma_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: i
                          f"{num_heads}x{num_kv_heads}x{head_dim} block {block_size} on {target.name} with {cfg}")
     group = num_heads // num_kv_heads
     values = {"HEAD_DIM": head_dim, "KV_HEADS": num_kv_heads, "GROUP": group, "BLOCK_SIZE": block_size,
-              "WGS": cfg.warpgroups, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages, "Q_STRIDE": num_heads * head_dim,
+              "WGS": cfg.warpgroups, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages, "OVERLAP": cfg.overlap,
+              "Q_STRIDE": num_heads * head_dim,
               "SCALE": float(scale), "SOFTCAP": float(softcap), "SLIDING_WINDOW": int(sliding_window)}
     tag = (f"{dtype.value}_{num_heads}x{num_kv_heads}x{head_dim}_b{block_size}"
-           f"_wg{cfg.warpgroups}_n{cfg.block_n}_s{cfg.stages}")
+           f"_wg{cfg.warpgroups}_n{cfg.block_n}_s{cfg.stages}{'_ov' if cfg.overlap else ''}")
     tpt = tokens_per_cta(num_heads, num_kv_heads, cfg)
     return KernelSpec.make("attention", "prefill_wgmma.cu", f"paged_attention_prefill_wgmma_{tag}",
                            target.arch or "", values, ATTEND_PARAMS, cfg.threads,
                            [GridDim("num_tokens", tpt), GridDim(const=num_kv_heads)], smem_bytes(head_dim, cfg),
                            doc=f"wgmma prefill attention, {cfg.rows} rows ({tpt} tokens) x {cfg.block_n} positions, "
-                               f"{cfg.stages} stages")
+                               f"{cfg.stages} stages{', softmax overlapping O += P V' if cfg.overlap else ''}")
