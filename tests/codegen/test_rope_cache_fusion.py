@@ -2,30 +2,40 @@
 ``rope/qkv_cache.cu`` bound to q's buffer, the layer's KV cache, ``slot_mapping`` and (FP8 caches) ``kv_scale``, and
 the attention's cache-write launch is gone; nothing fuses where k or v have other readers or are graph outputs;
 switched off (the default) the kernel table is unchanged; the fused kernel compiles for sm_90a and sm_100a (bf16 and
-FP8 caches, head_dim 64 and 128, GQA, interleaved pairs) with 16-byte loads and no local memory. The kernels run
-on the GPU in ``test_rope_cache_fusion_gpu.py``."""
+FP8 caches, head_dim 64 and 128, GQA, interleaved pairs) with 16-byte loads and no local memory, and, built for the
+host (``host_emulation.py``: every thread run in turn), writes the same q and cache bytes as ``qkv.cu`` followed by
+the cache write, and what the numpy references give. The kernels run on the GPU in
+``test_rope_cache_fusion_gpu.py``."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import numpy as np
 import pytest
 
 import ingot
 from ingot.codegen import compile as cc
 from ingot.codegen import rope_cache_fusion
+from ingot.codegen.kernel import KernelSpec
+from ingot.codegen.kernels.attention.rule import paged_attention_specs
+from ingot.codegen.kernels.attention.split_rule import cache_write_fp8_spec
 from ingot.codegen.kernels.rope.cache_rule import rope_qkv_cache_spec, vec_width
 from ingot.codegen.kernels.rope.rule import rope_qkv_spec, rope_spec
 from ingot.codegen.lower import plan_launches, to_device_dtypes
 from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
-from ingot.codegen.target import get_target
-from ingot.ir.ops.core import Cast
+from ingot.codegen.target import Target, get_target
+from ingot.ir.ops.core import Cast, cast_array
+from ingot.ir.ops.llm import RopeQKV
+from ingot.ir.quant.formats import to_e4m3
 from ingot.ir.types import DType
 from ingot.passes import PassContext, run_passes
 from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
+from tests.codegen.host_emulation import CXX, HostKernel, aligned
 from tests.codegen.test_fuse_split_lower import LAYER, _graph
 from tests.codegen.test_lower import FIXTURES
+from tests.helpers import assert_close, rng
 
 bf16, f32, f8 = DType.bf16, DType.f32, DType.f8e4m3fn
 ARCH = {"h200": "sm_90a", "b200": "sm_100a"}
@@ -249,3 +259,96 @@ def test_fused_kernel_compiles_without_spills(target, case):
     assert not any(o.startswith(("LDL", "STL")) for o in ops), "local memory (spills) in the fused kernel"
     if scaled:
         assert any("E4M3" in o for o in ops), sorted(ops)  # the saturating e4m3 conversion
+
+
+# -- the kernel's values (on the host here, on the GPU in test_rope_cache_fusion_gpu.py) ----------------------------
+
+
+def fused_spec(case: str, target: Target) -> KernelSpec:
+    dt, ct, kt, scaled, nq, nkv, d, rot, inter, bs = CASES[case]
+    return rope_qkv_cache_spec(dt, ct, kt, nq, nkv, d, rot, inter, bs, scaled, target)
+
+
+def two_launch_specs(case: str, target: Target) -> tuple[KernelSpec, KernelSpec]:
+    """What the fused kernel replaces: ``qkv.cu`` and the attention family's cache write."""
+    dt, ct, kt, scaled, nq, nkv, d, rot, inter, bs = CASES[case]
+    write = (cache_write_fp8_spec(dt, nkv, d, bs, target) if scaled
+             else paged_attention_specs(dt, kt, nq, nkv, d, bs, 0.125, target)[0])
+    return rope_qkv_spec(dt, ct, nq, nkv, d, rot, inter, target), write
+
+
+def _cast(x: np.ndarray, dtype: DType) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    return x if dtype is f32 else cast_array(x, dtype)
+
+
+def draw(r: np.random.Generator, case: str, tokens: int, max_pos: int = 512) -> dict[str, np.ndarray | None]:
+    """One step's inputs: the qkv rows, positions, f32 or bf16 tables, a random cache with room for every token, the
+    slots (distinct, about a quarter and the last token negative) and, for FP8 caches, K/V scales from each head's
+    largest value, halved for every other head so that some written values saturate at 448."""
+    dt, ct, kt, scaled, nq, nkv, d, rot, inter, bs = CASES[case]
+    qkv = _cast(r.standard_normal((tokens, (nq + 2 * nkv) * d)) * (4.0 if scaled else 1.0), dt)
+    ang = np.arange(max_pos)[:, None] * (10000.0 ** (-np.arange(rot // 2) / (rot // 2)))[None]
+    num_blocks = tokens // bs + 3
+    slots = r.permutation(num_blocks * bs)[:tokens].astype(np.int64)
+    slots[r.random(tokens) < 0.25] = -1
+    slots[-1] = -1
+    cache = _cast(r.standard_normal((num_blocks, 2, bs, nkv, d)) * (60.0 if kt is f8 else 1.0), kt)
+    kv_scale = None
+    if scaled:
+        kv = np.abs(qkv[:, nq * d:].astype(np.float32)).reshape(tokens, 2, nkv, d)
+        kv_scale = (kv.max(axis=(0, 3)) / 448.0).astype(np.float32)
+        kv_scale[:, ::2] *= 0.5
+    return {"qkv": qkv, "positions": r.integers(0, max_pos, tokens).astype(np.int64),
+            "cos": _cast(np.cos(ang), ct), "sin": _cast(np.sin(ang), ct), "kv_cache": cache, "slot_mapping": slots,
+            "kv_scale": kv_scale}
+
+
+def check_outputs(case: str, inputs: dict, q: np.ndarray, cache: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    """The fused kernel's q and cache against the numpy references: q, and the two-launch path's k and v (``qkv.cu``'s
+    outputs for the same inputs, which the caller has compared with the fused cache bit for bit), within the tolerance
+    of their type of ``RopeQKV.ref``; the cache exactly what the cache write makes of k and v (rounded to the cache
+    type, or ``to_e4m3(x / kv_scale)``) at the slots of tokens with one, every other byte unchanged."""
+    dt, ct, kt, scaled, nq, nkv, d, rot, inter, bs = CASES[case]
+    op = RopeQKV(num_heads=nq, num_kv_heads=nkv, head_dim=d, rotary_dim=rot, interleaved=inter)
+    rq, rk, rv = op.ref(inputs["qkv"], inputs["positions"], inputs["cos"], inputs["sin"])
+    assert_close(q, rq, what="q")
+    assert_close(k, rk, what="k")
+    assert np.array_equal(v.view(np.uint8), rv.view(np.uint8)), "v is a copy"
+    want = inputs["kv_cache"].copy()
+    for t, slot in enumerate(inputs["slot_mapping"]):
+        if slot < 0:
+            continue
+        blk, off = divmod(int(slot), bs)
+        for i, x in enumerate((k[t], v[t])):
+            x = x.astype(np.float32).reshape(nkv, d)
+            want[blk, i, off] = to_e4m3(x / inputs["kv_scale"][i][:, None]) if scaled else _cast(x, kt)
+    assert np.array_equal(cache.view(np.uint8), want.view(np.uint8)), "cache bytes"
+
+
+@pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fused_kernel_on_the_host_writes_what_the_two_launches_write(case):
+    tgt = get_target("h200")
+    fused = HostKernel(fused_spec(case, tgt))
+    rope, write = (HostKernel(s) for s in two_launch_specs(case, tgt))
+    r = rng()
+    for tokens in (37, 1):  # a prefill-sized step; a decode step of one token without a slot (padding)
+        inputs = {n: aligned(a) if a is not None else None for n, a in draw(r, case, tokens).items()}
+        tables = {n: inputs[n] for n in ("qkv", "positions", "cos", "sin")}
+        scale = {"kv_scale": inputs["kv_scale"]} if CASES[case][3] else {}
+        dt, nq, nkv, d = CASES[case][0], *CASES[case][4:7]
+        q = aligned(np.full((tokens, nq * d), np.nan, np.float32).astype(dt.np))  # poisoned
+        cache = aligned(inputs["kv_cache"])
+        fused.launch(**tables, q=q, kv_cache=cache, slot_mapping=inputs["slot_mapping"],
+                     kv_scale=inputs["kv_scale"], num_tokens=tokens)
+        q2, k2, v2 = (aligned(np.full((tokens, h * d), np.nan, np.float32).astype(dt.np)) for h in (nq, nkv, nkv))
+        rope.launch(**tables, q=q2, k=k2, v=v2, num_tokens=tokens)
+        cache2 = aligned(inputs["kv_cache"])
+        write.launch(k=k2, v=v2, kv_cache=cache2, slot_mapping=inputs["slot_mapping"], num_tokens=tokens, **scale)
+        assert np.array_equal(q.view(np.uint8), q2.view(np.uint8)), "q differs from qkv.cu's"
+        assert np.array_equal(cache.view(np.uint8), cache2.view(np.uint8)), "the cache differs from the cache write's"
+        check_outputs(case, inputs, q, cache, k2, v2)
+        written = (inputs["slot_mapping"] >= 0).sum()
+        changed = (cache.view(np.uint8) != inputs["kv_cache"].view(np.uint8)).any(axis=(2, 3, 4)).sum()
+        assert changed <= 2 * written and (written == 0 or changed > 0)
