@@ -78,5 +78,23 @@ def test_prefill_attention_matches_reference(gpu, case, kernel):
         out = gpu.alloc(q.shape, q.dtype)  # poisoned (NaN)
         gpu.launch(spec, out=out, **args)
         got = gpu.download(out)
+        where_wrong(got, ref, H, D)
         assert np.isfinite(got.astype(np.float32)).all(), f"launch {attempt}: unwritten or non-finite outputs"
         assert_close(got, ref, what=f"attention out, launch {attempt}")
+
+
+def where_wrong(got: np.ndarray, ref: np.ndarray, H: int, D: int) -> None:
+    """Print where outputs are off (non-finite, or off by more than 0.05 + 0.05 |ref|), by 64-wide head_dim panel,
+    query head and token: a wrong descriptor or fragment layout shows as a whole panel, half the heads or every
+    token wrong, a masking bug as some tokens only. Prints nothing when all are close; the assertion is the
+    caller's."""
+    g = got.astype(np.float32).reshape(-1, H, D)
+    r = ref.astype(np.float32).reshape(-1, H, D)
+    bad = ~np.isfinite(g) | (np.abs(g - r) > 0.05 + 0.05 * np.abs(r))
+    if not bad.any():
+        return
+    panels = [f"d[{p * 64}:{p * 64 + 64}] {bad[:, :, p * 64:(p + 1) * 64].mean():.2f}" for p in range(D // 64)]
+    tokens = np.flatnonzero(bad.any(axis=(1, 2)))
+    print(f"  wrong: {bad.mean():.3f} of outputs; by panel {', '.join(panels)}; heads "
+          f"{np.flatnonzero(bad.any(axis=(0, 2))).tolist()}; {tokens.size} of {g.shape[0]} tokens, first "
+          f"{tokens[:12].tolist()}")

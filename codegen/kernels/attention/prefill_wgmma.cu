@@ -23,8 +23,12 @@
 //   O += P V   wgmma m64nDk16 with A = P from registers (bf16 pairs of S's accumulator layout are exactly the
 //              A fragment of a 16-position k-step) and B = V from shared memory, MN-major (head_dim contiguous
 //              is wgmma's N), i.e. the transpose bit set; BN / 16 instructions.
-// Every wgmma group is waited for (wait_group 0) before its registers are read: correct first; no intra-warpgroup
-// overlap of softmax with the next S yet (the two warpgroups still overlap each other's MMAs and softmax).
+// By default each wgmma group is waited for (wait_group 0) before the softmax or the next tile: the two warpgroups
+// overlap each other's MMAs and softmax only loosely (a CTA barrier per tile). OVERLAP (opt-in, 3 stages) is
+// FlashAttention-3's intra-warpgroup pipelining: tile it's S and tile it - 1's O += P V are issued together, the
+// softmax of S runs after wait_group 1 while O += P V is still in flight. (As compiled by NVRTC 13.5 for the
+// d128 x 128 config, the SASS puts the wait_group 0 right after the masking, before the row max and exp2: only
+// the scale/mask part overlaps. To look at when the GPU numbers are in.)
 //
 // Shared memory: every operand tile is stored as 128-byte-swizzle panels: a panel holds 64 head_dim elements
 // (128 bytes) of each row, rows 128 bytes apart, the 16-byte chunk c of row r at chunk c ^ (r & 7) (wgmma's
