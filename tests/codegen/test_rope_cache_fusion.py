@@ -352,3 +352,20 @@ def test_fused_kernel_on_the_host_writes_what_the_two_launches_write(case):
         written = (inputs["slot_mapping"] >= 0).sum()
         changed = (cache.view(np.uint8) != inputs["kv_cache"].view(np.uint8)).any(axis=(2, 3, 4)).sum()
         assert changed <= 2 * written and (written == 0 or changed > 0)
+
+
+@needs_compiler
+def test_with_decode_fusion_the_skips_point_at_their_linears(tmp_path, monkeypatch):
+    """Both opt-in fusions on: rope-cache fusion removes launches before decode fusion numbers them, so every skipped
+    launch's ``into`` is still the linear that reads its output."""
+    monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
+    monkeypatch.setenv("INGOT_DECODE_FUSION", "1")
+    cuda = _table(tmp_path, "h200", "both", monkeypatch, "1")
+    launches = cuda["launches"]
+    assert sum(cuda["kernels"][ln["kernel"]]["spec"]["template"] == "qkv_cache.cu" for ln in launches) == 2
+    skipped = [ln for ln in launches if "skip" in ln]
+    assert len(skipped) == 2 * 3 + 1
+    for ln in skipped:
+        consumer = launches[ln["skip"]["into"]]
+        assert consumer["op"] == "linear" and consumer["node"] > ln["node"]
+        assert consumer["variants"][0]["args"]["x"] == (ln["args"]["x"] if ln["op"] == "rms_norm" else ln["args"]["a"])
