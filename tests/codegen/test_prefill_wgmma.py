@@ -1,7 +1,9 @@
 """The wgmma paged prefill attention kernel (``codegen/kernels/attention/prefill_wgmma.cu``) without a GPU: what
 ``prefill_wgmma_rule`` takes and declines, its spec (the flash kernel's parameters, grid, shared memory), the
-opt-in selection through ``INGOT_PREFILL_ATTENTION`` (``prefill_rule.plan_prefill`` and the lowering), and compile
-checks for sm_90a: warpgroup MMA (``HGMMA``, the V operand transposed) in the SASS, no local memory."""
+opt-in selection through ``INGOT_PREFILL_ATTENTION`` (``prefill_rule.plan_prefill`` and the lowering), compile
+checks for sm_90a (warpgroup MMA, ``HGMMA``, with the V operand transposed in the SASS; no local memory), and a
+numpy model of one tile through the kernel's shared-memory layout, descriptors and fragments as the PTX ISA
+describes wgmma's reads (what a GPU run would show first if the kernel and that description disagreed)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import re
 from collections import Counter
 
+import numpy as np
 import pytest
 
 import ingot
@@ -169,3 +172,112 @@ def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
     assert ".tnspB" in sass  # V is the MN-major (transposed) B operand
     assert "WARPGROUP.ARRIVE" in sass and "WARPGROUP.DEPBAR" in sass
     assert not any(o.startswith("HMMA") for o in ops)  # no mma.sync left
+
+
+# -- the shared-memory layout and descriptors, modelled on the CPU ------------------------------------------------
+#
+# What wgmma reads through a descriptor (PTX ISA "Shared Memory Matrix Layout", CUTLASS's GmmaDescriptor): the
+# canonical SWIZZLE_128B layouts in bytes, then the swizzle applied to the whole address (bits [4, 7) ^= bits
+# [7, 10)). K-major (A or B not transposed): element (row, k) of a 16-wide k-step at start + (row % 8) * 128 +
+# (row // 8) * SBO + 2 k (LBO unused). MN-major (B transposed): element (k, n) at start + 2 (n % 64) +
+# (n // 64) * LBO + (k % 8) * 128 + (k // 8) * SBO. The kernel's side below mirrors prefill_wgmma.cu: pw_off for
+# where cp.async puts (row, 16-byte chunk), pw_qk / pw_pv for the descriptors, the m64nNk16 accumulator layout
+# (register 4 i + e of thread t: row 16 (t // 32) + (t % 32) // 4 + 8 (e // 2), column 8 i + 2 (t % 4) + e % 2) and
+# pw_pack_p for P. A wrong offset on either side shows as S or O differing from numpy.
+
+
+def swizzle128(addr: np.ndarray) -> np.ndarray:
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def decode_desc(desc: int) -> tuple[int, int, int, int]:
+    """(start address, LBO, SBO, layout) from a descriptor's bits."""
+    return ((desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4, desc >> 62)
+
+
+def read_k_major(smem: np.ndarray, desc: int, rows: int) -> np.ndarray:
+    """The rows x 16 bf16 (as uint16) operand a K-major SWIZZLE_128B descriptor names."""
+    start, _, sbo, layout = decode_desc(desc)
+    assert layout == 1
+    r, k = np.meshgrid(np.arange(rows), np.arange(16), indexing="ij")
+    return smem[swizzle128(start + (r % 8) * 128 + (r // 8) * sbo + 2 * k) // 2]
+
+
+def read_mn_major(smem: np.ndarray, desc: int, n: int) -> np.ndarray:
+    """The 16 x n operand (k, n) an MN-major SWIZZLE_128B descriptor names."""
+    start, lbo, sbo, layout = decode_desc(desc)
+    assert layout == 1
+    k, c = np.meshgrid(np.arange(16), np.arange(n), indexing="ij")
+    return smem[swizzle128(start + 2 * (c % 64) + (c // 64) * lbo + (k % 8) * 128 + (k // 8) * sbo) // 2]
+
+
+def pw_desc(addr: int, lbo: int, sbo: int) -> int:
+    return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1 << 62)
+
+
+def pw_off(row: int, c: int, rows: int) -> int:
+    return (c >> 3) * rows * 128 + row * 128 + (((c & 7) ^ (row & 7)) << 4)
+
+
+def store_tile(smem: np.ndarray, base: int, tile: np.ndarray) -> None:
+    """cp.async of a [rows][D] bf16 tile into the swizzled layout at byte address base, 16-byte chunk by chunk."""
+    rows, d = tile.shape
+    for row in range(rows):
+        for c in range(d // 8):
+            at = (base + pw_off(row, c, rows)) // 2
+            smem[at:at + 8] = tile[row, 8 * c:8 * c + 8]
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def bits_f32(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("D,BN,WGS", [(64, 64, 1), (64, 128, 2), (128, 64, 2), (128, 128, 2)])
+def test_layout_model_reproduces_a_tile(D, BN, WGS):
+    rows = 64 * WGS
+    r = rng()
+    q, k, v = (bf16_bits(r.standard_normal(shape)) for shape in ((rows, D), (BN, D), (BN, D)))
+    base = 3072  # 1024-aligned, not 0: the descriptors' start addresses must carry it
+    sq, sk = base, base + rows * D * 2
+    sv = sk + BN * D * 2
+    smem = np.zeros((sv + BN * D * 2) // 2, np.uint16)
+    for at, tile in ((sq, q), (sk, k), (sv, v)):
+        store_tile(smem, at, tile)
+    qf, kf, vf = bits_f32(q), bits_f32(k), bits_f32(v)
+    for wg in range(WGS):
+        qa = sq + wg * 64 * 128
+        # S = Q K^T as pw_qk issues it: the hardware's view of each k-step's operands, accumulated
+        s = np.zeros((64, BN), np.float32)
+        for ks in range(D // 16):
+            a = read_k_major(smem, pw_desc(qa + (ks >> 2) * (rows * 128) + (ks & 3) * 32, 16, 1024), 64)
+            b = read_k_major(smem, pw_desc(sk + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024), BN)
+            np.testing.assert_array_equal(a, q[64 * wg:64 * wg + 64, 16 * ks:16 * ks + 16])
+            s += bits_f32(a) @ bits_f32(b).T
+        np.testing.assert_allclose(s, qf[64 * wg:64 * wg + 64] @ kf.T, rtol=1e-5, atol=1e-4)
+        # S in the accumulator layout, P = bf16(S) packed as pw_pack_p does, read back as the A fragment
+        # (register j of thread t: rows g, g + 8, g, g + 8 and k 2 t4 + {0, 1} (+ 8 for j >= 2))
+        acc = np.zeros((128, BN // 2), np.float32)
+        for t in range(128):
+            for i in range(BN // 8):
+                for e in range(4):
+                    row = 16 * (t // 32) + (t % 32) // 4 + 8 * (e // 2)
+                    acc[t, 4 * i + e] = s[row, 8 * i + 2 * (t % 4) + e % 2]
+        p = np.zeros((64, BN), np.float32)
+        for t in range(128):
+            g, t4 = 16 * (t // 32) + (t % 32) // 4, t % 4
+            for kk in range(BN // 16):
+                pairs = [acc[t, 8 * kk + 2 * j:8 * kk + 2 * j + 2] for j in range(4)]  # pw_pack_p's four registers
+                for j, (row, col) in enumerate(((g, 0), (g + 8, 0), (g, 8), (g + 8, 8))):
+                    p[row, 16 * kk + col + 2 * t4:16 * kk + col + 2 * t4 + 2] = pairs[j]
+        np.testing.assert_array_equal(p, s)
+        # O += P V as pw_pv issues it: V MN-major through the transposed descriptor
+        o = np.zeros((64, D), np.float32)
+        for kk in range(BN // 16):
+            b = read_mn_major(smem, pw_desc(sv + kk * 2048, BN * 128, 1024), D)
+            np.testing.assert_array_equal(b, v[16 * kk:16 * kk + 16])
+            o += p[:, 16 * kk:16 * kk + 16] @ bits_f32(b)
+        np.testing.assert_allclose(o, s @ vf, rtol=1e-4, atol=1e-3)
