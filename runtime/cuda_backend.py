@@ -208,7 +208,9 @@ class CudaExecutor:
                         for v in ln.get("variants", ())]
             layout = cuda["kernels"].get(ln["kernel"], {}).get("cutlass")
             if layout is not None and use_cutlass:  # a CUTLASS GEMM: Params built here (codegen/lower.py)
-                n, k = (int(d) for d in self.buffers[ln["args"]["weight"]["buffer"]]["shape"])
+                weight = self.buffers[ln["args"]["weight"]["buffer"]]
+                n, k = (int(d) for d in weight["shape"])
+                k *= 2 if weight["dtype"] == "u8" else 1  # packed E2M1 pairs (the block-scaled GEMM's weight)
                 self.launches.append(CutlassLaunch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}",
                                                     variants, layout, n, k, self.ctx.num_sms, pdl))
                 continue

@@ -77,8 +77,11 @@ PROBE_SMS = 148
 PROBE_FILLS = (255, 0, 90, 165)
 TMA_BYTES = 128
 _MARKER = 0x494E474F54000000  # "INGOT" + descriptor index, written by the probe's recorder
-_SYMBOLS = ("", "M", "N", "K", "M*N", "M*K", "N*K")
-_COEFS = (0, 1, 2, 4, 8, 16, 32)
+_SYMBOLS = ("", "M", "N", "K", "M*N", "M*K", "N*K",
+            # the block-scaled kernels (sm100_blockscaled.cu): packed FP4 rows are K/2 bytes; scale factors come in
+            # 128-row atoms of 4 columns (K/64 atoms of K for NVFP4's 16-element vectors, K/128 for MXFP4's 32)
+            "K/2", "M/128", "N/128", "K/64", "K/128", "K/64*M/128", "K/64*N/128", "K/128*M/128", "K/128*N/128")
+_COEFS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 #: PersistentTileSchedulerSm100Params: problem_tiles_{m,n,l} at 0, 4, 8; raster_order_ at 48 (56 bytes)
 _SM100_SCHED = {"tiles_m": 0, "tiles_n": 4, "tiles_l": 8, "raster": 48, "size": 56}
 #: PersistentTileSchedulerSm90Params (CUTLASS 4.2 ``tile_scheduler_params.h``): FastDivmodU64Pow2
@@ -158,8 +161,13 @@ def tuning_spec(spec: KernelSpec | None, node: Node) -> KernelSpec | None:
     lead = list(x.shape or ())[:-1]
     named = [d for d in lead if not isinstance(d, int)]
     rows: int | str = str(named[0]) if named else math.prod(lead)
-    bias = len(node.inputs) > 2 and node.inputs[2] is not None
-    return shaped(spec, int(w.shape[0]), int(w.shape[1]), rows, bias)
+    # a quantized_linear's prefill GEMM (codegen/quant_prefill.py) reads the dequantized [N, in_features] weight;
+    # its bias is input 5 (2 is the weight's scale)
+    quantized = node.op.name == "quantized_linear"
+    k = int(getattr(node.op, "in_features", 0)) if quantized else int(w.shape[1])
+    at = 5 if quantized else 2
+    bias = len(node.inputs) > at and node.inputs[at] is not None
+    return shaped(spec, int(w.shape[0]), k, rows, bias)
 
 
 def shaped(spec: KernelSpec, n: int, k: int, rows: int | str, bias: bool) -> KernelSpec:
@@ -240,10 +248,12 @@ def _symbolic(values: Sequence[int], shapes: Sequence[tuple[int, int, int]]) -> 
 
 
 def _eval_sym(sym: str, m: int, n: int, k: int) -> int:
+    """A product of ``M``, ``N``, ``K`` and ceiling quotients such as ``K/64`` (``ceil(K / 64)``)."""
     env = {"M": m, "N": n, "K": k}
     out = 1
     for part in sym.split("*") if sym else ():
-        out *= env[part]
+        name, _, div = part.partition("/")
+        out *= -(-env[name] // int(div)) if div else env[name]
     return out
 
 
@@ -312,6 +322,16 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
     variable |= set(range(layout["problem_shape"], layout["problem_shape"] + 16))
     variable |= set(range(layout["sm_count"], layout["sm_count"] + 4))
     variable |= {sched + i for i in _scheduler_field_bytes(kind)}
+    # other shape-dependent words (the block-scaled mainloop's scale-factor layouts, runtime cute layouts): 32-bit
+    # integers that differ between the shapes' runs, each coef * symbol
+    changing = {i for _, run, *_ in runs[1:] for i in range(size)
+                if i not in padding and i not in variable and run["blob"][i] != blob[i]}
+    ints = []
+    for off in sorted({i - i % 4 for i in changing}):
+        ints.append([off, *_symbolic([struct.unpack_from("<i", r[1]["blob"], off)[0] for r in runs], shapes)])
+        variable |= set(range(off, off + 4))
+    if ints:
+        layout["ints"] = ints
     template = bytearray(blob)
     for i in padding | variable:
         template[i] = 0
@@ -501,6 +521,8 @@ def build_params(layout: Mapping[str, Any], pointers: Mapping[str, int], m: int,
     struct.pack_into("<i", blob, layout["sm_count"], sm_count)
     for off, name in layout["pointers"]:
         struct.pack_into("<Q", blob, off, int(pointers.get(name) or 0))
+    for off, coef, sym in layout.get("ints", ()):
+        struct.pack_into("<i", blob, off, coef * _eval_sym(sym, m, n, k))
     for t in layout["tma"]:
         address = int(pointers.get(t["tensor"]) or 0)
         if not address:

@@ -8,8 +8,8 @@
 // (128x4 atoms, padded) by the packing pass. The per-row/per-column epilogue scales carry the
 // per-tensor (global) scales.
 using namespace cute;
-using ElementA = ${A_TYPE};
-using ElementB = ${B_TYPE};
+using ElementPairA = ${A_TYPE};  // the value type with its scale factor type (nv_float4_t / mx_float4_t)
+using ElementPairB = ${B_TYPE};
 using ElementOut = ${OUT_TYPE};
 constexpr bool kTwoSm = ${TWO_SM};
 using MmaTile = Shape<Int<${TILE_M}>, Int<${TILE_N}>, Int<${TILE_K}>>;
@@ -28,8 +28,8 @@ using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBui
 
 using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp,
-    ElementA, cutlass::layout::RowMajor, 32,
-    ElementB, cutlass::layout::ColumnMajor, 32,
+    ElementPairA, cutlass::layout::RowMajor, 32,
+    ElementPairB, cutlass::layout::ColumnMajor, 32,
     float, MmaTile, ClusterShape,
     cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
         sizeof(typename CollectiveEpilogue::SharedStorage))>,
@@ -37,6 +37,8 @@ using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder
 
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                         CollectiveEpilogue, void>;
+using ElementA = typename CollectiveMainloop::ElementA;  // the stored values (e2m1), as the probe names them
+using ElementB = typename CollectiveMainloop::ElementB;
 
 #if defined(INGOT_HOST_SHIM)
 static typename GemmKernel::Arguments make_arguments(const void* x, const void* w, const void* x_block_scale,
@@ -63,6 +65,14 @@ static typename GemmKernel::Arguments make_arguments(const void* x, const void* 
       {Epi::arguments(x_scale, w_scale, bias), static_cast<const ElementOut*>(residual), sc,
        static_cast<ElementOut*>(out), sd},
       hw};
+}
+
+// probe.cuh's ingot_probe_arguments(const void* const* p, ...) builds a plain mainloop's Arguments; this overload
+// is the better match for its call (p is a `const void* p[9]`: no qualification conversion) and gives the
+// block-scaled mainloop its scale-factor pointers and layouts (cutlass_params.py, the Params probe).
+[[maybe_unused]] static typename GemmKernel::Arguments ingot_probe_arguments(const void** p, int M, int N, int K,
+                                                                             cutlass::KernelHardwareInfo hw) {
+  return make_arguments(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], const_cast<void*>(p[8]), M, N, K, hw);
 }
 #endif
 
