@@ -215,6 +215,9 @@ class CudaExecutor:
                                                     variants, layout, n, k, self.ctx.num_sms, pdl))
                 continue
             if layout is not None:  # the launch's plain alternative, taking the same arguments
+                if not ln.get("alternatives"):  # the block-scaled FP4 GEMM (W4A4 on b200) has none
+                    raise CudaArtifactError(f"{ln['op']} {ln['kernel']}: a CUTLASS GEMM without a plain alternative; "
+                                            "this artifact needs the CUTLASS launch path (unset INGOT_NO_CUTLASS)")
                 fn, kspec = functions[ln["alternatives"][0]["kernel"]]
             self.launches.append(Launch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}",
                                          variants, ln.get("rows_arg", "M"), pdl,

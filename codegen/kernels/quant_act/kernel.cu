@@ -107,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(${BLOCK}) ${KERNEL}(
       gs = gs > 0.0f ? gs : 1.0f;
     }
     const float enc = __fdiv_rn(1.0f, gs), inv_enc = __fdiv_rn(1.0f, enc);
-    if (threadIdx.x == 0) x_scale[row] = __fmul_rn(gs, weight_scale_2 ? weight_scale_2[0] : 1.0f);
+    if (threadIdx.x == 0 && x_scale) x_scale[row] = __fmul_rn(gs, weight_scale_2 ? weight_scale_2[0] : 1.0f);
     for (int c = threadIdx.x; c < KV; c += ${BLOCK}) {
       float v[VEC];
       load_block(xr + c * VEC, v);
