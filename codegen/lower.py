@@ -59,6 +59,11 @@ input (``x``: the norm's input or the gate_up buffer; ``norm_weight``: the norm'
 A fused variant's kernel entry carries the autotune record of the plain variant it was made from (its
 configuration) with ``"tuned_as"``: that variant's entry.
 
+**Quantized prefill GEMM** (``codegen/quant_prefill.py``; off unless ``INGOT_QUANT_PREFILL_GEMM=1``): a weight-only
+``quantized_linear`` becomes a dequantize launch (bf16 weight into a memory-plan temporary; ``"skip"`` up to the
+largest GEMV bucket, ``into`` the next launch) and the bf16 GEMM a ``linear`` of that shape gets, reading it, whose
+variants are the quantized GEMV buckets with their own ``"args"``.
+
 **Rope-cache fusion** (``codegen/rope_cache_fusion.py``; off unless ``INGOT_ROPE_CACHE_FUSION=1``): a ``rope_qkv``
 launch whose k and v only a paged attention reads becomes ``codegen/kernels/rope/qkv_cache.cu``, which writes them
 straight into the KV cache (arguments ``qkv``, ``positions``, ``cos``, ``sin``, ``q``, ``kv_cache``, ``slot_mapping``,
@@ -96,7 +101,7 @@ import numpy as np
 from ..ir.graph import Graph, Node, Value, Weight
 from ..ir.ops.core import Cast
 from ..ir.types import Dim, DType, TensorType, shape_numel
-from . import autotune, decode_fusion
+from . import autotune, decode_fusion, quant_prefill
 from .compile import compile_source, compile_spec, nvcc_version, nvrtc_version
 from .kernel import KernelSpec, has_pdl
 from .kernels.attention import prefill_rule
@@ -369,14 +374,20 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
     launches = plan_launches(graph, tgt)
     # rope_qkv writes k and v into the KV cache, the attention's cache write dropped (INGOT_ROPE_CACHE_FUSION=1)
     launches = fuse_rope_cache(graph, launches, tgt)
-    alternatives: dict[int, KernelSpec] = {}  # b200 bf16 linears: CUTLASS first, the plain GEMM kept beside it
+    gemv = os.environ.get("INGOT_NO_GEMV", "") in ("", "0")
+    # prefill steps of weight-only quantized linears: dequantize + the bf16 GEMM (off unless INGOT_QUANT_PREFILL_GEMM=1)
+    prefill = (quant_prefill.plan(graph, launches, tgt, gemv) if quant_prefill.enabled()
+               else quant_prefill.QuantPrefill())
+    launches = prefill.launches or launches
+    # bf16 linears: CUTLASS first, the plain GEMM kept beside it
+    alternatives: dict[int, KernelSpec] = dict(prefill.alternatives)
     for j, (i, node, spec, args) in enumerate(launches):
         if spec is None:
             continue
         primary = cutlass_params.plan_linear(node, spec, tgt)
         if primary is not None:
             alternatives[j], launches[j] = spec, (i, node, primary, args)
-    variant_plans = gemv_variant_plans(launches, tgt) if os.environ.get("INGOT_NO_GEMV", "") in ("", "0") else {}
+    variant_plans = {**gemv_variant_plans(launches, tgt), **prefill.variants} if gemv else {}
     rows_args: dict[int, str] = {}
     if os.environ.get("INGOT_NO_PREFILL_FLASH", "") in ("", "0"):  # prefill steps: tensor-core attention
         for j, (i, node, spec, args) in enumerate(launches):
@@ -406,6 +417,8 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
             records[key] = {**records[plain.key], "tuned_as": plain.entry}
     variant_lists = {j: [(mr, v, None) for mr, v in found] for j, found in variant_plans.items()}
     variant_lists.update(fusion.variants)
+    variant_lists.update(prefill.variant_lists(variant_plans))
+    skips, into = {**fusion.skips, **prefill.skips}, {**fusion.into, **prefill.into}
     kdir = Path(workdir) / "kernels"
     kdir.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
@@ -450,19 +463,19 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         for _, v, _ in found:
             if v.entry not in variant_kernels:
                 variant_kernels[v.entry] = compile_kernel(v)
-    for j, (rows_arg, _) in fusion.skips.items():
+    for j, (rows_arg, _) in skips.items():
         rows_args[j] = rows_arg
     table = [{"kernel": spec.entry, "node": i, "op": node.op.name, "source": node.source, "args": args,
               **({"variants": launch_variants[j]} if j in launch_variants else {}),
               **({"rows_arg": rows_args[j]} if j in rows_args else {}),
-              **({"skip": {"max_rows": fusion.skips[j][1], "into": fusion.into[j]}} if j in fusion.skips else {}),
+              **({"skip": {"max_rows": skips[j][1], "into": into[j]}} if j in skips else {}),
               **({"alternatives": [{"kernel": alternatives[j].entry}]} if j in alternatives else {})}
              if spec is not None else
              {"collective": node.op.name, "node": i, "op": node.op.name, "source": node.source, "args": args,
               "dtype": node.inputs[0].type.dtype.value, "group_size": node.op.group_size}  # type: ignore
              for j, (i, node, spec, args) in enumerate(launches)]
     # fused variants read their skipped producer's input: it stays live until their node
-    plan = plan_memory(graph, bindings, reads=decode_fusion.variant_reads(table))
+    plan = plan_memory(graph, bindings, reads=decode_fusion.variant_reads(table), temporaries=prefill.temporaries)
     cuda = {
         "format": CUDA_FORMAT,
         "arch": tgt.arch,

@@ -14,8 +14,10 @@ Scratch offsets come from a liveness analysis over the node order: a value lives
 produces it to its last reader, and values whose lives do not overlap share bytes (greedy, largest
 first, lowest offset that fits); a kernel may also read a value the graph does not give it (a fused decode GEMV
 reading the input of a launch it replaces, ``codegen/decode_fusion.py``: ``reads``), and then the value lives
-until that node. KV caches (inputs whose first dim is ``num_blocks``) get no bytes here:
-the runtime sizes that region from the device's free memory and places layer ``i`` at
+until that node. A node's launches may also share a buffer that is no graph value, a *temporary* (the bf16 weight
+a quantized linear's prefill GEMM reads, ``codegen/quant_prefill.py``: ``temporaries``): it lives during that node
+only, so the temporaries of different nodes share bytes. KV caches (inputs whose first dim is ``num_blocks``) get
+no bytes here: the runtime sizes that region from the device's free memory and places layer ``i`` at
 ``kv_base + i * layer_bytes``.
 
 Dims are evaluated by ``eval_dim``, a small parser for the IR's dim expressions (integers, names,
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir.graph import Graph, Value
-from ..ir.types import Dim
+from ..ir.types import Dim, TensorType
 
 ALIGN = 256
 #: graph inputs whose leading dim is this symbol live in the runtime-sized KV region
@@ -154,9 +156,10 @@ class MemoryPlan:
         }
 
 
-def plan_memory(graph: Graph, bindings: Mapping[str, int], reads: Mapping[str, int] | None = None) -> MemoryPlan:
+def plan_memory(graph: Graph, bindings: Mapping[str, int], reads: Mapping[str, int] | None = None,
+                temporaries: Mapping[str, tuple[int, TensorType]] | None = None) -> MemoryPlan:
     """Offsets for every value of ``graph`` (see the module docstring); ``reads``: value name -> index of a node
-    whose kernel also reads it."""
+    whose kernel also reads it; ``temporaries``: scratch buffer name -> (the node whose launches use it, its type)."""
     plan = MemoryPlan(dict(bindings))
     off = 0
     for name, w in graph.weights.items():
@@ -202,6 +205,12 @@ def plan_memory(graph: Graph, bindings: Mapping[str, int], reads: Mapping[str, i
     for v in start:
         if reads and v.name in reads:
             end[v] = max(end[v], reads[v.name])
+    taken = {v.name for v in start} | set(plan.buffers)
+    for name, (node_index, t) in (temporaries or {}).items():
+        if name in taken:
+            raise PlanError(f"temporary {name!r} has the name of a value")
+        tmp = Value(name, t)
+        start[tmp] = end[tmp] = node_index
     items = sorted(start, key=lambda v: (-value_nbytes(v, bindings), start[v]))
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, start, end)
     top = 0

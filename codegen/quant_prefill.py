@@ -1,0 +1,181 @@
+"""quant-prefill-gemm: a weight-only ``quantized_linear`` in prefill steps as dequantize + the bf16 GEMM.
+
+The quantized GEMV (``codegen/kernels/gemv/quant.cu``) is built for decode: its any-M launch walks the tokens in
+64-row chunks and reads the whole weight again for each, so a 2048-token prefill step reads it 32 times (docs/PERF.md,
+"In a quantized artifact": FP8 weight-only prefill at a third of BF16's). With this step a quantized_linear becomes
+two launches::
+
+    {"kernel": "dequant_fp8_n16384_k2048_...", "op": "quantized_linear", "rows_arg": "M",
+     "skip": {"max_rows": 64, "into": j + 1},
+     "args": {"weight": {"buffer": "...weight"}, "weight_scale": ..., "weight_scale_2": ...,
+              "out": {"buffer": "<out>.dequant_weight"}, "out_scale": {"null": true}, "M": {"dim": "T"}}}
+    {"kernel": "linear_cutlass_bf16_...", "op": "quantized_linear",
+     "args": {"x": ..., "weight": {"buffer": "<out>.dequant_weight"}, "weight_scale": {"buffer": "...weight_scale"},
+              "bias": ..., "residual": ..., "out": ..., "M": {"dim": "T"}},
+     "variants": [{"kernel": "gemv_fp8_a16_..._m8_...", "max_rows": 8, "args": {<the quantized GEMV's arguments>}},
+                  ..., {"kernel": "gemv_fp8_a16_..._m64_...", "max_rows": 64, "args": {...}}],
+     "alternatives": [{"kernel": "linear_bf16_bf16_..."}]}
+
+1. the **dequantize** kernel (``codegen/kernels/dequant``) writes the weight as exact bf16 values into a scratch
+   buffer ``<out>.dequant_weight`` (and, for NVFP4, its global scale as an f32 [N] column scale
+   ``<out>.dequant_scale``); it carries ``"skip"`` (``codegen/decode_fusion.py``'s mechanism): the executor launches
+   nothing for it in steps of at most the largest GEMV bucket's rows, where the GEMM launch's variants run;
+2. the **GEMM** is what a bf16 ``linear`` of that shape gets (``cutlass_params.plan_linear``: the shape's CUTLASS
+   configuration on h100/h200 and b200, the template GEMM as its alternative; the template GEMM alone without
+   CUTLASS), with the per-output-channel scale in its epilogue (CUTLASS's column-scale vector, the template's
+   ``HAS_SCALE``): the FP8 weight's own ``weight_scale``, or the NVFP4 scratch scale. Its variants are the quantized
+   GEMV's token buckets with their own arguments (the quantized operands), tuned like any variant; the any-M GEMV
+   is no longer launched.
+
+**Why the scale in the epilogue** instead of folded into the bf16 scratch: e4m3 and e2m1 x e4m3 values are exact in
+bf16, the scale is not, so ``bf16(code * scale)`` would round every weight (up to 2^-9 relative); with the scale
+applied to the f32 accumulator the GEMM computes what the GEMV and the reference compute, up to f32 summation
+order, and both CUTLASS's epilogue and the template GEMM already take an optional per-channel f32 scale (one build
+shared with the bf16 linears).
+
+**Scratch memory**: the scratch buffers are *temporaries* of the memory plan (``plan_memory``'s ``temporaries``),
+live only during their node, so every layer's scratch shares the same bytes of the scratch region (the largest
+[N, K] bf16 weight once, not one per linear), and they are never among the io the decode graphs copy.
+
+Taken: weight-only FP8 (per-channel) and NVFP4 (linear scales) ``quantized_linear`` whose launch is the quantized
+GEMV (``dequant/rule.py`` ``applies``), with a row count that can exceed the largest bucket. Quantized activations
+(W8A8) keep the GEMV (the bf16 GEMM would not quantize x as the reference does; an FP8 GEMM is another step).
+``INGOT_NO_GEMV=1`` (``gemv`` False): no variants, the pair runs at every row count.
+
+**Off by default** (``INGOT_QUANT_PREFILL_GEMM=1`` turns it on at compile time; off, the kernel table is what it
+was before this step existed) until measured on the H200 (docs/PERF.md). Runs in ``lower_for_target`` right after
+``plan_launches``, before the CUTLASS alternatives, variants, autotuning and decode fusion are planned over the list.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.graph import Graph, Node, Value
+from ..ir.ops.llm import Linear
+from ..ir.types import DType, TensorType
+from .kernel import KernelSpec
+from .kernels.dequant import rule as dequant
+from .kernels.gemm.rule import linear_spec
+from .kernels.gemm_cutlass import cutlass_params
+from .kernels.gemv.quant_rule import quant_variants
+from .target import Target
+
+#: set to 1 to lower with the dequantize + GEMM prefill path (unset or 0: the kernel table is as before it existed)
+ENV = "INGOT_QUANT_PREFILL_GEMM"
+#: the scratch buffers' names: the node's output name and these suffixes
+WEIGHT_SUFFIX, SCALE_SUFFIX = ".dequant_weight", ".dequant_scale"
+
+Launch = tuple[int, Node, KernelSpec | None, dict[str, Any]]
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "").strip() not in ("", "0")
+
+
+@dataclass
+class QuantPrefill:
+    """What the lowering changes (launches by their index in ``launches``, the list with the pairs in place)."""
+
+    #: the launch list with each taken quantized_linear's launch replaced by (dequantize, GEMM); empty: unchanged
+    launches: list[Launch] = field(default_factory=list)
+    #: dequantize launch -> (its row-count argument, max rows): not launched for steps of at most that many rows
+    skips: dict[int, tuple[str, int]] = field(default_factory=dict)
+    #: dequantize launch -> the GEMM launch whose variants do the small steps
+    into: dict[int, int] = field(default_factory=dict)
+    #: GEMM launch -> the quantized GEMV variants ``(max rows, spec)``, smallest first (tuned like other variants)
+    variants: dict[int, list[tuple[int, KernelSpec]]] = field(default_factory=dict)
+    #: GEMM launch -> its variants' own arguments (the quantized GEMV's: the node's inputs by name)
+    variant_args: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: GEMM launch -> the template GEMM beside a CUTLASS primary (``alternatives`` in the kernel table)
+    alternatives: dict[int, KernelSpec] = field(default_factory=dict)
+    #: scratch buffer -> (node index, type): ``plan_memory``'s ``temporaries``
+    temporaries: dict[str, tuple[int, TensorType]] = field(default_factory=dict)
+
+    def variant_lists(self, plans: Mapping[int, Sequence[tuple[int, KernelSpec]]]
+                      ) -> dict[int, list[tuple[int, KernelSpec, dict[str, Any] | None]]]:
+        """The GEMM launches' variants as the kernel table lists them, from ``plans`` (the variant plans after
+        autotuning): ``(max rows, spec, own arguments)``."""
+        return {j: [(mr, v, self.variant_args[j]) for mr, v in plans[j]] for j in self.variant_args if j in plans}
+
+
+def _bf16_linear(node: Node, n: int, k: int) -> Node:
+    """A stand-in bf16 ``linear`` node of ``node``'s shape and epilogue, to ask the GEMM rules what it would get."""
+    x, out = node.inputs[0], node.outputs[0]
+    assert x is not None
+    bias, residual = (node.inputs[i] if len(node.inputs) > i else None for i in (5, 6))
+    w = Value(f"{out.name}{WEIGHT_SUFFIX}", TensorType(DType.bf16, (n, k)))
+    return Node(Linear(), [x, w, bias, residual], [out], node.source)
+
+
+def plan(graph: Graph, launches: Sequence[Launch], target: Target, gemv: bool = True) -> QuantPrefill:
+    """The pairs for ``launches`` (``lower.plan_launches``' list); ``gemv``: the quantized GEMV variants take the
+    small steps (``INGOT_NO_GEMV`` unset). Changes nothing itself; ``launches`` stays empty when no node is taken."""
+    out = QuantPrefill()
+    per_node: dict[int, int] = {}
+    for i, _, _, _ in launches:
+        per_node[i] = per_node.get(i, 0) + 1
+    taken: list[Launch] = []
+    names = {v.name for v in graph.inputs} | set(graph.weights) | {o.name for n in graph.nodes for o in n.outputs}
+    for i, node, spec, args in launches:
+        types = [v.type if v is not None else None for v in node.inputs]
+        shape = dequant.applies(node.op, types, target) if node.op.name == "quantized_linear" else None
+        rows = args.get("M", {}).get("dim")
+        variants = quant_variants(node.op, types, target) if gemv and shape is not None else []
+        if (shape is None or spec is None or per_node[i] != 1 or rows is None
+                or (variants and isinstance(rows, int) and rows <= variants[-1][0])):
+            taken.append((i, node, spec, args))
+            continue
+        n, k, fmt = shape.n, shape.k, shape.weight_format
+        scratch, scale = f"{node.outputs[0].name}{WEIGHT_SUFFIX}", f"{node.outputs[0].name}{SCALE_SUFFIX}"
+        if {scratch, scale} & names:
+            raise ValueError(f"quant-prefill-gemm: a value is named like the scratch of {node.outputs[0].name}")
+        column_scale = args["weight_scale"] if fmt == "fp8" else {"buffer": scale}
+        dq_args = {"weight": args["weight"], "weight_scale": args["weight_scale"],
+                   "weight_scale_2": args["weight_scale_2"], "out": {"buffer": scratch},
+                   "out_scale": {"null": True} if fmt == "fp8" else {"buffer": scale}, "M": args["M"]}
+        gemm_args = {"x": args["x"], "weight": {"buffer": scratch}, "weight_scale": column_scale,
+                     "bias": args["bias"], "residual": args["residual"], "out": args["out"], "M": args["M"]}
+        plain = linear_spec(DType.bf16, DType.bf16, n, k, target, bias="buffer" in args["bias"],
+                            residual="buffer" in args["residual"], weight_scale=True)
+        primary = cutlass_params.plan_linear(_bf16_linear(node, n, k), plain, target)
+        dq = dequant.dequant_spec(fmt, n, k, target)
+        for s, a in ((dq, dq_args), (primary or plain, gemm_args)):
+            if {p.name for p in s.params} != set(a):  # the binding and the kernel must agree, as in plan_launches
+                raise ValueError(f"quant-prefill-gemm: {s.entry} takes {sorted(p.name for p in s.params)}, "
+                                 f"bound {sorted(a)}")
+        jd, jg = len(taken), len(taken) + 1
+        taken += [(i, node, dq, dq_args), (i, node, primary or plain, gemm_args)]
+        if primary is not None:
+            out.alternatives[jg] = plain
+        if variants:
+            out.variants[jg] = variants
+            out.variant_args[jg] = dict(args)
+            out.skips[jd] = ("M", variants[-1][0])
+            out.into[jd] = jg
+        out.temporaries[scratch] = (i, TensorType(DType.bf16, (n, k)))
+        if fmt != "fp8":
+            out.temporaries[scale] = (i, TensorType(DType.f32, (n,)))
+    if out.temporaries:
+        out.launches = taken
+    return out
+
+
+def temporaries(graph: Graph, table: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, TensorType]]:
+    """The scratch buffers a kernel table's dequantize launches write, as ``plan_memory``'s ``temporaries`` (what
+    ``lower_for_target`` planned; for tests and tools that rebuild an artifact's memory plan)."""
+    found: dict[str, tuple[int, TensorType]] = {}
+    for ln in table:
+        if not str(ln.get("kernel", "")).startswith("dequant_"):
+            continue
+        node = graph.nodes[int(ln["node"])]
+        w = node.inputs[1]
+        assert w is not None and w.type.shape is not None
+        n, k = int(w.type.shape[0]), int(getattr(node.op, "in_features", 0))
+        found[ln["args"]["out"]["buffer"]] = (int(ln["node"]), TensorType(DType.bf16, (n, k)))
+        if "buffer" in ln["args"]["out_scale"]:
+            found[ln["args"]["out_scale"]["buffer"]] = (int(ln["node"]), TensorType(DType.f32, (n,)))
+    return found

@@ -1,0 +1,345 @@
+"""The quantized prefill GEMM (``codegen/quant_prefill.py``, ``INGOT_QUANT_PREFILL_GEMM=1``) without a GPU.
+
+The tiny quantized Llama of ``tests/codegen/test_lower_quant.py`` compiled for h200 / b200 with the switch on: every
+weight-only ``quantized_linear`` is a dequantize launch (skipped up to 64 rows, into the next launch) and the bf16
+GEMM a ``linear`` of its shape gets (here CUTLASS, with stand-in builds: a real one takes minutes and is
+``tests/codegen/test_gemm_cutlass.py``'s subject), whose variants are the quantized GEMV buckets with the node's own
+arguments; the scratch weights are memory-plan temporaries that share bytes across layers. With the switch off, or
+with FP8 activations, the kernel table is the GEMV's. The dequantize kernel compiles for sm_90a and sm_100a with
+wide loads and stores and no spills, and its numpy model (``dequant_reference``) and its bit placement decode
+every code as ``ir/ops/quantized.py``'s ``dequantize_weight`` does. GPU runs: ``tests/codegen/test_dequant_gpu.py``,
+``tests/runtime/test_quant_prefill_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ingot.codegen import compile as cc
+from ingot.codegen import quant_prefill
+from ingot.codegen.decode_fusion import variant_reads
+from ingot.codegen.kernels.dequant.rule import CHUNK_CODES, PARAMS, dequant_reference, dequant_spec
+from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+from ingot.codegen.kernels.gemv.quant_rule import PARAMS as GEMV_PARAMS
+from ingot.codegen.memory_plan import plan_memory
+from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
+from ingot.codegen.target import get_target
+from ingot.ir.ops.quantized import dequantize_weight
+from ingot.ir.quant import formats as F
+from ingot.ir.quant.packing import pack_e2m1, unpack_e2m1
+from ingot.runtime.artifact import load_graph
+from ingot.runtime.paged import PagedModel
+from tests.codegen.common import needs_compiler
+from tests.codegen.test_lower_quant import ARCH, compile_quant, quant_checkpoint
+from tests.helpers import rng
+
+#: weight-only cases the prefill GEMM takes (NVFP4 only on h200: b200's NVFP4 has sm100-swizzled scales)
+CASES = {"fp8-wo": {"default": "fp8:wo"}, "nvfp4": {"default": "nvfp4"}}
+#: the tiny Llama's quantized linears: (suffix of the output value, N, K, residual)
+LINEARS = {"qkv": (512, 128, False), "attn_out": (128, 256, True), "gate_up": (512, 128, False),
+           "mlp_out": (128, 256, True)}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return quant_checkpoint(tmp_path_factory.mktemp("quant-llama"))
+
+
+@pytest.fixture(autouse=True)
+def _kernel_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
+                       or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+    monkeypatch.delenv(quant_prefill.ENV, raising=False)
+
+
+@pytest.fixture
+def fake_cutlass(monkeypatch):
+    """Plan the CUTLASS GEMMs whether or not nvcc and CUTLASS are here, and never build them: a stand-in cubin and
+    layout per kernel (as tests/codegen/test_autotune.py does). Returns the entries 'built'."""
+    built: list[str] = []
+
+    def build_linear(spec, use_cache=True):
+        built.append(spec.entry)
+        return cc.CompiledKernel(spec.arch, b"\x7fELF" + spec.key.encode(), f"// {spec.entry}", spec.key, "nvcc"), {
+            "stand-in": spec.entry}
+
+    monkeypatch.delenv("INGOT_NO_CUTLASS", raising=False)
+    monkeypatch.setattr(cp, "cutlass_available", lambda: True)
+    monkeypatch.setattr(cp, "build_linear", build_linear)
+    return built
+
+
+def _manifest(path: Path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _compile(ckpt: Path, target: str, case: str, out: Path, monkeypatch, on: bool = True) -> tuple[Path, dict]:
+    if on:
+        monkeypatch.setenv(quant_prefill.ENV, "1")
+    else:
+        monkeypatch.delenv(quant_prefill.ENV, raising=False)
+    path = compile_quant(ckpt, target, CASES.get(case) or {"default": case}, out)
+    return path, _manifest(path)
+
+
+def _check_pairs(path: Path, cuda: dict, fmt: str, cutlass: bool, target: str) -> None:
+    launches = cuda["launches"]
+    qls = [(j, ln) for j, ln in enumerate(launches) if ln["op"] == "quantized_linear"]
+    assert len(qls) == 16  # 2 layers x (qkv, o_proj, gate_up, down) x (dequantize, GEMM)
+    seen = set()
+    for (jd, dq), (jg, gemm) in zip(qls[::2], qls[1::2]):
+        assert jg == jd + 1 and dq["node"] == gemm["node"]
+        out = gemm["args"]["out"]["buffer"]
+        n, k, residual = LINEARS[out.split(".")[-1]]
+        seen.add(out)
+        # 1. the dequantize launch: skipped where the GEMV variants run, its scratch the GEMM's weight
+        spec = cuda["kernels"][dq["kernel"]]["spec"]
+        assert spec["family"] == "dequant" and spec["values"] == {"N": n, "K": k, "WFMT": {"fp8": 0, "nvfp4": 1}[fmt],
+                                                                 "THREADS": 256}
+        assert [p for p, _ in spec["params"]] == [p for p, _ in PARAMS]
+        assert dq["skip"] == {"max_rows": 64, "into": jg} and dq["rows_arg"] == "M" and "variants" not in dq
+        scratch = f"{out}{quant_prefill.WEIGHT_SUFFIX}"
+        assert dq["args"]["out"] == gemm["args"]["weight"] == {"buffer": scratch}
+        assert dq["args"]["weight"]["buffer"].endswith("proj.weight") and dq["args"]["M"] == {"dim": "T"}
+        assert dq["args"]["weight_scale"]["buffer"].endswith("proj.weight_scale")
+        # 2. the GEMM: what a bf16 linear of this shape gets, the column scale in its epilogue
+        gspec = cuda["kernels"][gemm["kernel"]]["spec"]
+        if cutlass:
+            assert gspec["family"] == "gemm_cutlass" and gspec["values"]["ABI"] == cp.ABI, gemm["kernel"]
+            assert gemm["kernel"].startswith("linear_cutlass_bf16" + ("_res" if residual else ""))
+            assert gspec["template"] == ("sm90.cu" if target == "h200" else "sm100.cu")
+            alt = cuda["alternative_kernels"][gemm["alternatives"][0]["kernel"]]["spec"]
+        else:
+            assert "alternatives" not in gemm
+            alt = gspec
+        assert alt["family"] == "gemm" and alt["template"] == "mma.cu" and alt["values"]["WT"] == "bf16"
+        assert alt["values"]["HAS_SCALE"] and alt["values"]["HAS_RESIDUAL"] == residual
+        assert (alt["values"]["N"], alt["values"]["K"]) == (n, k)
+        if fmt == "fp8":  # the weight's own per-channel scale; the kernel writes no scale
+            assert gemm["args"]["weight_scale"] == dq["args"]["weight_scale"] and dq["args"]["out_scale"] == {
+                "null": True}
+            assert dq["args"]["weight_scale_2"] == {"null": True}
+        else:  # NVFP4: the global scale, copied to N entries by the dequantize kernel
+            scale = {"buffer": f"{out}{quant_prefill.SCALE_SUFFIX}"}
+            assert gemm["args"]["weight_scale"] == dq["args"]["out_scale"] == scale
+            assert dq["args"]["weight_scale_2"]["buffer"].endswith(".weight_scale_2")
+        assert ("buffer" in gemm["args"]["residual"]) == residual and gemm["args"]["bias"] == {"null": True}
+        # its variants: the quantized GEMV buckets, with the node's own (quantized) arguments
+        assert [v["max_rows"] for v in gemm["variants"]] == [8, 16, 32, 64]
+        for v in gemm["variants"]:
+            vspec = cuda["variant_kernels"][v["kernel"]]["spec"]
+            assert vspec["template"] == "quant.cu" and not vspec["values"]["ANY_M"] and vspec["values"]["AFMT"] == 0
+            assert [p for p, _ in vspec["params"]] == [p for p, _ in GEMV_PARAMS]
+            assert v["args"]["weight"] == dq["args"]["weight"] and v["args"]["x"] == gemm["args"]["x"]
+            assert v["args"]["out"] == gemm["args"]["out"] and v["args"]["residual"] == gemm["args"]["residual"]
+            assert v["args"]["weight_scale"] == dq["args"]["weight_scale"]
+            assert v["args"]["weight_scale_2"] == dq["args"]["weight_scale_2"]
+    assert len(seen) == 8
+    assert not any(ln["kernel"].startswith("gemv_") and "_any_" in ln["kernel"] for ln in launches)
+    for k in (*cuda["kernels"].values(), *cuda["variant_kernels"].values()):
+        assert (path / k["cubin"]).read_bytes()[:4] == b"\x7fELF"
+
+
+def _check_scratch(graph, cuda: dict, off: dict, fmt: str) -> None:
+    """The scratch weights are planned temporaries of their node, sharing bytes across layers."""
+    plan = cuda["memory_plan"]
+    temps = quant_prefill.temporaries(graph, cuda["launches"])
+    assert len(temps) == (8 if fmt == "fp8" else 16)
+    for name, (node, t) in temps.items():
+        b = plan["buffers"][name]
+        assert b["region"] == "scratch" and b["dtype"] == t.dtype.value and b["shape"] == list(t.shape), name
+        assert graph.nodes[node].outputs[0].name == name.rsplit(".", 1)[0]
+    # the plan is the one the graph and the table give
+    again = plan_memory(graph, plan["bindings"], reads=variant_reads(cuda["launches"]), temporaries=temps)
+    assert again.to_dict() == plan
+    # lives never overlap across nodes: the region grows by at most the largest node's temporaries, though without
+    # reuse they would add up (8 weights of 64-128 KB here; 64 MB each for a 1B model's gate_up)
+    per_node: dict[int, int] = {}
+    for name, (node, _) in temps.items():
+        per_node[node] = per_node.get(node, 0) + plan["buffers"][name]["nbytes"]
+    grown = plan["regions"]["scratch"] - off["regions"]["scratch"]
+    assert grown <= max(per_node.values()), (grown, per_node)
+    assert plan["scratch_without_reuse"] - off["scratch_without_reuse"] == sum(
+        plan["buffers"][n]["nbytes"] for n in temps)
+    assert sum(plan["buffers"][n]["nbytes"] for n in temps) > 2 * max(per_node.values())
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_weight_only_linears_lower_to_dequantize_and_gemm_for_h200(ckpt, tmp_path, monkeypatch, fake_cutlass, case):
+    fmt = case.split("-")[0]
+    _, off = _compile(ckpt, "h200", case, tmp_path / "off.ingot", monkeypatch, on=False)
+    path, manifest = _compile(ckpt, "h200", case, tmp_path / "on.ingot", monkeypatch)
+    cuda = manifest["cuda"]
+    assert cuda["arch"] == ARCH["h200"]
+    _check_pairs(path, cuda, fmt, cutlass=True, target="h200")
+    assert fake_cutlass  # the CUTLASS GEMMs were planned (stand-in builds)
+    graph, _ = load_graph(path)
+    _check_scratch(graph, cuda, off["cuda"]["memory_plan"], fmt)
+    # everything else is as without the switch: same launches for the other ops, same lm_head
+    others = [(ln["op"], ln["kernel"]) for ln in cuda["launches"] if ln["op"] != "quantized_linear"]
+    assert others == [(ln["op"], ln["kernel"]) for ln in off["cuda"]["launches"] if ln["op"] != "quantized_linear"]
+    # the graph is unchanged: the CPU backend runs it, as before
+    m = PagedModel(graph, num_blocks=8)
+    logits = m.step([(m.add_sequence(), [int(t) for t in rng().integers(3, 259, 70)])])
+    assert logits.shape == (1, 260) and np.isfinite(logits).all()
+
+
+def test_template_gemm_without_cutlass(ckpt, tmp_path, monkeypatch):
+    """Without CUTLASS (``INGOT_NO_CUTLASS=1`` or no nvcc) the GEMM is the template GEMM, as for a bf16 linear."""
+    monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
+    path, manifest = _compile(ckpt, "h200", "fp8-wo", tmp_path / "t.ingot", monkeypatch)
+    _check_pairs(path, manifest["cuda"], "fp8", cutlass=False, target="h200")
+    assert "alternative_kernels" not in manifest["cuda"]
+
+
+def test_fp8_wo_for_b200(ckpt, tmp_path, monkeypatch, fake_cutlass):
+    path, manifest = _compile(ckpt, "b200", "fp8-wo", tmp_path / "b200.ingot", monkeypatch)
+    assert manifest["cuda"]["arch"] == "sm_100a"
+    _check_pairs(path, manifest["cuda"], "fp8", cutlass=True, target="b200")
+
+
+def test_switch_off_and_fp8_activations_keep_the_gemv(ckpt, tmp_path, monkeypatch):
+    """Off (unset or 0), the kernel table is the quantized GEMV's (any-M launch + buckets), the same either way; on,
+    W8A8 linears keep it too (the bf16 GEMM would not quantize x as the reference does)."""
+    monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
+    _, unset = _compile(ckpt, "h200", "fp8-wo", tmp_path / "unset.ingot", monkeypatch, on=False)
+    monkeypatch.setenv(quant_prefill.ENV, "0")
+    zero = _manifest(compile_quant(ckpt, "h200", CASES["fp8-wo"], tmp_path / "zero.ingot"))
+    assert zero["cuda"] == unset["cuda"]
+    for m in (unset, _compile(ckpt, "h200", "fp8", tmp_path / "w8a8.ingot", monkeypatch)[1]):
+        launches = m["cuda"]["launches"]
+        qls = [ln for ln in launches if ln["op"] == "quantized_linear"]
+        assert len(qls) == 8 and all(ln["kernel"].startswith("gemv_fp8_") and "_any_" in ln["kernel"] for ln in qls)
+        assert not any(ln["kernel"].startswith("dequant_") for ln in launches)
+        assert not any("dequant" in b for b in m["cuda"]["memory_plan"]["buffers"])
+
+
+def test_without_gemv_variants_the_pair_runs_every_step(ckpt, tmp_path, monkeypatch):
+    monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
+    monkeypatch.setenv("INGOT_NO_GEMV", "1")
+    _, manifest = _compile(ckpt, "h200", "fp8-wo", tmp_path / "nogemv.ingot", monkeypatch)
+    launches = manifest["cuda"]["launches"]
+    dq = [ln for ln in launches if ln["kernel"].startswith("dequant_")]
+    qls = [ln for ln in launches if ln["op"] == "quantized_linear"]
+    assert len(dq) == 8 and len(qls) == 16 and not any("skip" in ln or "variants" in ln for ln in qls)
+    assert not any(k.startswith("gemv_") for k in manifest["cuda"]["variant_kernels"])
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["h200", "b200"])
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("n,k", [(16384, 2048), (200, 256), (1000, 4224)])
+def test_dequant_kernel_compiles_without_spills(target, fmt, n, k):
+    tgt = get_target(target)
+    spec = dequant_spec(fmt, n, k, tgt)
+    assert spec.grid[0].const <= 8 * tgt.num_sms
+    built = cc.compile_spec(spec)
+    assert built.cubin and spec.entry in built.ptx
+    if find_cuobjdump() is None:
+        pytest.skip("no cuobjdump for the SASS check")
+    sass = disassemble(built.cubin)
+    assert sass_arch(sass) == tgt.arch
+    ops = opcodes(sass)
+    assert any(o.startswith("LDG") and ".128" in o for o in ops), sorted(ops)
+    assert any(o.startswith("STG") and ".128" in o for o in ops), sorted(ops)
+    assert not any(o.startswith(("LDL", "STL")) for o in ops), "local memory (spills) in the dequantize kernel"
+
+
+def test_dequant_spec_refuses_what_it_cannot_convert():
+    h200 = get_target("h200")
+    with pytest.raises(ValueError, match="mxfp4"):
+        dequant_spec("mxfp4", 64, 256, h200)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        dequant_spec("nvfp4", 64, 48, h200)
+    assert CHUNK_CODES == {"fp8": 16, "nvfp4": 32}
+
+
+def quantized_weight(fmt: str, n: int, k: int) -> dict:
+    """A random weight quantized by ir/quant/formats.py, with saturated, tiny (subnormal scales) and zero parts."""
+    r = rng()
+    w = (r.standard_normal((n, k)) * 0.05).astype(np.float32)
+    w[1::7] *= 1e-3
+    w[0, :32] = 0.0
+    if fmt == "fp8":
+        q, s = F.quantize_fp8(w, "channel", scale=F.fp8_scale(w, "channel") * np.float32(0.5))
+        return {"weight": q, "weight_scale": s, "weight_scale_2": None}
+    gs = F.nvfp4_global_scale(np.abs(w).max()) * np.float32(0.25)
+    q, sf = F.quantize_nvfp4(w, gs)
+    return {"weight": pack_e2m1(q), "weight_scale": sf, "weight_scale_2": np.asarray(gs, np.float32).reshape(())}
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_dequant_reference_is_dequantize_weight(fmt):
+    """The scratch holds exact values (no rounding in the bf16), and scratch * column scale is the reference's
+    dequantized weight bit for bit: the GEMM's epilogue applies the same scale to the same values."""
+    n, k = 96, 512
+    wq = quantized_weight(fmt, n, k)
+    scratch, column = dequant_reference(fmt, wq["weight"], wq["weight_scale"], wq["weight_scale_2"])
+    assert scratch.dtype == ml_dtypes.bfloat16 and scratch.shape == (n, k)
+    assert column.dtype == np.float32 and column.shape == (n,)
+    want = dequantize_weight(fmt, "channel", (), "linear", k, wq["weight"], wq["weight_scale"], wq["weight_scale_2"])
+    got = scratch.astype(np.float32) * column[:, None]
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    if fmt == "fp8":
+        exact = wq["weight"].astype(np.float64)
+    else:  # e2m1 * block scale, in f64: the bf16 holds it exactly (2 x 4 significant bits)
+        sf = wq["weight_scale"].astype(np.float64).repeat(16, axis=1)
+        exact = unpack_e2m1(wq["weight"]).astype(np.float64) * sf
+    assert np.array_equal(scratch.astype(np.float64), exact)
+    assert (scratch.astype(np.float32) != 0).mean() > 0.5  # not a vacuous comparison
+
+
+def _bf16_bits(bits: np.ndarray) -> np.ndarray:
+    return (np.asarray(bits, np.uint32) << 16).view(np.float32)
+
+
+def test_kernel_bit_placement_decodes_every_code():
+    """kernel.cu's conversions, emulated: an e4m3 code's 7 magnitude bits << 4 (times 2^120), and an e2m1 code's
+    ((c & 7) << 6) | ((c & 8) << 12) (times the block scale * 2^118, then 2^8), give the codes' values exactly, for
+    every e4m3 code but NaN and every e2m1 code times every finite e4m3 block scale."""
+    codes = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint32)
+    e4m3 = _bf16_bits(((codes & 0x80) << 8) | ((codes & 0x7F) << 4)) * np.float32(2.0**120)
+    want = codes.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    assert np.array_equal(e4m3, want)
+    assert np.array_equal(e4m3.astype(ml_dtypes.bfloat16).astype(np.float32), e4m3)  # each step exact in bf16
+    nib = np.arange(16, dtype=np.uint32)
+    e2m1 = _bf16_bits(((nib & 7) << 6) | ((nib & 8) << 12)).astype(np.float64)  # value * 2^-126 (0.5: subnormal)
+    values = nib.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+    assert np.array_equal(e2m1 * 2.0**126, values)
+    sf = want.astype(np.float64)  # every finite e4m3 block scale
+    step1 = (e2m1[:, None] * (sf[None, :] * 2.0**118))  # the first bf16x2 multiply: e2m1 * sf * 2^-8
+    assert np.array_equal(step1.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64), step1)
+    assert np.abs(step1).max() < 3.0e38 and np.abs(step1[step1 != 0]).min() >= 2.0**-126  # normal, no overflow
+    assert np.array_equal(step1 * 2.0**8, values[:, None] * sf[None, :])
+    # the byte order: byte b holds element 2j in its low nibble (pack_e2m1), the bf16x2's low half
+    pair = lambda b: ((b & 7) << 6) | ((b & 8) << 12) | ((b & 0x70) << 18) | ((b & 0x80) << 24)  # noqa: E731
+    b = np.arange(256, dtype=np.uint32)
+    assert np.array_equal(pair(b) & 0xFFFF, ((b & 0xF & 7) << 6) | ((b & 0xF & 8) << 12))
+    assert np.array_equal(pair(b) >> 16, (((b >> 4) & 7) << 6) | (((b >> 4) & 8) << 12))
+
+
+def test_cutlass_tuning_shape_of_a_quantized_linear():
+    """Autotuning (on a GPU of the target's arch) asks about the GEMM's shaped spec: K is ``in_features`` (an NVFP4
+    weight holds K/2 bytes a row) and the bias is input 5 (input 2 is the weight's scale)."""
+    from ingot.ir.graph import Node, Value
+    from ingot.ir.ops.quantized import QuantizedLinear
+    from ingot.ir.types import DType, TensorType
+
+    generic = cp.generic_linear_spec("bf16", get_target("h200"))
+    op = QuantizedLinear(weight_format="nvfp4", in_features=256)
+    types = [TensorType(DType.bf16, ("T", 256)), TensorType(DType.u8, (64, 128)), TensorType(DType.f8e4m3fn, (64, 16)),
+             TensorType(DType.f32, ()), None, TensorType(DType.bf16, (64,))]
+    values = [Value(f"v{i}", t) if t is not None else None for i, t in enumerate(types)]
+    for bias in (False, True):
+        node = Node(op, values if bias else values[:5], [Value("out", TensorType(DType.bf16, ("T", 64)))])
+        shaped = cp.tuning_spec(generic, node)
+        assert shaped is not None
+        v = dict(shaped.values)
+        assert (v["N"], v["K"], v["ROWS"], v["HAS_BIAS"]) == (64, 256, "T", bias)
+        assert cp.kernel_spec(shaped) == generic
