@@ -343,3 +343,50 @@ def test_cutlass_tuning_shape_of_a_quantized_linear():
         v = dict(shaped.values)
         assert (v["N"], v["K"], v["ROWS"], v["HAS_BIAS"]) == (64, 256, "T", bias)
         assert cp.kernel_spec(shaped) == generic
+
+
+def test_executor_launches_pick_per_step(ckpt, tmp_path, monkeypatch):
+    """The kernel table runs on the executor's launches unchanged (``runtime/cuda_launch.Launch``, built as
+    ``CudaExecutor`` builds them; the driver's launch recorded, no GPU): up to 64 rows the dequantize launch is skipped
+    and the GEMM launch runs the quantized GEMV bucket with the quantized weight's pointers; above, the dequantize
+    kernel writes the scratch and the GEMM reads it."""
+    from ingot.codegen.kernel import KernelSpec
+    from ingot.runtime import cuda_driver
+    from ingot.runtime import cuda_launch as cl
+
+    monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
+    _, manifest = _compile(ckpt, "h200", "fp8-wo", tmp_path / "x.ingot", monkeypatch)
+    cuda = manifest["cuda"]
+    buffers = cuda["memory_plan"]["buffers"]
+    base = {"weights": 0, "io": 1 << 40, "scratch": 2 << 40}
+    address = {n: base[b["region"]] + b["offset"] for n, b in buffers.items() if b["region"] != "kv"}.__getitem__
+    specs = {e: KernelSpec.from_dict(k["spec"]) for e, k in {**cuda["kernels"], **cuda["variant_kernels"]}.items()}
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(cuda_driver, "launch", lambda fn, grid, block, smem, stream, params, what, pdl=False:
+                        calls.append((fn, params)))
+    j = next(j for j, ln in enumerate(cuda["launches"]) if ln["kernel"].startswith("dequant_"))
+    dq_ln, gemm_ln = cuda["launches"][j], cuda["launches"][j + 1]
+    dq = cl.Launch(dq_ln["kernel"], specs[dq_ln["kernel"]], dq_ln["args"], address, "dequant",
+                   rows_arg=dq_ln["rows_arg"], skip_rows=dq_ln["skip"]["max_rows"])
+    variants = [(v["max_rows"], v["kernel"], specs[v["kernel"]], cl.Arguments(specs[v["kernel"]], v["args"], address))
+                for v in gemm_ln["variants"]]
+    gemm = cl.Launch(gemm_ln["kernel"], specs[gemm_ln["kernel"]], gemm_ln["args"], address, "gemm", variants)
+    scratch, weight = address(gemm_ln["args"]["weight"]["buffer"]), address(dq_ln["args"]["weight"]["buffer"])
+    assert scratch >= base["scratch"] and weight < base["io"]
+    for t in (1, 8, 9, 17, 64, 65, 310, 2048):
+        calls.clear()
+        dq.enqueue({"T": t}, None)  # type: ignore[arg-type]
+        gemm.enqueue({"T": t}, None)  # type: ignore[arg-type]
+        if t <= 64:
+            bucket = next(v for v in variants if t <= v[0])
+            assert [c[0] for c in calls] == [bucket[1]], t
+            own = bucket[3]
+            names = [p.name for p in bucket[2].params]
+            assert calls[0][1] == own.addr and own.values[names.index("weight")].value == weight
+            assert own.values[names.index("M")].value == t
+        else:
+            assert [c[0] for c in calls] == [dq_ln["kernel"], gemm_ln["kernel"]], t
+            dnames, gnames = [p.name for p in dq.spec.params], [p.name for p in gemm.spec.params]
+            assert dq.values[dnames.index("out")].value == scratch == gemm.values[gnames.index("weight")].value
+            assert calls[1][1] == gemm.params_addr and gemm.values[gnames.index("M")].value == t
+    assert dq.skips == 5 and gemm.variant_launches == 5

@@ -1,0 +1,114 @@
+"""Quantized artifacts compiled with the prefill GEMM (``INGOT_QUANT_PREFILL_GEMM=1``, ``codegen/quant_prefill.py``)
+on the CUDA backend against the CPU backend running the same quantized graph (``-m gpu``; skipped without one).
+
+The tiny Llama of ``tests/codegen/test_lower_quant.py`` with FP8 weight-only and NVFP4 weight-only weights (h200;
+b200's NVFP4 has no weight-only kernel), its GEMMs the CUTLASS ones where nvcc and CUTLASS are installed and the
+template GEMM (``INGOT_NO_CUTLASS=1``). Steps with more rows than the largest GEMV bucket (310 and 68 rows: the
+dequantize launch, then the GEMM) and with fewer (17 rows, exactly 64 rows, decode: the dequantize launch skipped,
+the quantized GEMV variants), as plain launches and with CUDA graphs for the decode steps.
+
+Tolerance: the same as the GEMV artifacts' weight-only bound in ``tests/runtime/test_quant_cuda.py`` (twice the
+bf16 rtol, relative to each step's largest logit). The prefill path computes the same products: the scratch holds
+the codes' exact values (e4m3, and e2m1 x e4m3 block scale, fit bf16), the GEMM accumulates in f32 and applies the
+per-channel scale to the accumulator in its epilogue, as the GEMV does; the scale is not folded into the bf16
+weights (that would round each weight by up to 2^-9 relative). Only the f32 summation order differs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ingot.codegen import quant_prefill
+from ingot.runtime.artifact import load_graph
+from ingot.runtime.paged import PagedModel
+from tests.codegen.test_lower_quant import compile_quant, quant_checkpoint
+from tests.helpers import rng
+from tests.runtime.serving_models import drive_steps
+from tests.runtime.test_quant_cuda import TOL, VOCAB, _rel
+
+CASES = {"fp8-wo": {"default": "fp8:wo"}, "nvfp4": {"default": "nvfp4"}}
+NUM_BLOCKS = 64
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return quant_checkpoint(tmp_path_factory.mktemp("quant-llama"))
+
+
+def _steps() -> list[list[tuple[int, list[int]]]]:
+    r = rng()
+    p = [[int(t) for t in r.integers(3, VOCAB - 1, n)] for n in (300, 21, 5, 129)]
+    return [
+        [(0, p[0]), (1, p[1][:10])],  # 310 rows: dequantize + GEMM
+        [(1, p[1][10:]), (0, [7]), (2, p[2])],  # 17 rows: the GEMV's 32-row bucket
+        [(3, p[3][:64])],  # exactly the largest bucket: still the GEMV
+        [(3, p[3][64:]), (0, [11]), (1, [12]), (2, [13])],  # 68 rows: one past it, the GEMM
+        [(0, [14]), (1, [15]), (2, [16]), (3, [17])],  # decode (a CUDA graph with graphs on)
+        [(2, [18])],
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gemm", ["template", "cutlass"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_prefill_gemm_artifact_matches_cpu(gpu_target, ckpt, tmp_path, monkeypatch, case, gemm):
+    from ingot.codegen.kernels.gemm_cutlass.build import cutlass_available
+    from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
+
+    if case == "nvfp4" and gpu_target != "h200":
+        pytest.skip("b200 NVFP4 is W4A4 with sm100-swizzled scales: no weight-only kernel")
+    if gemm == "cutlass" and not cutlass_available():
+        pytest.skip("CUTLASS GEMMs need nvcc and the nvidia-cutlass wheel")
+    monkeypatch.setenv(quant_prefill.ENV, "1")
+    if gemm == "template":
+        monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
+    else:
+        monkeypatch.delenv("INGOT_NO_CUTLASS", raising=False)
+    path = compile_quant(ckpt, gpu_target, CASES[case], tmp_path / f"{case}-{gemm}.ingot")
+    graph, manifest = load_graph(path)
+    launches = manifest["cuda"]["launches"]
+    dequant = [j for j, ln in enumerate(launches) if ln["kernel"].startswith("dequant_")]
+    assert len(dequant) == 8 and all(launches[j]["skip"]["max_rows"] == 64 for j in dequant)
+    gemms = [j + 1 for j in dequant]
+    assert all(("cutlass" in launches[j]["kernel"]) == (gemm == "cutlass") for j in gemms)
+    steps = _steps()
+    ref = drive_steps(PagedModel(graph, NUM_BLOCKS), steps)
+    prev: list[np.ndarray] = []
+    for graphs in (False, True):
+        ex = CudaExecutor.from_artifact(path, num_blocks=NUM_BLOCKS, cuda_graphs=graphs)
+        seen: list[dict[str, np.ndarray]] = []
+        run = ex.run
+
+        def keep(feeds, *args, run=run, seen=seen, **kwargs):
+            seen.append({k: np.array(v, copy=True) for k, v in feeds.items() if not k.startswith("kv_cache")})
+            return run(feeds, *args, **kwargs)
+
+        ex.run = keep  # type: ignore[method-assign]
+        got = drive_steps(CudaPagedModel(ex), steps)
+        errs = [_rel(g, r) for g, r in zip(got, ref)]
+        print(f"{case} {gemm} graphs={graphs}: logits rel. errors {[f'{e:.2e}' for e in errs]}, {ex.stats}")
+        assert all(np.isfinite(g).all() for g in got)
+        assert max(errs) < TOL, (case, gemm, graphs, errs)
+        assert all(ex.launches[j].skips > 0 for j in dequant), "the dequantize launches were never skipped"
+        assert sum(ex.launches[j].variant_launches for j in gemms) > 0, "the quantized GEMV variants never ran"
+        if graphs:
+            assert ex.stats["graph_steps"] == 2, ex.stats
+            diffs = [_rel(a, b) for a, b in zip(got, prev)]
+            assert max(diffs) < TOL, f"CUDA-graph replay differs from plain launches: {diffs}"
+        else:  # which kernels ran, per step: the pair above 64 rows, the GEMV variants up to 64
+            for i, feeds in enumerate(seen[:4]):
+                rows = ex.profile(feeds, repeats=1)
+                ran = {r["launch"]: r for r in rows}
+                big = len(feeds["input_ids"]) > 64
+                assert all((j in ran) == big for j in dequant), (i, len(feeds["input_ids"]))
+                for j in gemms:
+                    assert (ran[j]["kernel"] == launches[j]["kernel"]) == big, (i, ran[j])
+                if big:
+                    us = {k: sum(r["us"] for r in rows if r["launch"] in js) for k, js in (("dequant", dequant),
+                                                                                         ("gemm", gemms))}
+                    print(f"{case} {gemm} step {i} ({len(feeds['input_ids'])} rows): {us}")
+                again = run(feeds)["logits"]
+                assert np.array_equal(again, got[i]), "the profiled step changed the step's results"
+        prev = got
+        ex.close()
