@@ -3,7 +3,7 @@
 
     python bench/bench_prefill_attention.py                  # 1 x 4096 tokens, 32 x 128 heads; 8 x 2048, GQA 32/8 x 64
     python bench/bench_prefill_attention.py --shapes 1x4096x32x32x128 --json out.json
-    python bench/bench_prefill_attention.py --wgmma-configs 2x128x2 2x64x3ov  # warpgroups x positions x stages[ov]
+    python bench/bench_prefill_attention.py --wgmma-configs 2x128x2 2x64x3ov 2x128x2ws  # wgs x positions x stages
     python bench/bench_prefill_attention.py --dry-run        # no GPU: compile every ingot kernel a run would launch
 
 One layer's attention for a whole prompt: every sequence has ``L`` new tokens and no cached prefix (its K/V already
@@ -41,8 +41,9 @@ from bench_gemv_quant import SpecKernel  # noqa: E402
 DEFAULT_SHAPES = ("1x4096x32x32x128", "8x2048x32x8x64")
 BF16_PEAK_TFLOPS = 747.0  # cuBLAS bf16 GEMM 8192^3 on this H200 (../shared/GPU.md)
 #: wgmma configs benched by default: warpgroups x K/V positions per tile x stages, ``ov``: softmax overlapping
-#: O += P V (``default``: the rule's)
-DEFAULT_WGMMA_CONFIGS = ("default", "2x128x2", "2x128x3", "2x64x3", "1x128x2", "2x128x3ov", "2x64x3ov")
+#: O += P V, ``ws``: a producer warpgroup with mbarriers (``default``: the rule's)
+DEFAULT_WGMMA_CONFIGS = ("default", "2x128x2", "2x128x3", "2x64x3", "1x128x2", "2x128x3ov", "2x64x3ov", "2x128x2ws",
+                         "2x128x3ws", "2x64x3ws")
 
 
 def ingot_kernels(shape: str, block_size: int, wgmma_configs: list[str]) -> list[tuple[str, object]]:
@@ -58,13 +59,15 @@ def ingot_kernels(shape: str, block_size: int, wgmma_configs: list[str]) -> list
     found = [(f"w{w}", prefill_spec(bf16, bf16, H, KV, D, block_size, scale, tgt, warps=w)) for w in (4, 8)]
     seen = set()
     for name in wgmma_configs:
-        overlap = name.endswith("ov")
-        fields = name.removesuffix("ov").split("x")
-        cfg = default_config(D) if name == "default" else WgmmaConfig(*(int(x) for x in fields), overlap=overlap)
+        overlap, producer = name.endswith("ov"), name.endswith("ws")
+        fields = name.removesuffix("ov").removesuffix("ws").split("x")
+        cfg = default_config(D) if name == "default" else WgmmaConfig(*(int(x) for x in fields), overlap=overlap,
+                                                                      producer=producer)
         if cfg in seen or not supported(bf16, bf16, H, KV, D, block_size, tgt, cfg):
             continue
         seen.add(cfg)
         label = f"wgmma_{cfg.warpgroups}x{cfg.block_n}x{cfg.stages}{'ov' if cfg.overlap else ''}"
+        label += "ws" if cfg.producer else ""
         found.append((label, wgmma_spec(bf16, bf16, H, KV, D, block_size, scale, tgt, cfg=cfg)))
     return found
 
@@ -166,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--old-launches", type=int, default=1, help="the CUDA-core kernel is slow: fewer launches")
     ap.add_argument("--old-reps", type=int, default=3)
     ap.add_argument("--wgmma-configs", nargs="+", default=list(DEFAULT_WGMMA_CONFIGS),
-                    help="wgmma configs: WARPGROUPSxBLOCK_NxSTAGES[ov] or 'default' (ov: softmax overlapping PV)")
+                    help="wgmma configs: WARPGROUPSxBLOCK_NxSTAGES[ov|ws] or 'default' (ov: softmax overlapping PV, "
+                         "ws: a producer warpgroup)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dry-run", action="store_true", help="no GPU: compile the ingot kernels a run would launch")
     a = ap.parse_args(argv)

@@ -55,6 +55,7 @@ def test_supported_and_declined():
     assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 96, 2))
     assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 4))
     assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 2, overlap=True))  # needs 3 stages
+    assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, overlap=True, producer=True))
     assert supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, overlap=True))
     assert not supported(bf16, bf16, 32, 5, 128, 16, h200)  # heads not a multiple of the KV heads
     with pytest.raises(ValueError):
@@ -72,6 +73,9 @@ def test_spec_shares_the_flash_parameters():
     assert spec.block == (256, 1, 1) and spec.smem == smem_bytes(64, cfg) == 1024 + 2 * 64 * (128 + 6 * 128)
     one = wgmma_spec(bf16, bf16, 8, 8, 128, 32, 0.088, h200, cfg=WgmmaConfig(1, 64, 3))
     assert one.block == (128, 1, 1) and one.smem == 1024 + 2 * 128 * (64 + 6 * 64)
+    ws = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=WgmmaConfig(2, 128, 2, producer=True))
+    assert ws.block == (384, 1, 1) and ws.smem == 1024 + 2 * 128 * (128 + 4 * 128) + 2 * 2 * 8
+    assert ws.grid == (GridDim("num_tokens", 32), GridDim(const=8), GridDim())
     for d in (64, 128):
         for cfg in (default_config(d), WgmmaConfig(2, 128, 3), WgmmaConfig(2, 64, 3), WgmmaConfig(1, 128, 2),
                     WgmmaConfig(2, 128, 3, True)):
@@ -143,7 +147,10 @@ def sass_counts(sass: str) -> Counter:
     (32, 32, 128, 16, 0.0, 0, None), (32, 8, 64, 16, 0.0, 0, None), (8, 8, 128, 32, 0.0, 0, WgmmaConfig(2, 64, 3)),
     (32, 8, 64, 16, 0.0, 0, WgmmaConfig(1, 64, 2)), (9, 3, 64, 16, 30.0, 700, WgmmaConfig(2, 128, 2)),
     (16, 4, 128, 32, 0.0, 0, WgmmaConfig(1, 128, 3)), (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, True)),
-    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(2, 64, 3, True)), (9, 3, 64, 16, 30.0, 700, WgmmaConfig(2, 128, 3, True))])
+    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(2, 64, 3, True)), (9, 3, 64, 16, 30.0, 700, WgmmaConfig(2, 128, 3, True)),
+    (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 2, producer=True)),
+    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(1, 128, 3, producer=True)),
+    (9, 3, 128, 16, 30.0, 700, WgmmaConfig(2, 64, 3, producer=True))])
 def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
     spec = wgmma_spec(bf16, bf16, H, KV, D, bs, D ** -0.5, h200, softcap, window, cfg=cfg)
     cfg = cfg or default_config(D)
@@ -172,6 +179,10 @@ def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
     assert ".tnspB" in sass  # V is the MN-major (transposed) B operand
     assert "WARPGROUP.ARRIVE" in sass and "WARPGROUP.DEPBAR" in sass
     assert not any(o.startswith("HMMA") for o in ops)  # no mma.sync left
+    if cfg.producer:  # mbarriers, cp.async arriving on them; registers moved from the producer to the consumers
+        assert "mbarrier.try_wait.parity" in built.ptx and "cp.async.mbarrier.arrive.noinc" in built.ptx
+        assert ("setmaxnreg" in built.ptx) == (cfg.warpgroups == 2)
+        assert spec.block == (128 * (cfg.warpgroups + 1), 1, 1)
 
 
 # -- the shared-memory layout and descriptors, modelled on the CPU ------------------------------------------------

@@ -29,6 +29,11 @@
 // softmax of S runs after wait_group 1 while O += P V is still in flight. (As compiled by NVRTC 13.5 for the
 // d128 x 128 config, the SASS puts the wait_group 0 right after the masking, before the row max and exp2: only
 // the scale/mask part overlaps. To look at when the GPU numbers are in.)
+// PRODUCER (opt-in) is FlashAttention-3's warp specialization: warpgroup 0 only loads K/V (cp.async, each thread's
+// copies arriving on the stage's full mbarrier), warpgroups 1 .. WGS only compute (each waits on full, releases the
+// stage on its empty mbarrier after its O += P V, loads its own Q rows behind a named barrier); no CTA barrier in
+// the tile loop, so the consumer warpgroups drift apart. With two consumers, setmaxnreg moves registers from the
+// producer (40) to the consumers (232).
 //
 // Shared memory: every operand tile is stored as 128-byte-swizzle panels: a panel holds 64 head_dim elements
 // (128 bytes) of each row, rows 128 bytes apart, the 16-byte chunk c of row r at chunk c ^ (r & 7) (wgmma's
@@ -43,7 +48,12 @@
 // thread's cp.async.wait_group, before the barrier that publishes the stage.
 namespace {
 constexpr int D = ${HEAD_DIM}, KV = ${KV_HEADS}, G = ${GROUP}, H = KV * G, BS = ${BLOCK_SIZE};
-constexpr int WGS = ${WGS}, ROWS = 64 * WGS, TPT = ROWS / G, BN = ${BLOCK_N}, STAGES = ${STAGES}, NT = WGS * 128;
+constexpr int WGS = ${WGS}, ROWS = 64 * WGS, TPT = ROWS / G, BN = ${BLOCK_N}, STAGES = ${STAGES};
+// PRODUCER: warp specialization -- one more warpgroup (the first) only loads K/V into the stages, full / empty
+// mbarriers per stage instead of CTA barriers, so the consumer warpgroups drift apart (one's softmax under the
+// other's MMAs) and no consumer thread spends issue slots on loads
+constexpr bool PRODUCER = ${PRODUCER};
+constexpr int NT = (WGS + (PRODUCER ? 1 : 0)) * 128, LOADERS = PRODUCER ? 128 : NT;
 constexpr int WINDOW = ${SLIDING_WINDOW}, QS = ${Q_STRIDE}, CH = D / 8;
 // OVERLAP: O += P V of a tile runs during the next tile's softmax, so a V tile is read one iteration longer and
 // the loads run AHEAD = STAGES - 2 tiles ahead instead of STAGES - 1
@@ -56,6 +66,7 @@ static_assert(BN == 64 || BN == 128, "64 or 128 positions per K/V tile");
 static_assert(WGS == 1 || WGS == 2, "one or two consumer warpgroups");
 static_assert(STAGES >= 2 && STAGES <= 3, "two or three K/V stages");
 static_assert(AHEAD >= 1, "OVERLAP needs three stages");
+static_assert(!(PRODUCER && OVERLAP), "the producer pipeline releases a stage after its own tile's O += P V");
 static_assert(G <= ROWS, "a CTA holds at least one whole query-head group (rows past TPT * G stay idle)");
 struct __align__(16) pw_u32x4 { unsigned x, y, z, w; };
 
@@ -171,7 +182,7 @@ template <int N> __device__ __forceinline__ void pw_rs(float* d, const unsigned*
 __device__ __forceinline__ void pw_load_kv(const bf16* kv_cache, const int* table, int kvh, int p0, int lo, int hi,
                                            unsigned sk, unsigned sv, int tid) {
 #pragma unroll 4
-  for (int i = tid; i < BN * CH; i += NT) {
+  for (int i = tid; i < BN * CH; i += LOADERS) {
     const int j = i / CH, c = i % CH, p = p0 + j;
     const bool ok = p >= lo && p <= hi;
     const i64 blk = ok ? table[p / BS] : 0;
@@ -270,6 +281,90 @@ template <int N> __device__ __forceinline__ void pw_publish() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
 }
+// one sequence's tokens in this CTA's range: [t0, t0 + ntok), the K/V tiles [kt0, kt0 + ntiles) they see
+struct PwSub {
+  int t0, ntok, base, qpos_lo, qpos_hi, lo, first_hi, kt0, ntiles;
+  const int* table;
+};
+// sequence s's sub-tile of the token range [tstart, tend); ntok 0: none (ntok < 0: s starts past the range)
+__device__ __forceinline__ PwSub pw_sub(int s, int tstart, int tend, const int* seq_lens, const int* query_start_loc,
+                                        const int* block_tables, int max_blocks) {
+  PwSub u;
+  const int start = query_start_loc[s], end = query_start_loc[s + 1];
+  u.t0 = max(start, tstart);
+  u.ntok = start >= tend ? -1 : max(0, min(end, tend) - u.t0);
+  u.base = seq_lens[s] - (end - start) - start;  // position of token t: base + t
+  u.qpos_lo = u.base + u.t0;
+  u.qpos_hi = u.base + u.t0 + max(u.ntok, 1) - 1;
+  u.lo = WINDOW > 0 ? max(0, u.qpos_lo - WINDOW + 1) : 0;
+  u.first_hi = WINDOW > 0 ? max(0, u.qpos_hi - WINDOW + 1) : 0;
+  u.kt0 = u.lo / BN;
+  u.ntiles = u.qpos_hi / BN - u.kt0 + 1;
+  u.table = block_tables + (i64)s * max_blocks;
+  return u;
+}
+// the last s with query_start_loc[s] <= tstart (empty sequences share a start with the next one)
+__device__ __forceinline__ int pw_first_seq(const int* query_start_loc, int num_seqs, int tstart) {
+  int s = 0, hi_s = num_seqs;
+  while (s < hi_s) {
+    const int mid = (s + hi_s + 1) >> 1;
+    if (query_start_loc[mid] <= tstart) s = mid; else hi_s = mid - 1;
+  }
+  return s;
+}
+// mbarriers (PRODUCER): full[stage] completes when the producer's 128 threads' cp.asyncs into it have landed,
+// empty[stage] when every consumer thread is done with it
+__device__ __forceinline__ void pw_mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void pw_mbar_arrive(unsigned bar) {
+  asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void pw_mbar_arrive_cp(unsigned bar) {  // once this thread's earlier cp.asyncs land
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+// wait for the phase of parity `parity` to complete; a wait that never ends (a protocol bug) traps instead of
+// hanging the GPU
+__device__ __forceinline__ void pw_mbar_wait(unsigned bar, unsigned parity) {
+  unsigned done = 0, spins = 0;
+  while (true) {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    if (done) break;
+    if (++spins == (1u << 24)) __trap();
+  }
+}
+// rows g8 and g8 + 8 of warp `warp` (of the consumer warps): their positions (-1: not a token, never masked in or
+// written), window starts, empty running max and sum
+__device__ __forceinline__ PwRows pw_rows(const PwSub& u, int warp, int g8) {
+  PwRows rows;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int tl = (warp * 16 + g8 + 8 * hf) / G;
+    rows.qpos[hf] = tl < u.ntok ? u.base + u.t0 + tl : -1;
+    rows.first[hf] = WINDOW > 0 ? rows.qpos[hf] - WINDOW + 1 : 0;
+    rows.m[hf] = __int_as_float(0xff800000u);
+    rows.l[hf] = 0.0f;
+  }
+  return rows;
+}
+// O / l -> out for the rows that are tokens of the sub-tile
+__device__ __forceinline__ void pw_store(bf16* out, const float* o, const PwRows& rows, const PwSub& u, int kvh,
+                                         int warp, int g8, int t4) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float sum = rows.l[hf];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int r = warp * 16 + g8 + 8 * hf, tl = r / G;
+    if (tl >= u.ntok) continue;
+    bf16* dst = out + (i64)(u.t0 + tl) * (H * D) + (kvh * G + r % G) * D + 2 * t4;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      *reinterpret_cast<unsigned*>(dst + i * 8) = pw_pack(o[4 * i + 2 * hf] * inv, o[4 * i + 2 * hf + 1] * inv);
+  }
+}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
@@ -279,9 +374,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
   extern __shared__ __align__(1024) unsigned char pw_shared[];
   // SWIZZLE_128B needs 1024-aligned panels; the dynamic window's start is only promised 16 (the rule adds 1 KB)
   const unsigned sq = (att_smem(pw_shared) + 1023u) & ~1023u, sk0 = sq + ROWS * D * 2, sv0 = sk0 + STAGES * TILE;
-  const float NEG_INF = __int_as_float(0xff800000u);
-  const int kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
-  const int wg = tid >> 7;
+  const int kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, g8 = lane >> 2, t4 = lane & 3;
   const int b = gridDim.x - 1 - blockIdx.x;
   const int tstart = b * TPT, tend = min(tstart + TPT, num_tokens);
   const int qsl0 = query_start_loc[0], qsl_end = query_start_loc[num_seqs];
@@ -292,123 +385,167 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
     if (t < qsl0 || t >= qsl_end)
       *reinterpret_cast<pw_u32x4*>(out + (i64)t * (H * D) + h * D + c * 8) = pw_u32x4{0u, 0u, 0u, 0u};
   }
-  // the last s with query_start_loc[s] <= tstart (empty sequences share a start with the next one)
-  int s = 0, hi_s = num_seqs;
-  while (s < hi_s) {
-    const int mid = (s + hi_s + 1) >> 1;
-    if (query_start_loc[mid] <= tstart) s = mid; else hi_s = mid - 1;
-  }
-  for (; s < num_seqs; ++s) {
-    const int start = query_start_loc[s], end = query_start_loc[s + 1];
-    if (start >= tend) break;
-    const int t0 = max(start, tstart), t1 = min(end, tend);
-    if (t0 >= t1) continue;
-    const int ntok = t1 - t0, n = end - start, base = seq_lens[s] - n - start;  // position of token t: base + t
-    const int qpos_lo = base + t0, qpos_hi = base + t1 - 1;
-    const int lo = WINDOW > 0 ? max(0, qpos_lo - WINDOW + 1) : 0;
-    const int first_hi = WINDOW > 0 ? max(0, qpos_hi - WINDOW + 1) : 0;
-    const int* table = block_tables + (i64)s * max_blocks;
+  const int s_first = pw_first_seq(query_start_loc, num_seqs, tstart);
 
-    // Q rows of this sub-tile (rows past its tokens are zeros)
-    for (int i = tid; i < ROWS * CH; i += NT) {
-      const int r = i / CH, c = i % CH, tl = r / G;
-      const bool ok = tl < ntok;
-      const bf16* src = q + (ok ? (i64)(t0 + tl) * QS + (kvh * G + r % G) * D + c * 8 : 0);
-      att_cp16(sq + pw_off(r, c, ROWS), src, ok);
-    }
-    att_commit();
-    const int kt0 = lo / BN, ntiles = qpos_hi / BN - kt0 + 1;
-#pragma unroll
-    for (int st = 0; st < AHEAD; ++st) {  // prologue: the first AHEAD tiles in flight
-      if (st < ntiles) pw_load_kv(kv_cache, table, kvh, (kt0 + st) * BN, lo, qpos_hi, sk0 + st * TILE,
-                                  sv0 + st * TILE, tid);
+  if constexpr (!PRODUCER) {
+    const int warp = tid >> 5, wg = tid >> 7;
+    for (int s = s_first; s < num_seqs; ++s) {
+      const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
+      if (u.ntok < 0) break;
+      if (u.ntok == 0) continue;
+      // Q rows of this sub-tile (rows past its tokens are zeros)
+      for (int i = tid; i < ROWS * CH; i += NT) {
+        const int r = i / CH, c = i % CH, tl = r / G;
+        const bool ok = tl < u.ntok;
+        const bf16* src = q + (ok ? (i64)(u.t0 + tl) * QS + (kvh * G + r % G) * D + c * 8 : 0);
+        att_cp16(sq + pw_off(r, c, ROWS), src, ok);
+      }
       att_commit();
-    }
-
-    // this thread's rows g8 and g8 + 8 of its warp: positions (-1: not a token, never masked in or written)
-    PwRows rows;
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int tl = (warp * 16 + g8 + 8 * hf) / G;
-      rows.qpos[hf] = tl < ntok ? base + t0 + tl : -1;
-      rows.first[hf] = WINDOW > 0 ? rows.qpos[hf] - WINDOW + 1 : 0;
-      rows.m[hf] = NEG_INF;
-      rows.l[hf] = 0.0f;
-    }
-    float o[D / 2], sc[BN / 2], corr[2];
-    unsigned pa[BN / 16][4];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) sc[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < BN / 4; ++i) pa[i / 4][i % 4] = 0u;
-    const unsigned qa = sq + wg * 64 * 128;  // this warpgroup's 64 rows of each Q panel
-
-    int stage = 0;
-    for (int it = 0; it < ntiles; ++it) {
-      const int prev = stage == 0 ? STAGES - 1 : stage - 1;
-      {  // the tile AHEAD on goes to the stage AHEAD on, free since the barrier that closed iteration it - 1
-        const int ahead = it + AHEAD, as = (stage + AHEAD) % STAGES;
-        if (ahead < ntiles) pw_load_kv(kv_cache, table, kvh, (kt0 + ahead) * BN, lo, qpos_hi, sk0 + as * TILE,
-                                       sv0 + as * TILE, tid);
+      for (int st = 0; st < AHEAD; ++st) {  // prologue: the first AHEAD tiles in flight
+        if (st < u.ntiles) pw_load_kv(kv_cache, u.table, kvh, (u.kt0 + st) * BN, u.lo, u.qpos_hi, sk0 + st * TILE,
+                                      sv0 + st * TILE, tid);
         att_commit();
       }
-      pw_publish<AHEAD>();
-      const int p0 = (kt0 + it) * BN;
-      const bool masked = p0 + BN - 1 > qpos_lo || (WINDOW > 0 && p0 < first_hi);
-      pw_qk(sc, qa, sk0 + stage * TILE);
-      if (OVERLAP) {
-        // FlashAttention-3's intra-warpgroup pipelining: O += P V of tile it - 1 runs on the tensor cores while
-        // this tile's softmax runs; O is rescaled and P replaced once it is done. At it = 0, P is zeros and the
-        // V tile this tile's (finite: loaded or zero-filled), so it adds nothing: the same wgmma groups in flight
-        // every iteration (a branch there makes ptxas wait for both groups before the softmax)
-        pw_pv(o, pa, sv0 + (it > 0 ? prev : stage) * TILE);
-        pw_wait<1>();
-        pw_pin<BN / 2>(sc);
-        pw_softmax(sc, rows, corr, p0, masked, t4);
-        pw_pin<BN / 2>(sc);  // the softmax before the wait: nothing it computes may sink past
-        pw_pin<2>(corr);
-        pw_pin<2>(rows.l);
-        pw_wait<0>();
-        pw_pin<D / 2>(o);
-        pw_pin<BN / 4>(&pa[0][0]);
-        pw_rescale(o, corr);
-        pw_pack_p(sc, pa);
-      } else {
-        pw_wait<0>();
-        pw_pin<BN / 2>(sc);
-        pw_softmax(sc, rows, corr, p0, masked, t4);
-        pw_rescale(o, corr);
-        pw_pack_p(sc, pa);
-        pw_pv(o, pa, sv0 + stage * TILE);
-        pw_wait<0>();
-        pw_pin<D / 2>(o);
-      }
-      __syncthreads();  // the stages of tile it (it - 1 with OVERLAP) are free: loaded again next iteration
-      stage = stage == STAGES - 1 ? 0 : stage + 1;
-    }
-    if (OVERLAP) {  // the last tile's O += P V (its stage is not overwritten before the next sub-tile's barrier)
-      pw_pv(o, pa, sv0 + (stage == 0 ? STAGES - 1 : stage - 1) * TILE);
-      pw_wait<0>();
-      pw_pin<D / 2>(o);
-      __syncthreads();
-    }
-    att_wait<0>();  // the (empty) groups of tiles past the last
+      PwRows rows = pw_rows(u, warp, g8);
+      float o[D / 2], sc[BN / 2], corr[2];
+      unsigned pa[BN / 16][4];
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) sc[i] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < BN / 4; ++i) pa[i / 4][i % 4] = 0u;
+      const unsigned qa = sq + wg * 64 * 128;  // this warpgroup's 64 rows of each Q panel
 
-    // O / l -> out (rows that are tokens of this sub-tile)
+      int stage = 0;
+      for (int it = 0; it < u.ntiles; ++it) {
+        const int prev = stage == 0 ? STAGES - 1 : stage - 1;
+        {  // the tile AHEAD on goes to the stage AHEAD on, free since the barrier that closed iteration it - 1
+          const int ahead = it + AHEAD, as = (stage + AHEAD) % STAGES;
+          if (ahead < u.ntiles) pw_load_kv(kv_cache, u.table, kvh, (u.kt0 + ahead) * BN, u.lo, u.qpos_hi,
+                                           sk0 + as * TILE, sv0 + as * TILE, tid);
+          att_commit();
+        }
+        pw_publish<AHEAD>();
+        const int p0 = (u.kt0 + it) * BN;
+        const bool masked = p0 + BN - 1 > u.qpos_lo || (WINDOW > 0 && p0 < u.first_hi);
+        pw_qk(sc, qa, sk0 + stage * TILE);
+        if (OVERLAP) {
+          // FlashAttention-3's intra-warpgroup pipelining: O += P V of tile it - 1 runs on the tensor cores while
+          // this tile's softmax runs; O is rescaled and P replaced once it is done. At it = 0, P is zeros and the
+          // V tile this tile's (finite: loaded or zero-filled), so it adds nothing: the same wgmma groups in
+          // flight every iteration (a branch there makes ptxas wait for both groups before the softmax)
+          pw_pv(o, pa, sv0 + (it > 0 ? prev : stage) * TILE);
+          pw_wait<1>();
+          pw_pin<BN / 2>(sc);
+          pw_softmax(sc, rows, corr, p0, masked, t4);
+          pw_pin<BN / 2>(sc);  // the softmax before the wait: nothing it computes may sink past
+          pw_pin<2>(corr);
+          pw_pin<2>(rows.l);
+          pw_wait<0>();
+          pw_pin<D / 2>(o);
+          pw_pin<BN / 4>(&pa[0][0]);
+          pw_rescale(o, corr);
+          pw_pack_p(sc, pa);
+        } else {
+          pw_wait<0>();
+          pw_pin<BN / 2>(sc);
+          pw_softmax(sc, rows, corr, p0, masked, t4);
+          pw_rescale(o, corr);
+          pw_pack_p(sc, pa);
+          pw_pv(o, pa, sv0 + stage * TILE);
+          pw_wait<0>();
+          pw_pin<D / 2>(o);
+        }
+        __syncthreads();  // the stages of tile it (it - 1 with OVERLAP) are free: loaded again next iteration
+        stage = stage == STAGES - 1 ? 0 : stage + 1;
+      }
+      if (OVERLAP) {  // the last tile's O += P V (its stage is not overwritten before the next sub-tile's barrier)
+        pw_pv(o, pa, sv0 + (stage == 0 ? STAGES - 1 : stage - 1) * TILE);
+        pw_wait<0>();
+        pw_pin<D / 2>(o);
+        __syncthreads();
+      }
+      att_wait<0>();  // the (empty) groups of tiles past the last
+      pw_store(out, o, rows, u, kvh, warp, g8, t4);
+    }
+  } else {
+    // warpgroup 0 loads, warpgroups 1 .. WGS compute; tile n of the CTA (counted over its sub-tiles) is in stage
+    // n % STAGES, phase (n / STAGES) & 1 of that stage's barriers
+    const unsigned bars = sv0 + STAGES * TILE;  // full[STAGES], then empty[STAGES]
+    if (tid == 0) {
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float sum = rows.l[hf];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      const int r = warp * 16 + g8 + 8 * hf, tl = r / G;
-      if (tl >= ntok) continue;
-      bf16* dst = out + (i64)(t0 + tl) * (H * D) + (kvh * G + r % G) * D + 2 * t4;
+      for (int st = 0; st < STAGES; ++st) {
+        pw_mbar_init(bars + 8 * st, 128);
+        pw_mbar_init(bars + 8 * (STAGES + st), WGS * 128);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (tid < 128) {
+      if (WGS == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+      int n = 0;
+      for (int s = s_first; s < num_seqs; ++s) {
+        const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
+        if (u.ntok < 0) break;
+        if (u.ntok == 0) continue;
+        for (int it = 0; it < u.ntiles; ++it, ++n) {
+          const int st = n % STAGES;
+          pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
+          pw_load_kv(kv_cache, u.table, kvh, (u.kt0 + it) * BN, u.lo, u.qpos_hi, sk0 + st * TILE, sv0 + st * TILE,
+                     tid);
+          pw_mbar_arrive_cp(bars + 8 * st);
+        }
+      }
+      asm volatile("cp.async.wait_all;" ::: "memory");
+    } else {
+      if (WGS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+      const int ct = tid - 128, warp = ct >> 5, wg = ct >> 7;  // consumer thread, warp, warpgroup
+      const unsigned qa = sq + wg * 64 * 128;
+      int n = 0;
+      for (int s = s_first; s < num_seqs; ++s) {
+        const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
+        if (u.ntok < 0) break;
+        if (u.ntok == 0) continue;
+        // this warpgroup's 64 Q rows, once its MMAs of the previous sub-tile are done with them
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+        for (int i = ct & 127; i < 64 * CH; i += 128) {
+          const int r = 64 * wg + i / CH, c = i % CH, tl = r / G;
+          const bool ok = tl < u.ntok;
+          const bf16* src = q + (ok ? (i64)(u.t0 + tl) * QS + (kvh * G + r % G) * D + c * 8 : 0);
+          att_cp16(sq + pw_off(r, c, ROWS), src, ok);
+        }
+        att_commit();
+        att_wait<0>();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+        PwRows rows = pw_rows(u, warp, g8);
+        float o[D / 2], sc[BN / 2], corr[2];
+        unsigned pa[BN / 16][4];
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i)
-        *reinterpret_cast<unsigned*>(dst + i * 8) = pw_pack(o[4 * i + 2 * hf] * inv, o[4 * i + 2 * hf + 1] * inv);
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) sc[i] = 0.0f;
+        for (int it = 0; it < u.ntiles; ++it, ++n) {
+          const int st = n % STAGES;
+          pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async's writes, then wgmma's reads
+          const int p0 = (u.kt0 + it) * BN;
+          const bool masked = p0 + BN - 1 > u.qpos_lo || (WINDOW > 0 && p0 < u.first_hi);
+          pw_qk(sc, qa, sk0 + st * TILE);
+          pw_wait<0>();
+          pw_pin<BN / 2>(sc);
+          pw_softmax(sc, rows, corr, p0, masked, t4);
+          pw_rescale(o, corr);
+          pw_pack_p(sc, pa);
+          pw_pv(o, pa, sv0 + st * TILE);
+          pw_wait<0>();
+          pw_pin<D / 2>(o);
+          pw_mbar_arrive(bars + 8 * (STAGES + st));
+        }
+        pw_store(out, o, rows, u, kvh, warp, g8, t4);
+      }
     }
   }
 }

@@ -43,6 +43,9 @@ class WgmmaConfig:
     #: FlashAttention-3's intra-warpgroup pipelining: a tile's O += P V runs during the next tile's softmax (S of
     #: the next tile live beside P and O: more registers; needs 3 stages, loads then run 1 tile ahead)
     overlap: bool = False
+    #: warp specialization: one more warpgroup that only loads K/V, full/empty mbarriers per stage instead of a CTA
+    #: barrier per tile (the consumer warpgroups drift apart: one's softmax under the other's MMAs); not with overlap
+    producer: bool = False
 
     @property
     def rows(self) -> int:
@@ -50,7 +53,7 @@ class WgmmaConfig:
 
     @property
     def threads(self) -> int:
-        return 128 * self.warpgroups
+        return 128 * (self.warpgroups + self.producer)
 
 
 def default_config(head_dim: int) -> WgmmaConfig:
@@ -59,8 +62,10 @@ def default_config(head_dim: int) -> WgmmaConfig:
 
 
 def smem_bytes(head_dim: int, cfg: WgmmaConfig) -> int:
-    """The Q rows plus ``stages`` K and V tiles, bf16, plus the 1 KB the kernel may skip to align them."""
-    return ALIGN_SLACK + 2 * head_dim * (cfg.rows + 2 * cfg.stages * cfg.block_n)
+    """The Q rows plus ``stages`` K and V tiles, bf16, plus the 1 KB the kernel may skip to align them (and with a
+    producer the stages' full and empty mbarriers, 8 bytes each)."""
+    barriers = 16 * cfg.stages if cfg.producer else 0
+    return ALIGN_SLACK + 2 * head_dim * (cfg.rows + 2 * cfg.stages * cfg.block_n) + barriers
 
 
 def supported(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -76,7 +81,7 @@ def supported(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: in
     cfg = cfg or default_config(head_dim)
     if cfg.warpgroups not in (1, 2) or cfg.block_n not in BLOCK_NS or cfg.stages not in (2, 3):
         return False
-    if cfg.overlap and cfg.stages < 3:
+    if (cfg.overlap and cfg.stages < 3) or (cfg.overlap and cfg.producer):
         return False
     return num_heads // num_kv_heads <= cfg.rows and smem_bytes(head_dim, cfg) <= MAX_SMEM
 
@@ -97,13 +102,14 @@ def wgmma_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: i
     group = num_heads // num_kv_heads
     values = {"HEAD_DIM": head_dim, "KV_HEADS": num_kv_heads, "GROUP": group, "BLOCK_SIZE": block_size,
               "WGS": cfg.warpgroups, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages, "OVERLAP": cfg.overlap,
-              "Q_STRIDE": num_heads * head_dim,
-              "SCALE": float(scale), "SOFTCAP": float(softcap), "SLIDING_WINDOW": int(sliding_window)}
-    tag = (f"{dtype.value}_{num_heads}x{num_kv_heads}x{head_dim}_b{block_size}"
-           f"_wg{cfg.warpgroups}_n{cfg.block_n}_s{cfg.stages}{'_ov' if cfg.overlap else ''}")
+              "PRODUCER": cfg.producer, "Q_STRIDE": num_heads * head_dim, "SCALE": float(scale),
+              "SOFTCAP": float(softcap), "SLIDING_WINDOW": int(sliding_window)}
+    tag = (f"{dtype.value}_{num_heads}x{num_kv_heads}x{head_dim}_b{block_size}_wg{cfg.warpgroups}_n{cfg.block_n}"
+           f"_s{cfg.stages}{'_ov' if cfg.overlap else ''}{'_ws' if cfg.producer else ''}")
     tpt = tokens_per_cta(num_heads, num_kv_heads, cfg)
     return KernelSpec.make("attention", "prefill_wgmma.cu", f"paged_attention_prefill_wgmma_{tag}",
                            target.arch or "", values, ATTEND_PARAMS, cfg.threads,
                            [GridDim("num_tokens", tpt), GridDim(const=num_kv_heads)], smem_bytes(head_dim, cfg),
                            doc=f"wgmma prefill attention, {cfg.rows} rows ({tpt} tokens) x {cfg.block_n} positions, "
-                               f"{cfg.stages} stages{', softmax overlapping O += P V' if cfg.overlap else ''}")
+                               f"{cfg.stages} stages{', softmax overlapping O += P V' if cfg.overlap else ''}"
+                               f"{', a producer warpgroup' if cfg.producer else ''}")
