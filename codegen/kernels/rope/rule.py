@@ -1,5 +1,7 @@
 """Rotary position embedding (``rope`` op; ``rope_qkv``: q and k rotated, v copied, from one fused qkv row):
-one block per token, one thread per rotating pair."""
+one block per token, one thread per rotating pair. Every rope kernel rotates through ``rotate.cuh``, so they agree bit
+for bit. ``qkv_cache.cu`` (``cache_rule.py``), ``rope_qkv`` writing k and v straight into the paged KV cache, is not
+chosen here but by ``codegen/rope_cache_fusion.py``, which also drops the attention's cache-write launch."""
 
 from __future__ import annotations
 
