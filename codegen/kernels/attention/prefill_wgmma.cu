@@ -1,5 +1,6 @@
 #include "../common.cuh"
 #include "mma.cuh"
+#include "wgmma.cuh"
 
 // Paged prefill attention on Hopper's warpgroup MMA (wgmma), FlashAttention-3 style, sm_90a only: the same
 // parameters and semantics as prefill_flash.cu (a ragged token batch, each token attending causally to its
@@ -68,116 +69,6 @@ static_assert(STAGES >= 2 && STAGES <= 3, "two or three K/V stages");
 static_assert(AHEAD >= 1, "OVERLAP needs three stages");
 static_assert(!(PRODUCER && OVERLAP), "the producer pipeline releases a stage after its own tile's O += P V");
 static_assert(G <= ROWS, "a CTA holds at least one whole query-head group (rows past TPT * G stay idle)");
-struct __align__(16) pw_u32x4 { unsigned x, y, z, w; };
-
-__device__ __forceinline__ unsigned pw_pack(float lo, float hi) {  // bf16x2, lo in the low half, nearest even
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-// byte offset of (row, 16-byte chunk c) in a swizzled tile of `rows` rows (D / 64 panels of rows x 128 bytes)
-__device__ __forceinline__ unsigned pw_off(int row, int c, int rows) {
-  return (unsigned)((c >> 3) * rows * 128 + row * 128 + (((c & 7) ^ (row & 7)) << 4));
-}
-__device__ __forceinline__ unsigned long long pw_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-  return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-         ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
-}
-__device__ __forceinline__ void pw_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void pw_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-// wgmma.wait_group 0 with the accumulators as operands, so no read of them is scheduled before the wait
-// register operands pinned in place: no write of them moves past a wgmma.fence, no read before a wait_group
-template <int N> __device__ __forceinline__ void pw_pin(float* d) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int N> __device__ __forceinline__ void pw_pin(unsigned* d) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
-// this warpgroup's wgmma groups but the newest N complete
-template <int N> __device__ __forceinline__ void pw_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// S (+)= A B, both from shared memory (descriptors), K-major; m64n64k16
-__device__ __forceinline__ void pw_ss_n64(float* d, unsigned long long da, unsigned long long db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %34, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(acc));
-}
-// D += A B, A (bf16 pairs of the m64nNk16 accumulator layout) from registers, B an MN-major (transposed)
-// shared-memory tile; m64n64k16
-__device__ __forceinline__ void pw_rs_n64(float* d, const unsigned* a, unsigned long long db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %37, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 1; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
-// S (+)= A B, both from shared memory (descriptors), K-major; m64n128k16
-__device__ __forceinline__ void pw_ss_n128(float* d, unsigned long long da, unsigned long long db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
-      "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
-      "%59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db), "r"(acc));
-}
-// D += A B, A (bf16 pairs of the m64nNk16 accumulator layout) from registers, B an MN-major (transposed)
-// shared-memory tile; m64n128k16
-__device__ __forceinline__ void pw_rs_n128(float* d, const unsigned* a, unsigned long long db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %69, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
-      "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
-      "%59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 1; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
-template <int N>
-__device__ __forceinline__ void pw_ss(float* d, unsigned long long da, unsigned long long db, int acc) {
-  if constexpr (N == 64) pw_ss_n64(d, da, db, acc);
-  else pw_ss_n128(d, da, db, acc);
-}
-template <int N> __device__ __forceinline__ void pw_rs(float* d, const unsigned* a, unsigned long long db) {
-  if constexpr (N == 64) pw_rs_n64(d, a, db, 1);
-  else pw_rs_n128(d, a, db, 1);
-}
 // K/V rows of positions [p0, p0 + BN) into one stage; positions outside [lo, hi] are zero-filled, not read
 __device__ __forceinline__ void pw_load_kv(const bf16* kv_cache, const int* table, int kvh, int p0, int lo, int hi,
                                            unsigned sk, unsigned sv, int tid) {
@@ -311,28 +202,6 @@ __device__ __forceinline__ int pw_first_seq(const int* query_start_loc, int num_
     if (query_start_loc[mid] <= tstart) s = mid; else hi_s = mid - 1;
   }
   return s;
-}
-// mbarriers (PRODUCER): full[stage] completes when the producer's 128 threads' cp.asyncs into it have landed,
-// empty[stage] when every consumer thread is done with it
-__device__ __forceinline__ void pw_mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void pw_mbar_arrive(unsigned bar) {
-  asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void pw_mbar_arrive_cp(unsigned bar) {  // once this thread's earlier cp.asyncs land
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-// wait for the phase of parity `parity` to complete; a wait that never ends (a protocol bug) traps instead of
-// hanging the GPU
-__device__ __forceinline__ void pw_mbar_wait(unsigned bar, unsigned parity) {
-  unsigned done = 0, spins = 0;
-  while (true) {
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    if (done) break;
-    if (++spins == (1u << 24)) __trap();
-  }
 }
 // rows g8 and g8 + 8 of warp `warp` (of the consumer warps): their positions (-1: not a token, never masked in or
 // written), window starts, empty running max and sum
