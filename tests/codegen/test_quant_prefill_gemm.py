@@ -168,6 +168,21 @@ def _check_scratch(graph, cuda: dict, off: dict, fmt: str) -> None:
     assert plan["scratch_without_reuse"] - off["scratch_without_reuse"] == sum(
         plan["buffers"][n]["nbytes"] for n in temps)
     assert sum(plan["buffers"][n]["nbytes"] for n in temps) > 2 * max(per_node.values())
+    # and no scratch buffer shares bytes with another one live at the same node (a temporary lives at its node)
+    live: dict[str, tuple[int, int]] = {n: (i, i) for n, (i, _) in temps.items()}
+    for i, node in enumerate(graph.nodes):
+        for v in node.outputs:
+            live[v.name] = (i, i)
+        for v in node.inputs:
+            if v is not None and v.name in live:
+                live[v.name] = (live[v.name][0], i)
+    scratch = [(n, b) for n, b in plan["buffers"].items() if b["region"] == "scratch"]
+    for a, (na, ba) in enumerate(scratch):
+        for nb, bb in scratch[a + 1:]:
+            (s1, e1), (s2, e2) = live[na], live[nb]
+            if not (e1 < s2 or e2 < s1):
+                assert ba["offset"] + ba["nbytes"] <= bb["offset"] or bb["offset"] + bb["nbytes"] <= ba["offset"], (
+                    na, nb)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
