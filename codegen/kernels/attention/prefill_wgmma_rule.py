@@ -7,8 +7,11 @@ query rows, S = Q K^T with both operands from 128-byte-swizzled shared memory, P
 operand of O += P V (V from shared memory, MN-major). sm_90a only (wgmma exists nowhere else), bf16 queries and
 cache, head_dim 64 or 128.
 
-Launch: ``WgmmaConfig`` (consumer warpgroups, K/V tile positions, stages); block ``128 * warpgroups`` threads,
-grid ``(ceil(num_tokens / (64 * warpgroups / G)), num_kv_heads)``, dynamic shared memory ``smem_bytes``.
+Launch: ``WgmmaConfig`` (consumer warpgroups, K/V tile positions, stages; opt-in ``overlap``, FlashAttention-3's
+intra-warpgroup softmax/MMA pipelining, and ``producer``, its warp specialization with a loading warpgroup and
+mbarriers); block ``128 * (warpgroups + producer)`` threads, grid ``(ceil(num_tokens / (64 * warpgroups / G)),
+num_kv_heads)``, dynamic shared memory ``smem_bytes``. The default config (neither) is the simplest; which is
+fastest is for the H200 to say (``bench/bench_prefill_attention.py``).
 
 Selection is opt-in until the kernel is measured on the H200: ``prefill_rule.plan_prefill`` returns this kernel
 instead of ``prefill_flash.cu`` only where ``INGOT_PREFILL_ATTENTION=wgmma`` (``prefill_rule.prefill_kernel``) and
