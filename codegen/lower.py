@@ -76,6 +76,12 @@ launch has ``"alternatives": [{"kernel": entry}]``, the plain template GEMM taki
 runtime without the CUTLASS launch path runs instead (listed under ``alternative_kernels``, same entry format).
 ``INGOT_NO_CUTLASS=1`` at compile time leaves CUTLASS out.
 
+On FP4 targets (b200) a W4A4 NVFP4/MXFP4 ``quantized_linear`` (weight scales swizzled by ``pack-sm100``) is two
+launches of its node (``codegen/kernels/gemm_cutlass/blockscaled_rule.py``): the activation quantizer
+(``codegen/kernels/quant_act``: packed E2M1 codes, swizzled block scales and the per-row product of the global
+scales, into memory-plan temporaries ``<out>.x_fp4``, ``<out>.x_block_scale``, ``<out>.x_scale``) and the
+shape-generic block-scaled CUTLASS GEMM reading them (a ``"cutlass"`` layout like the bf16 ones; no alternative).
+
 Where the compiling machine has a GPU of the target's architecture, the tunable kernels (decode GEMV variants,
 split-KV attention) are autotuned before compiling (``codegen/autotune.py``; ``INGOT_AUTOTUNE=0`` turns it off):
 the chosen kernel's entry then has ``"autotune": {"heuristic": entry, "heuristic_us", "chosen_us", "config", ...}``
@@ -106,7 +112,7 @@ from .compile import compile_source, compile_spec, nvcc_version, nvrtc_version
 from .kernel import KernelSpec, has_pdl
 from .kernels.attention import prefill_rule
 from .kernels.copy.rule import plan as plan_copy
-from .kernels.gemm_cutlass import cutlass_params
+from .kernels.gemm_cutlass import blockscaled_rule, cutlass_params
 from .memory_plan import KV_DIM, plan_memory
 from .registry import plan_node, plan_variants
 from .rope_cache_fusion import fuse as fuse_rope_cache
@@ -270,6 +276,10 @@ def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelS
             launches.append((i, node, None, {"x": _buf(x), "out": _buf(node.outputs[0]),
                                              "count": _dim(shape_numel(x.type.shape or ()))}))
             continue
+        if node.op.name == "quantized_linear" and blockscaled_rule.applies(node, target):
+            # W4A4 FP4 (b200): the activation quantizer, then the block-scaled CUTLASS GEMM (two launches)
+            launches.extend((i, node, spec, args) for spec, args in blockscaled_rule.plan_launches(node, target))
+            continue
         if node.op.name in ("split", "gather", "cast"):
             specs = plan_copy(node.op, [v.type if v is not None else None for v in node.inputs], target)
             if specs is None:  # the generated fallback (codegen/tvm)
@@ -281,6 +291,9 @@ def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelS
             missing.setdefault(node.op.name, []).append(f"{node.source or node.outputs[0].name} ({types})")
             if node.op.name == "quantized_linear":
                 notes.setdefault(_quant_note(node), None)
+                if target.fp4_tensor_cores:
+                    why = blockscaled_rule.decline_reason(node, target)
+                    notes.setdefault(f"quantized_linear on {target.name}: {why}", None)
             continue
         bound = tvm_rule.bind(node, specs) if not specs or specs[0].family == "tvm" else bind_args(node, specs)
         for spec, args in zip(specs, bound):
@@ -306,7 +319,8 @@ def _quant_note(node: Node) -> str:
     return (f"quantized_linear: {what}: the quantized GEMV (codegen/kernels/gemv/quant_rule.py) takes FP8 "
             "per-channel weights with bf16 or FP8 activations and weight-only NVFP4 with linear scales, K a multiple "
             "of 64 (FP8) / 128 (NVFP4); pick such formats in the quant config (on b200 NVFP4/MXFP4 scales are always "
-            "swizzled for CUTLASS by pack-sm100: use fp8 there), or compile for target cpu")
+            "swizzled for CUTLASS by pack-sm100: W4A4 runs the block-scaled CUTLASS GEMM there, weight-only FP4 "
+            "has no kernel), or compile for target cpu")
 
 
 def gemv_variant_plans(launches: list[tuple[int, Node, KernelSpec | None, dict[str, Any]]],
@@ -475,7 +489,8 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
               "dtype": node.inputs[0].type.dtype.value, "group_size": node.op.group_size}  # type: ignore
              for j, (i, node, spec, args) in enumerate(launches)]
     # fused variants read their skipped producer's input: it stays live until their node
-    plan = plan_memory(graph, bindings, reads=decode_fusion.variant_reads(table), temporaries=prefill.temporaries)
+    temporaries = {**prefill.temporaries, **blockscaled_rule.temporaries(graph, tgt)}  # W4A4: quantized x
+    plan = plan_memory(graph, bindings, reads=decode_fusion.variant_reads(table), temporaries=temporaries)
     cuda = {
         "format": CUDA_FORMAT,
         "arch": tgt.arch,

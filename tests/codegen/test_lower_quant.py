@@ -7,6 +7,9 @@ the f32 scales stay f32 and the FP8 / packed-FP4 codes keep their types in the w
 plan; the artifact still runs on the CPU backend. The same model runs on a GPU in
 ``tests/runtime/test_quant_cuda.py``.
 
+On b200, W4A4 NVFP4 / MXFP4 linears are the activation quantizer + the block-scaled CUTLASS GEMM
+(``test_w4a4_lowers_for_b200``, slow: CUTLASS builds); weight-only FP4 there still has no kernel.
+
 The model's shapes suit the kernels: head_dim 64 (the split-KV kernel takes 64, 128, 256) and every K a
 multiple of 128 (NVFP4 GEMV steps).
 """
@@ -23,8 +26,11 @@ import pytest
 import ingot
 from ingot.api import CompileError
 from ingot.codegen.decode_fusion import variant_reads
+from ingot.codegen.kernels.gemm_cutlass import blockscaled_rule
+from ingot.codegen.kernels.gemm_cutlass.build import cutlass_available
 from ingot.codegen.memory_plan import plan_memory
 from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
+from ingot.codegen.target import get_target
 from ingot.runtime.artifact import load_graph
 from ingot.runtime.paged import PagedModel
 from ingot.runtime.safetensors_io import SafetensorsFile
@@ -44,6 +50,8 @@ CASES = {
     "fp8-static": {"default": "fp8:static", "kv_cache": "fp8:tensor"},
 }
 ARCH = {"h200": "sm_90a", "b200": "sm_100a"}
+needs_cutlass = pytest.mark.skipif(not cutlass_available(),
+                                   reason="needs nvcc and CUTLASS headers: pip install nvidia-cutlass nvidia-cuda-nvcc")
 
 
 def quant_checkpoint(directory: Path, seed: int = 0) -> Path:
@@ -207,10 +215,79 @@ def test_fp8_with_fp8_kv_lowers_for_b200(ckpt, tmp_path):
             assert any(o.startswith(("HMMA", "QMMA")) for o in opcodes(sass)), sorted(opcodes(sass))
 
 
-def test_nvfp4_for_b200_names_the_missing_kernel(ckpt, tmp_path):
-    """On b200 NVFP4 is W4A4 with sm_100-swizzled scales (CUTLASS's layout), which the decode GEMV does not
-    read yet: the compile fails naming the node's formats, and writes nothing."""
-    why = r"(?s)quantized_linear \(8 nodes\).*nvfp4 weights .*sm100 layout.*nvfp4 activations"
+#: W4A4 on b200: NVFP4 with the calibrated static activation global scale (the default there), MXFP4 per block
+W4A4 = {"nvfp4": {"default": "nvfp4"}, "mxfp4": {"default": "mxfp4:w4a4"}}
+
+
+@pytest.mark.slow
+@needs_cutlass
+@pytest.mark.parametrize("fmt", sorted(W4A4))
+def test_w4a4_lowers_for_b200(ckpt, tmp_path, fmt):
+    """On b200 each W4A4 linear is the activation quantizer then the block-scaled CUTLASS GEMM (tcgen05 UTCOMMA),
+    through memory-plan temporaries; compiled and SASS-checked here, nothing runs on a B200. Builds: one GEMM per
+    epilogue (plain, residual) per format, cubin and Params probe each (minutes cold; the kernel cache keeps them)."""
+    path = compile_quant(ckpt, "b200", W4A4[fmt], tmp_path / f"b200-{fmt}.ingot")
+    manifest = _kernel_table(path, "b200")
+    cuda = manifest["cuda"]
+    if fmt == "nvfp4":
+        _check_weights(path, manifest, "nvfp4", kv_fp8=False, static=True)
+    qls = [ln for ln in cuda["launches"] if ln["op"] == "quantized_linear"]
+    assert len(qls) == 16  # 2 layers x (qkv, o_proj, gate_up, down) x (quantizer, GEMM)
+    quantizers, gemms = set(), set()
+    for quant, gemm in zip(qls[::2], qls[1::2]):
+        assert quant["node"] == gemm["node"] and "variants" not in gemm and "alternatives" not in gemm
+        qk, gk = cuda["kernels"][quant["kernel"]], cuda["kernels"][gemm["kernel"]]
+        assert qk["spec"]["family"] == "quant_act" and qk["spec"]["values"]["STATIC"] == (fmt == "nvfp4")
+        assert gk["spec"]["template"] == "sm100_blockscaled.cu" and "cutlass" in gk
+        assert {t["tensor"] for t in gk["cutlass"]["tma"]} >= {"x_block_scale", "weight_block_scale"}
+        quantizers.add(quant["kernel"])
+        gemms.add(gemm["kernel"])
+        out = gemm["args"]["out"]["buffer"]
+        assert quant["args"]["x_fp4"] == gemm["args"]["x"] == {"buffer": f"{out}.x_fp4"}
+        assert quant["args"]["x_block_scale"] == gemm["args"]["x_block_scale"] == {"buffer": f"{out}.x_block_scale"}
+        assert gemm["args"]["weight_block_scale"]["buffer"].endswith(".weight_scale")
+        assert quant["args"]["M"] == gemm["args"]["M"] == {"dim": "T"}
+        if fmt == "nvfp4":  # the per-row scale: input_scale * weight_scale_2
+            assert quant["args"]["x_scale"] == gemm["args"]["x_scale"] == {"buffer": f"{out}.x_scale"}
+            assert quant["args"]["input_scale"]["buffer"].endswith(".input_scale")
+            assert quant["args"]["weight_scale_2"]["buffer"].endswith(".weight_scale_2")
+        else:
+            assert quant["args"]["x_scale"] == gemm["args"]["x_scale"] == {"null": True}
+        plan = cuda["memory_plan"]["buffers"]
+        assert plan[f"{out}.x_fp4"]["region"] == plan[f"{out}.x_block_scale"]["region"] == "scratch"
+    assert len(quantizers) == 2  # K = 128 (qkv, gate_up), 256 (o_proj, down)
+    assert len(gemms) == 2  # shape-generic: one plain, one with the residual epilogue (o_proj, down)
+    assert sum("buffer" in ln["args"]["residual"] for ln in qls[1::2]) == 4
+    # the memory plan is the one the loaded graph gives with the rule's temporaries
+    graph, _ = load_graph(path)
+    temporaries = blockscaled_rule.temporaries(graph, get_target("b200"))
+    assert len(temporaries) == (24 if fmt == "nvfp4" else 16)
+    assert plan_memory(graph, cuda["memory_plan"]["bindings"], reads=variant_reads(cuda["launches"]),
+                       temporaries=temporaries).to_dict() == cuda["memory_plan"]
+    if find_cuobjdump() is not None:
+        for entry in sorted(quantizers | gemms):
+            sass = disassemble((path / cuda["kernels"][entry]["cubin"]).read_bytes())
+            assert sass_arch(sass) == "sm_100a", entry
+            ops = opcodes(sass)
+            if entry in gemms:  # tcgen05 block-scaled MMA, TMA loads
+                assert any(o.startswith("UTCOMMA") for o in ops), sorted(o for o in ops if "MMA" in o)
+                assert any(o.startswith("UTMALDG") for o in ops)
+            else:
+                assert not any(o.startswith(("LDL", "STL")) for o in ops), f"{entry}: local memory (spills)"
+    # the quantized graph still runs on the CPU backend (the reference a B200 run would be compared with)
+    m = PagedModel(graph, num_blocks=8)
+    ids = [int(t) for t in rng().integers(3, 259, 21)]
+    logits = m.step([(m.add_sequence(), ids)])
+    assert logits.shape == (1, 260) and np.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("spec", ["nvfp4:wo", "mxfp4:wo"])
+def test_weight_only_fp4_for_b200_names_the_missing_kernel(ckpt, tmp_path, spec):
+    """Weight-only FP4 on b200 has sm100-swizzled scales (pack-sm100) and bf16 activations: no kernel reads that
+    (the GEMV takes linear scales, the block-scaled GEMM W4A4): the compile fails saying so, and writes nothing."""
+    fmt = spec.split(":")[0]
+    why = (rf"(?s)quantized_linear \(8 nodes\).*{fmt} weights .*sm100 layout.*none activations.*"
+           rf"weight-only FP4 with sm100-swizzled scales has no kernel")
     with pytest.raises(CompileError, match=why):
-        compile_quant(ckpt, "b200", CASES["nvfp4"], tmp_path / "b200-nvfp4.ingot")
-    assert not (tmp_path / "b200-nvfp4.ingot").exists()
+        compile_quant(ckpt, "b200", {"default": spec}, tmp_path / "b200-fp4-wo.ingot")
+    assert not (tmp_path / "b200-fp4-wo.ingot").exists()
