@@ -1,9 +1,9 @@
 """Quantized LLM artifacts on the CUDA backend against the CPU backend running the same quantized graph.
 
 The tiny random Llama of ``tests/codegen/test_lower_quant.py`` (head_dim 64, K of 128/256) compiled for the
-device's target with FP8 (W8A8 per token), FP8 with an FP8 KV cache, NVFP4 weight-only (h200; b200's NVFP4 is
-W4A4 with swizzled scales, which has no kernel yet), and, to cover every mode of the quantized GEMV, FP8
-weight-only and FP8 with static activation and KV scales. The CPU backend runs the artifact's own (bf16,
+device's target with FP8 (W8A8 per token), FP8 with an FP8 KV cache, NVFP4 (weight-only on h200; W4A4 on b200:
+the activation quantizer + the block-scaled CUTLASS GEMM, not yet run), and, to cover every mode of the quantized
+GEMV, FP8 weight-only and FP8 with static activation and KV scales. The CPU backend runs the artifact's own (bf16,
 quantized) graph through the ops' references, so the two differ only by f32 summation order.
 
 Steps over 3 sequences exercise every kernel path: a 310-token batched prefill (the any-M GEMV in 64-token
@@ -32,6 +32,9 @@ from tests.runtime.serving_models import drive_steps
 #: bf16 bound test_cuda_backend uses), and with FP8 activations (half an e4m3 ulp, relative)
 TOL = 2 * TOLERANCES["bfloat16"][0]
 TOL_FP8_ACTIVATIONS = 2.0**-4
+#: W4A4 (b200): the same argument with E2M1 activation codes (one mantissa bit): half an e2m1 ulp, relative. A guess
+#: until the first B200 run measures it; layout or scale mistakes give errors of the logits' own size
+TOL_FP4_ACTIVATIONS = 2.0**-2
 GPU_CASES = {**CASES, "fp8-wo": {"default": "fp8:wo"}}
 NUM_BLOCKS = 48
 VOCAB = 260
@@ -76,13 +79,13 @@ def _greedy_ref(graph, prompt: list[int], n: int) -> tuple[list[int], list[np.nd
 def test_quantized_artifact_matches_cpu(gpu_target, ckpt, tmp_path, case):
     from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
 
-    if case.startswith("nvfp4") and gpu_target != "h200":
-        pytest.skip("b200 NVFP4 (W4A4, sm100-swizzled scales) has no kernel yet")
+    w4a4 = case.startswith("nvfp4") and gpu_target == "b200"  # quantizer + block-scaled CUTLASS GEMM
     path = compile_quant(ckpt, gpu_target, GPU_CASES[case], tmp_path / f"{case}.ingot")
-    tol = TOL if case in ("fp8-wo", "nvfp4") else TOL_FP8_ACTIVATIONS
+    tol = TOL_FP4_ACTIVATIONS if w4a4 else TOL if case in ("fp8-wo", "nvfp4") else TOL_FP8_ACTIVATIONS
     graph, manifest = load_graph(path)
     kernels = {ln["kernel"] for ln in manifest["cuda"]["launches"] if ln["op"] == "quantized_linear"}
-    assert kernels and all(k.startswith("gemv_") for k in kernels)
+    want = ("quant_act_nvfp4_", "linear_cutlass_nvfp4") if w4a4 else ("gemv_",)
+    assert kernels and all(k.startswith(want) for k in kernels)
     steps = _steps()
     ref = drive_steps(PagedModel(graph, NUM_BLOCKS), steps)
     errors = {}
