@@ -27,9 +27,8 @@
 // By default each wgmma group is waited for (wait_group 0) before the softmax or the next tile: the two warpgroups
 // overlap each other's MMAs and softmax only loosely (a CTA barrier per tile). OVERLAP (opt-in, 3 stages) is
 // FlashAttention-3's intra-warpgroup pipelining: tile it's S and tile it - 1's O += P V are issued together, the
-// softmax of S runs after wait_group 1 while O += P V is still in flight. (As compiled by NVRTC 13.5 for the
-// d128 x 128 config, the SASS puts the wait_group 0 right after the masking, before the row max and exp2: only
-// the scale/mask part overlaps. To look at when the GPU numbers are in.)
+// softmax of S runs after wait_group 1 while O += P V is still in flight (ptxas would sink the exp2s past the
+// wait_group 0; a store of the row sums to a scratch word per thread, after the stages, keeps them before it).
 // PRODUCER (opt-in) is FlashAttention-3's warp specialization: warpgroup 0 only loads K/V (cp.async, each thread's
 // copies arriving on the stage's full mbarrier), warpgroups 1 .. WGS only compute (each waits on full, releases the
 // stage on its empty mbarrier after its O += P V, loads its own Q rows behind a named barrier); no CTA barrier in
@@ -309,9 +308,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
           pw_wait<1>();
           pw_pin<BN / 2>(sc);
           pw_softmax(sc, rows, corr, p0, masked, t4);
-          pw_pin<BN / 2>(sc);  // the softmax before the wait: nothing it computes may sink past
-          pw_pin<2>(corr);
-          pw_pin<2>(rows.l);
+          // the softmax before the wait: its row sums stored (to this thread's scratch word) ahead of it, since
+          // ptxas sinks the exp2s past a wait_group that nothing orders them before
+          pw_keep_before_wait(sv0 + STAGES * TILE + 4 * tid, rows.l[0] + rows.l[1]);
           pw_wait<0>();
           pw_pin<D / 2>(o);
           pw_pin<BN / 4>(&pa[0][0]);

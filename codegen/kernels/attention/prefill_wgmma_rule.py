@@ -65,10 +65,10 @@ def default_config(head_dim: int) -> WgmmaConfig:
 
 
 def smem_bytes(head_dim: int, cfg: WgmmaConfig) -> int:
-    """The Q rows plus ``stages`` K and V tiles, bf16, plus the 1 KB the kernel may skip to align them (and with a
-    producer the stages' full and empty mbarriers, 8 bytes each)."""
-    barriers = 16 * cfg.stages if cfg.producer else 0
-    return ALIGN_SLACK + 2 * head_dim * (cfg.rows + 2 * cfg.stages * cfg.block_n) + barriers
+    """The Q rows plus ``stages`` K and V tiles, bf16, plus the 1 KB the kernel may skip to align them; with a
+    producer the stages' full and empty mbarriers (8 bytes each), with overlap a scratch word per thread."""
+    extra = 16 * cfg.stages if cfg.producer else 4 * cfg.threads if cfg.overlap else 0
+    return ALIGN_SLACK + 2 * head_dim * (cfg.rows + 2 * cfg.stages * cfg.block_n) + extra
 
 
 def supported(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: int, head_dim: int,

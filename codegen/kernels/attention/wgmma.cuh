@@ -29,6 +29,11 @@ template <int N> __device__ __forceinline__ void pw_pin(unsigned* d) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
+// a shared-memory store of x (to a scratch word nobody reads) that ptxas keeps ahead of a following wgmma.wait_group:
+// so is everything x depends on (register-only work like a softmax is otherwise free to sink past the wait)
+__device__ __forceinline__ void pw_keep_before_wait(unsigned scratch, float x) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(scratch), "f"(x) : "memory");
+}
 // this warpgroup's wgmma groups but the newest N complete
 template <int N> __device__ __forceinline__ void pw_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
