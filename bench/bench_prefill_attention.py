@@ -43,7 +43,7 @@ BF16_PEAK_TFLOPS = 747.0  # cuBLAS bf16 GEMM 8192^3 on this H200 (../shared/GPU.
 #: wgmma configs benched by default: warpgroups x K/V positions per tile x stages, ``ov``: softmax overlapping
 #: O += P V, ``ws``: a producer warpgroup with mbarriers (``default``: the rule's)
 DEFAULT_WGMMA_CONFIGS = ("default", "2x128x2", "2x128x3", "2x64x3", "1x128x2", "2x128x3ov", "2x64x3ov", "2x128x2ws",
-                         "2x128x3ws", "2x64x3ws")
+                         "2x128x3ws", "2x64x3ws", "2x128x3ovws", "2x64x3ovws")
 
 
 def ingot_kernels(shape: str, block_size: int, wgmma_configs: list[str]) -> list[tuple[str, object]]:
@@ -59,10 +59,12 @@ def ingot_kernels(shape: str, block_size: int, wgmma_configs: list[str]) -> list
     found = [(f"w{w}", prefill_spec(bf16, bf16, H, KV, D, block_size, scale, tgt, warps=w)) for w in (4, 8)]
     seen = set()
     for name in wgmma_configs:
-        overlap, producer = name.endswith("ov"), name.endswith("ws")
-        fields = name.removesuffix("ov").removesuffix("ws").split("x")
-        cfg = default_config(D) if name == "default" else WgmmaConfig(*(int(x) for x in fields), overlap=overlap,
-                                                                      producer=producer)
+        rest, flags = name, set()
+        for flag in ("ws", "ov"):  # WxNxS[ov][ws]
+            if rest.endswith(flag):
+                rest, flags = rest[:-2], flags | {flag}
+        cfg = default_config(D) if name == "default" else WgmmaConfig(*(int(x) for x in rest.split("x")),
+                                                                      overlap="ov" in flags, producer="ws" in flags)
         if cfg in seen or not supported(bf16, bf16, H, KV, D, block_size, tgt, cfg):
             continue
         seen.add(cfg)
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--old-launches", type=int, default=1, help="the CUDA-core kernel is slow: fewer launches")
     ap.add_argument("--old-reps", type=int, default=3)
     ap.add_argument("--wgmma-configs", nargs="+", default=list(DEFAULT_WGMMA_CONFIGS),
-                    help="wgmma configs: WARPGROUPSxBLOCK_NxSTAGES[ov|ws] or 'default' (ov: softmax overlapping PV, "
+                    help="wgmma configs: WARPGROUPSxBLOCK_NxSTAGES[ov][ws] or 'default' (ov: softmax overlapping PV, "
                          "ws: a producer warpgroup)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dry-run", action="store_true", help="no GPU: compile the ingot kernels a run would launch")

@@ -31,7 +31,8 @@ def test_help_names_the_wgmma_configs():
 def test_kernels_per_shape():
     labels = [label for label, _ in ingot_kernels("8x2048x32x8x64", 16, list(DEFAULT_WGMMA_CONFIGS))]
     assert labels[:2] == ["w4", "w8"] and len(labels) == len(set(labels))
-    assert {"wgmma_2x128x3", "wgmma_2x128x3ov", "wgmma_2x128x2ws"} <= set(labels)  # default (d 64) == 2x128x3
+    assert {"wgmma_2x128x3", "wgmma_2x128x3ov", "wgmma_2x128x2ws", "wgmma_2x128x3ovws"} <= set(labels)
+    assert "wgmma_default" not in labels  # the default (d 64: 2x128x3) under its own name
     specs = dict(ingot_kernels("1x4096x32x32x128", 16, ["default", "2x128x2", "1x64x3ws", "2x128x2ov"]))
     assert list(specs) == ["w4", "w8", "wgmma_2x128x2", "wgmma_1x64x3ws"]  # duplicates and declined configs dropped
     assert specs["wgmma_1x64x3ws"].template == "prefill_wgmma.cu" and specs["wgmma_1x64x3ws"].block == (256, 1, 1)

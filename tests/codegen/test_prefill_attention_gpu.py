@@ -2,17 +2,17 @@
 ``prefill_wgmma.cu`` on sm_90a) against the numpy reference of ``paged_attention`` on the GPU (``-m gpu``; skipped
 without one).
 
-Fresh random caches and queries (the new tokens' K/V written into the cache by the reference, the kernel reads
-that cache); block tables drawn as a random permutation (scattered, non-contiguous blocks). Cases: sequences of
-1, 17, 300 and 1000 new tokens; chunked prefill after cached prefixes; GQA 32/8 at head_dim 64 and 8/8 at 128;
-decode tokens mixed with prefill chunks; softcap with a sliding window and a group (3) that does not divide the
-CTA's rows; padding tokens past ``query_start_loc[-1]`` (zeros); 4 and 8 warps; one head and one 64-token
-sequence (a single tile per CTA: the first case to read when a layout is wrong). Every case runs the flash kernel
-and the wgmma kernel, the latter plain, with the softmax overlapping O += P V (``wgmma-overlap``) and with a
-producer warpgroup and mbarriers (``wgmma-producer``; last, since a broken mbarrier protocol traps and takes the
-CUDA context with it): its default config (overlap: 3 stages) where the flash kernel has 4 warps, one consumer
-warpgroup with 64-position tiles where it has 8 (sm_90a only: skipped elsewhere). Outputs poisoned with NaN before
-each launch; every element compared."""
+Fresh random caches and queries (the new tokens' K/V written into the cache by the reference, the kernel reads that
+cache); block tables drawn as a random permutation (scattered, non-contiguous blocks). Cases: sequences of 1, 17,
+300 and 1000 new tokens; chunked prefill after cached prefixes; GQA 32/8 at head_dim 64 and 8/8 at 128; decode
+tokens mixed with prefill chunks; softcap with a sliding window and a group (3) that does not divide the CTA's rows;
+padding tokens past ``query_start_loc[-1]`` (zeros); 4 and 8 warps; one head and one 64-token sequence (a single
+tile per CTA: the first case to read when a layout is wrong). Every case runs the flash kernel and the wgmma kernel,
+the latter plain, with the softmax overlapping O += P V (``wgmma-overlap``), with a producer warpgroup and mbarriers
+(``wgmma-producer``) and with both (``wgmma-producer-overlap``; these two last, since a broken mbarrier protocol
+traps and takes the CUDA context with it): its default config (overlap: 3 stages) where the flash kernel has 4
+warps, one consumer warpgroup with 64-position tiles where it has 8 (sm_90a only: skipped elsewhere). Outputs
+poisoned with NaN before each launch; every element compared."""
 
 from __future__ import annotations
 
@@ -50,11 +50,13 @@ CASES = {
 #: the wgmma kernel's config by variant and the case's flash warp count (None: the rule's default)
 WGMMA_CONFIGS = {"wgmma": {4: None, 8: WgmmaConfig(1, 64, 3)},
                  "wgmma-overlap": {4: WgmmaConfig(2, 128, 3, True), 8: WgmmaConfig(1, 64, 3, True)},
-                 "wgmma-producer": {4: WgmmaConfig(2, 128, 2, producer=True), 8: WgmmaConfig(1, 64, 3, producer=True)}}
+                 "wgmma-producer": {4: WgmmaConfig(2, 128, 2, producer=True), 8: WgmmaConfig(1, 64, 3, producer=True)},
+                 "wgmma-producer-overlap": {4: WgmmaConfig(2, 128, 3, True, True),
+                                            8: WgmmaConfig(1, 64, 3, True, True)}}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("kernel", ["flash", "wgmma", "wgmma-overlap", "wgmma-producer"])  # kernel by kernel
+@pytest.mark.parametrize("kernel", ["flash", *WGMMA_CONFIGS])  # kernel by kernel, in this order
 def test_prefill_attention_matches_reference(gpu, case, kernel):
     H, KV, D, bs, softcap, window, warps, seqs, padding = CASES[case]
     r = rng()

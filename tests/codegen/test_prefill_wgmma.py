@@ -55,7 +55,7 @@ def test_supported_and_declined():
     assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 96, 2))
     assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 4))
     assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 2, overlap=True))  # needs 3 stages
-    assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, overlap=True, producer=True))
+    assert supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, overlap=True, producer=True))
     assert supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, overlap=True))
     assert not supported(bf16, bf16, 32, 5, 128, 16, h200)  # heads not a multiple of the KV heads
     with pytest.raises(ValueError):
@@ -78,7 +78,7 @@ def test_spec_shares_the_flash_parameters():
     assert ws.grid == (GridDim("num_tokens", 32), GridDim(const=8), GridDim())
     for d in (64, 128):
         for cfg in (default_config(d), WgmmaConfig(2, 128, 3), WgmmaConfig(2, 64, 3), WgmmaConfig(1, 128, 2),
-                    WgmmaConfig(2, 128, 3, True)):
+                    WgmmaConfig(2, 128, 3, True), WgmmaConfig(2, 128, 3, True, True)):
             assert smem_bytes(d, cfg) <= MAX_SMEM
     assert smem_bytes(128, default_config(128)) == 1024 + 2 * 128 * (128 + 4 * 128)
 
@@ -150,7 +150,9 @@ def sass_counts(sass: str) -> Counter:
     (32, 8, 64, 16, 0.0, 0, WgmmaConfig(2, 64, 3, True)), (9, 3, 64, 16, 30.0, 700, WgmmaConfig(2, 128, 3, True)),
     (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 2, producer=True)),
     (32, 8, 64, 16, 0.0, 0, WgmmaConfig(1, 128, 3, producer=True)),
-    (9, 3, 128, 16, 30.0, 700, WgmmaConfig(2, 64, 3, producer=True))])
+    (9, 3, 128, 16, 30.0, 700, WgmmaConfig(2, 64, 3, producer=True)),
+    (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, True, True)),
+    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(1, 64, 3, True, True))])
 def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
     spec = wgmma_spec(bf16, bf16, H, KV, D, bs, D ** -0.5, h200, softcap, window, cfg=cfg)
     cfg = cfg or default_config(D)

@@ -33,7 +33,8 @@
 // copies arriving on the stage's full mbarrier), warpgroups 1 .. WGS only compute (each waits on full, releases the
 // stage on its empty mbarrier after its O += P V, loads its own Q rows behind a named barrier); no CTA barrier in
 // the tile loop, so the consumer warpgroups drift apart. With two consumers, setmaxnreg moves registers from the
-// producer (40) to the consumers (232).
+// producer (40) to the consumers (232). With OVERLAP too (FlashAttention-3's full scheme but the ping-pong
+// scheduling barriers), a stage is released an iteration later, after the O += P V that reads its V.
 //
 // Shared memory: every operand tile is stored as 128-byte-swizzle panels: a panel holds 64 head_dim elements
 // (128 bytes) of each row, rows 128 bytes apart, the 16-byte chunk c of row r at chunk c ^ (r & 7) (wgmma's
@@ -66,7 +67,6 @@ static_assert(BN == 64 || BN == 128, "64 or 128 positions per K/V tile");
 static_assert(WGS == 1 || WGS == 2, "one or two consumer warpgroups");
 static_assert(STAGES >= 2 && STAGES <= 3, "two or three K/V stages");
 static_assert(AHEAD >= 1, "OVERLAP needs three stages");
-static_assert(!(PRODUCER && OVERLAP), "the producer pipeline releases a stage after its own tile's O += P V");
 static_assert(G <= ROWS, "a CTA holds at least one whole query-head group (rows past TPT * G stay idle)");
 // K/V rows of positions [p0, p0 + BN) into one stage; positions outside [lo, hi] are zero-filled, not read
 __device__ __forceinline__ void pw_load_kv(const bf16* kv_cache, const int* table, int kvh, int p0, int lo, int hi,
@@ -341,7 +341,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
   } else {
     // warpgroup 0 loads, warpgroups 1 .. WGS compute; tile n of the CTA (counted over its sub-tiles) is in stage
     // n % STAGES, phase (n / STAGES) & 1 of that stage's barriers
-    const unsigned bars = sv0 + STAGES * TILE;  // full[STAGES], then empty[STAGES]
+    const unsigned bars = sv0 + STAGES * TILE;  // full[STAGES], empty[STAGES], then OVERLAP's scratch words
     if (tid == 0) {
 #pragma unroll
       for (int st = 0; st < STAGES; ++st) {
@@ -370,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
     } else {
       if (WGS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
       const int ct = tid - 128, warp = ct >> 5, wg = ct >> 7;  // consumer thread, warp, warpgroup
-      const unsigned qa = sq + wg * 64 * 128;
+      const unsigned qa = sq + wg * 64 * 128, scratch = bars + 16 * STAGES + 4 * ct;
       int n = 0;
       for (int s = s_first; s < num_seqs; ++s) {
         const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
@@ -395,6 +395,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
         for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) sc[i] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < BN / 4; ++i) pa[i / 4][i % 4] = 0u;
+        int prev = 0;  // the stage of the tile before (OVERLAP: its V is read, and it is released, an iteration late)
         for (int it = 0; it < u.ntiles; ++it, ++n) {
           const int st = n % STAGES;
           pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
@@ -402,15 +405,36 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
           const int p0 = (u.kt0 + it) * BN;
           const bool masked = p0 + BN - 1 > u.qpos_lo || (WINDOW > 0 && p0 < u.first_hi);
           pw_qk(sc, qa, sk0 + st * TILE);
-          pw_wait<0>();
-          pw_pin<BN / 2>(sc);
-          pw_softmax(sc, rows, corr, p0, masked, t4);
-          pw_rescale(o, corr);
-          pw_pack_p(sc, pa);
-          pw_pv(o, pa, sv0 + st * TILE);
+          if (OVERLAP) {  // as in the plain pipeline: tile it - 1's O += P V (zeros at it = 0) under this softmax
+            pw_pv(o, pa, sv0 + (it > 0 ? prev : st) * TILE);
+            pw_wait<1>();
+            pw_pin<BN / 2>(sc);
+            pw_softmax(sc, rows, corr, p0, masked, t4);
+            pw_keep_before_wait(scratch, rows.l[0] + rows.l[1]);
+            pw_wait<0>();
+            pw_pin<D / 2>(o);
+            pw_pin<BN / 4>(&pa[0][0]);
+            if (it > 0) pw_mbar_arrive(bars + 8 * (STAGES + prev));
+            pw_rescale(o, corr);
+            pw_pack_p(sc, pa);
+          } else {
+            pw_wait<0>();
+            pw_pin<BN / 2>(sc);
+            pw_softmax(sc, rows, corr, p0, masked, t4);
+            pw_rescale(o, corr);
+            pw_pack_p(sc, pa);
+            pw_pv(o, pa, sv0 + st * TILE);
+            pw_wait<0>();
+            pw_pin<D / 2>(o);
+            pw_mbar_arrive(bars + 8 * (STAGES + st));
+          }
+          prev = st;
+        }
+        if (OVERLAP) {  // the last tile's O += P V, then its stage is free
+          pw_pv(o, pa, sv0 + prev * TILE);
           pw_wait<0>();
           pw_pin<D / 2>(o);
-          pw_mbar_arrive(bars + 8 * (STAGES + st));
+          pw_mbar_arrive(bars + 8 * (STAGES + prev));
         }
         pw_store(out, o, rows, u, kvh, warp, g8, t4);
       }

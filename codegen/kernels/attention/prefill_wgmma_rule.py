@@ -47,7 +47,7 @@ class WgmmaConfig:
     #: the next tile live beside P and O: more registers; needs 3 stages, loads then run 1 tile ahead)
     overlap: bool = False
     #: warp specialization: one more warpgroup that only loads K/V, full/empty mbarriers per stage instead of a CTA
-    #: barrier per tile (the consumer warpgroups drift apart: one's softmax under the other's MMAs); not with overlap
+    #: barrier per tile (the consumer warpgroups drift apart: one's softmax under the other's MMAs)
     producer: bool = False
 
     @property
@@ -67,7 +67,7 @@ def default_config(head_dim: int) -> WgmmaConfig:
 def smem_bytes(head_dim: int, cfg: WgmmaConfig) -> int:
     """The Q rows plus ``stages`` K and V tiles, bf16, plus the 1 KB the kernel may skip to align them; with a
     producer the stages' full and empty mbarriers (8 bytes each), with overlap a scratch word per thread."""
-    extra = 16 * cfg.stages if cfg.producer else 4 * cfg.threads if cfg.overlap else 0
+    extra = (16 * cfg.stages if cfg.producer else 0) + (4 * cfg.threads if cfg.overlap else 0)
     return ALIGN_SLACK + 2 * head_dim * (cfg.rows + 2 * cfg.stages * cfg.block_n) + extra
 
 
@@ -84,7 +84,7 @@ def supported(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: in
     cfg = cfg or default_config(head_dim)
     if cfg.warpgroups not in (1, 2) or cfg.block_n not in BLOCK_NS or cfg.stages not in (2, 3):
         return False
-    if (cfg.overlap and cfg.stages < 3) or (cfg.overlap and cfg.producer):
+    if cfg.overlap and cfg.stages < 3:
         return False
     return num_heads // num_kv_heads <= cfg.rows and smem_bytes(head_dim, cfg) <= MAX_SMEM
 
