@@ -6,26 +6,28 @@ The quantized GEMV (``codegen/kernels/gemv/quant.cu``) is built for decode: its 
 two launches::
 
     {"kernel": "dequant_fp8_n16384_k2048_...", "op": "quantized_linear", "rows_arg": "M",
-     "skip": {"max_rows": 64, "into": j + 1},
+     "skip": {"max_rows": 256, "into": j + 1},
      "args": {"weight": {"buffer": "...weight"}, "weight_scale": ..., "weight_scale_2": ...,
               "out": {"buffer": "<out>.dequant_weight"}, "out_scale": {"null": true}, "M": {"dim": "T"}}}
     {"kernel": "linear_cutlass_bf16_...", "op": "quantized_linear",
      "args": {"x": ..., "weight": {"buffer": "<out>.dequant_weight"}, "weight_scale": {"buffer": "...weight_scale"},
               "bias": ..., "residual": ..., "out": ..., "M": {"dim": "T"}},
      "variants": [{"kernel": "gemv_fp8_a16_..._m8_...", "max_rows": 8, "args": {<the quantized GEMV's arguments>}},
-                  ..., {"kernel": "gemv_fp8_a16_..._m64_...", "max_rows": 64, "args": {...}}],
+                  ..., {"kernel": "gemv_fp8_a16_..._m64_...", "max_rows": 64, "args": {...}},
+                  {"kernel": "gemv_fp8_a16_..._any_...", "max_rows": 256, "args": {...}}],
      "alternatives": [{"kernel": "linear_bf16_bf16_..."}]}
 
 1. the **dequantize** kernel (``codegen/kernels/dequant``) writes the weight as exact bf16 values into a scratch
    buffer ``<out>.dequant_weight`` (and, for NVFP4, its global scale as an f32 [N] column scale
    ``<out>.dequant_scale``); it carries ``"skip"`` (``codegen/decode_fusion.py``'s mechanism): the executor launches
-   nothing for it in steps of at most the largest GEMV bucket's rows, where the GEMM launch's variants run;
+   nothing for it in steps of at most ``GEMV_MAX_ROWS`` (256) rows, where the GEMM launch's variants run;
 2. the **GEMM** is what a bf16 ``linear`` of that shape gets (``cutlass_params.plan_linear``: the shape's CUTLASS
    configuration on h100/h200 and b200, the template GEMM as its alternative; the template GEMM alone without
    CUTLASS), with the per-output-channel scale in its epilogue (CUTLASS's column-scale vector, the template's
    ``HAS_SCALE``): the FP8 weight's own ``weight_scale``, or the NVFP4 scratch scale. Its variants are the quantized
-   GEMV's token buckets with their own arguments (the quantized operands), tuned like any variant; the any-M GEMV
-   is no longer launched.
+   GEMV's token buckets with their own arguments (the quantized operands), tuned like any variant, then the any-M
+   GEMV itself for steps of 65 to ``GEMV_MAX_ROWS`` rows (not tuned, as before), where re-reading the weight a few
+   times costs less than dequantizing it.
 
 **Why the scale in the epilogue** instead of folded into the bf16 scratch: e4m3 and e2m1 x e4m3 values are exact in
 bf16, the scale is not, so ``bf16(code * scale)`` would round every weight (up to 2^-9 relative); with the scale
@@ -68,6 +70,11 @@ from .target import Target
 ENV = "INGOT_QUANT_PREFILL_GEMM"
 #: the scratch buffers' names: the node's output name and these suffixes
 WEIGHT_SUFFIX, SCALE_SUFFIX = ".dequant_weight", ".dequant_scale"
+#: steps of at most this many rows keep the quantized GEMV (its buckets, then the any-M launch as the last variant):
+#: the any-M GEMV reads the weight once per 64 rows, the pair ~5 bytes per weight (dequantize: read 1, write 2; GEMM:
+#: read 2) plus the GEMM, so by bytes they break even near 5 chunks. 256 is the attention's DECODE_MAX_ROWS, so
+#: decode batches up to 256 (their CUDA-graph buckets) run exactly today's kernels. Not measured yet.
+GEMV_MAX_ROWS = 256
 
 Launch = tuple[int, Node, KernelSpec | None, dict[str, Any]]
 
@@ -125,6 +132,8 @@ def plan(graph: Graph, launches: Sequence[Launch], target: Target, gemv: bool = 
         shape = dequant.applies(node.op, types, target) if node.op.name == "quantized_linear" else None
         rows = args.get("M", {}).get("dim")
         variants = quant_variants(node.op, types, target) if gemv and shape is not None else []
+        if variants and spec is not None and dict(spec.values).get("ANY_M", False):
+            variants.append((GEMV_MAX_ROWS, spec))  # the node's own any-M GEMV, now the largest variant
         if (shape is None or spec is None or per_node[i] != 1 or rows is None
                 or (variants and isinstance(rows, int) and rows <= variants[-1][0])):
             taken.append((i, node, spec, args))

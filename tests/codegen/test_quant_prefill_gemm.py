@@ -1,7 +1,7 @@
 """The quantized prefill GEMM (``codegen/quant_prefill.py``, ``INGOT_QUANT_PREFILL_GEMM=1``) without a GPU.
 
 The tiny quantized Llama of ``tests/codegen/test_lower_quant.py`` compiled for h200 / b200 with the switch on: every
-weight-only ``quantized_linear`` is a dequantize launch (skipped up to 64 rows, into the next launch) and the bf16
+weight-only ``quantized_linear`` is a dequantize launch (skipped up to 256 rows, into the next launch) and the bf16
 GEMM a ``linear`` of its shape gets (here CUTLASS, with stand-in builds: a real one takes minutes and is
 ``tests/codegen/test_gemm_cutlass.py``'s subject), whose variants are the quantized GEMV buckets with the node's own
 arguments; the scratch weights are memory-plan temporaries that share bytes across layers. With the switch off, or
@@ -103,7 +103,8 @@ def _check_pairs(path: Path, cuda: dict, fmt: str, cutlass: bool, target: str) -
         assert spec["family"] == "dequant" and spec["values"] == {"N": n, "K": k, "WFMT": {"fp8": 0, "nvfp4": 1}[fmt],
                                                                  "THREADS": 256}
         assert [p for p, _ in spec["params"]] == [p for p, _ in PARAMS]
-        assert dq["skip"] == {"max_rows": 64, "into": jg} and dq["rows_arg"] == "M" and "variants" not in dq
+        assert dq["skip"] == {"max_rows": quant_prefill.GEMV_MAX_ROWS, "into": jg} and dq["rows_arg"] == "M"
+        assert "variants" not in dq
         scratch = f"{out}{quant_prefill.WEIGHT_SUFFIX}"
         assert dq["args"]["out"] == gemm["args"]["weight"] == {"buffer": scratch}
         assert dq["args"]["weight"]["buffer"].endswith("proj.weight") and dq["args"]["M"] == {"dim": "T"}
@@ -131,10 +132,12 @@ def _check_pairs(path: Path, cuda: dict, fmt: str, cutlass: bool, target: str) -
             assert dq["args"]["weight_scale_2"]["buffer"].endswith(".weight_scale_2")
         assert ("buffer" in gemm["args"]["residual"]) == residual and gemm["args"]["bias"] == {"null": True}
         # its variants: the quantized GEMV buckets, with the node's own (quantized) arguments
-        assert [v["max_rows"] for v in gemm["variants"]] == [8, 16, 32, 64]
-        for v in gemm["variants"]:
+        assert [v["max_rows"] for v in gemm["variants"]] == [8, 16, 32, 64, quant_prefill.GEMV_MAX_ROWS]
+        for v in gemm["variants"]:  # the buckets, then the any-M GEMV the launch had without this step
             vspec = cuda["variant_kernels"][v["kernel"]]["spec"]
-            assert vspec["template"] == "quant.cu" and not vspec["values"]["ANY_M"] and vspec["values"]["AFMT"] == 0
+            any_m = v["max_rows"] == quant_prefill.GEMV_MAX_ROWS
+            assert vspec["template"] == "quant.cu" and vspec["values"]["ANY_M"] == any_m
+            assert vspec["values"]["AFMT"] == 0
             assert [p for p, _ in vspec["params"]] == [p for p, _ in GEMV_PARAMS]
             assert v["args"]["weight"] == dq["args"]["weight"] and v["args"]["x"] == gemm["args"]["x"]
             assert v["args"]["out"] == gemm["args"]["out"] and v["args"]["residual"] == gemm["args"]["residual"]
@@ -362,9 +365,9 @@ def test_cutlass_tuning_shape_of_a_quantized_linear():
 
 def test_executor_launches_pick_per_step(ckpt, tmp_path, monkeypatch):
     """The kernel table runs on the executor's launches unchanged (``runtime/cuda_launch.Launch``, built as
-    ``CudaExecutor`` builds them; the driver's launch recorded, no GPU): up to 64 rows the dequantize launch is skipped
-    and the GEMM launch runs the quantized GEMV bucket with the quantized weight's pointers; above, the dequantize
-    kernel writes the scratch and the GEMM reads it."""
+    ``CudaExecutor`` builds them; the driver's launch recorded, no GPU): up to 256 rows the dequantize launch is
+    skipped and the GEMM launch runs the quantized GEMV (a bucket up to 64 rows, the any-M launch up to 256) with the
+    quantized weight's pointers; above, the dequantize kernel writes the scratch and the GEMM reads it."""
     from ingot.codegen.kernel import KernelSpec
     from ingot.runtime import cuda_driver
     from ingot.runtime import cuda_launch as cl
@@ -388,12 +391,13 @@ def test_executor_launches_pick_per_step(ckpt, tmp_path, monkeypatch):
     gemm = cl.Launch(gemm_ln["kernel"], specs[gemm_ln["kernel"]], gemm_ln["args"], address, "gemm", variants)
     scratch, weight = address(gemm_ln["args"]["weight"]["buffer"]), address(dq_ln["args"]["weight"]["buffer"])
     assert scratch >= base["scratch"] and weight < base["io"]
-    for t in (1, 8, 9, 17, 64, 65, 310, 2048):
+    for t in (1, 8, 9, 17, 64, 65, 256, 257, 310, 2048):
         calls.clear()
         dq.enqueue({"T": t}, None)  # type: ignore[arg-type]
         gemm.enqueue({"T": t}, None)  # type: ignore[arg-type]
-        if t <= 64:
+        if t <= quant_prefill.GEMV_MAX_ROWS:
             bucket = next(v for v in variants if t <= v[0])
+            assert bool(dict(bucket[2].values)["ANY_M"]) == (t > 64), bucket[1]
             assert [c[0] for c in calls] == [bucket[1]], t
             own = bucket[3]
             names = [p.name for p in bucket[2].params]
@@ -404,4 +408,4 @@ def test_executor_launches_pick_per_step(ckpt, tmp_path, monkeypatch):
             dnames, gnames = [p.name for p in dq.spec.params], [p.name for p in gemm.spec.params]
             assert dq.values[dnames.index("out")].value == scratch == gemm.values[gnames.index("weight")].value
             assert calls[1][1] == gemm.params_addr and gemm.values[gnames.index("M")].value == t
-    assert dq.skips == 5 and gemm.variant_launches == 5
+    assert dq.skips == 7 and gemm.variant_launches == 7

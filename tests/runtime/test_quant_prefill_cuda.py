@@ -3,9 +3,10 @@ on the CUDA backend against the CPU backend running the same quantized graph (``
 
 The tiny Llama of ``tests/codegen/test_lower_quant.py`` with FP8 weight-only and NVFP4 weight-only weights (h200;
 b200's NVFP4 has no weight-only kernel), its GEMMs the CUTLASS ones where nvcc and CUTLASS are installed and the
-template GEMM (``INGOT_NO_CUTLASS=1``). Steps with more rows than the largest GEMV bucket (310 and 68 rows: the
-dequantize launch, then the GEMM) and with fewer (17 rows, exactly 64 rows, decode: the dequantize launch skipped,
-the quantized GEMV variants), as plain launches and with CUDA graphs for the decode steps.
+template GEMM (``INGOT_NO_CUTLASS=1``). Steps with more rows than ``GEMV_MAX_ROWS`` (310 rows: the dequantize
+launch, then the GEMM) and with fewer (68 rows: the any-M GEMV variant; 17 rows, exactly 64 rows, decode: the GEMV
+buckets; the dequantize launch skipped in all of them), as plain launches and with CUDA graphs for the decode
+steps.
 
 Tolerance: the same as the GEMV artifacts' weight-only bound in ``tests/runtime/test_quant_cuda.py`` (twice the
 bf16 rtol, relative to each step's largest logit). The prefill path computes the same products: the scratch holds
@@ -43,7 +44,7 @@ def _steps() -> list[list[tuple[int, list[int]]]]:
         [(0, p[0]), (1, p[1][:10])],  # 310 rows: dequantize + GEMM
         [(1, p[1][10:]), (0, [7]), (2, p[2])],  # 17 rows: the GEMV's 32-row bucket
         [(3, p[3][:64])],  # exactly the largest bucket: still the GEMV
-        [(3, p[3][64:]), (0, [11]), (1, [12]), (2, [13])],  # 68 rows: one past it, the GEMM
+        [(3, p[3][64:]), (0, [11]), (1, [12]), (2, [13])],  # 68 rows: past the buckets, the any-M GEMV variant
         [(0, [14]), (1, [15]), (2, [16]), (3, [17])],  # decode (a CUDA graph with graphs on)
         [(2, [18])],
     ]
@@ -69,7 +70,8 @@ def test_prefill_gemm_artifact_matches_cpu(gpu_target, ckpt, tmp_path, monkeypat
     graph, manifest = load_graph(path)
     launches = manifest["cuda"]["launches"]
     dequant = [j for j, ln in enumerate(launches) if ln["kernel"].startswith("dequant_")]
-    assert len(dequant) == 8 and all(launches[j]["skip"]["max_rows"] == 64 for j in dequant)
+    assert len(dequant) == 8 and all(launches[j]["skip"]["max_rows"] == quant_prefill.GEMV_MAX_ROWS
+                                  for j in dequant)
     gemms = [j + 1 for j in dequant]
     assert all(("cutlass" in launches[j]["kernel"]) == (gemm == "cutlass") for j in gemms)
     steps = _steps()
@@ -96,11 +98,11 @@ def test_prefill_gemm_artifact_matches_cpu(gpu_target, ckpt, tmp_path, monkeypat
             assert ex.stats["graph_steps"] == 2, ex.stats
             diffs = [_rel(a, b) for a, b in zip(got, prev)]
             assert max(diffs) < TOL, f"CUDA-graph replay differs from plain launches: {diffs}"
-        else:  # which kernels ran, per step: the pair above 64 rows, the GEMV variants up to 64
+        else:  # which kernels ran, per step: the pair above GEMV_MAX_ROWS rows, the GEMV variants up to it
             for i, feeds in enumerate(seen[:4]):
                 rows = ex.profile(feeds, repeats=1)
                 ran = {r["launch"]: r for r in rows}
-                big = len(feeds["input_ids"]) > 64
+                big = len(feeds["input_ids"]) > quant_prefill.GEMV_MAX_ROWS
                 assert all((j in ran) == big for j in dequant), (i, len(feeds["input_ids"]))
                 for j in gemms:
                     assert (ran[j]["kernel"] == launches[j]["kernel"]) == big, (i, ran[j])
