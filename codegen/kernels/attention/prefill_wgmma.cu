@@ -46,7 +46,8 @@
 //   MN-major (V):   SBO = 1024 (8-position groups), LBO = BN * 128 (the next 64-wide head_dim panel); the
 //                   16-position k-step kk starts kk * 2048 bytes in.
 // cp.async writes are generic-proxy writes and wgmma reads through the async proxy: a fence.proxy.async after each
-// thread's cp.async.wait_group, before the barrier that publishes the stage.
+// thread's cp.async.wait_group, before the barrier that publishes the stage (PRODUCER: by each consumer thread
+// after its wait on the stage's full mbarrier).
 namespace {
 constexpr int D = ${HEAD_DIM}, KV = ${KV_HEADS}, G = ${GROUP}, H = KV * G, BS = ${BLOCK_SIZE};
 constexpr int WGS = ${WGS}, ROWS = 64 * WGS, TPT = ROWS / G, BN = ${BLOCK_N}, STAGES = ${STAGES};
@@ -57,7 +58,7 @@ constexpr bool PRODUCER = ${PRODUCER};
 constexpr int NT = (WGS + (PRODUCER ? 1 : 0)) * 128, LOADERS = PRODUCER ? 128 : NT;
 constexpr int WINDOW = ${SLIDING_WINDOW}, QS = ${Q_STRIDE}, CH = D / 8;
 // OVERLAP: O += P V of a tile runs during the next tile's softmax, so a V tile is read one iteration longer and
-// the loads run AHEAD = STAGES - 2 tiles ahead instead of STAGES - 1
+// (without a producer) the loads run AHEAD = STAGES - 2 tiles ahead instead of STAGES - 1
 constexpr bool OVERLAP = ${OVERLAP};
 constexpr int AHEAD = STAGES - 1 - (OVERLAP ? 1 : 0);
 constexpr unsigned TILE = BN * D * 2;  // one K or V tile
