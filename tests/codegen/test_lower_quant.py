@@ -215,29 +215,32 @@ def test_fp8_with_fp8_kv_lowers_for_b200(ckpt, tmp_path):
             assert any(o.startswith(("HMMA", "QMMA")) for o in opcodes(sass)), sorted(opcodes(sass))
 
 
-#: W4A4 on b200: NVFP4 with the calibrated static activation global scale (the default there), MXFP4 per block
-W4A4 = {"nvfp4": {"default": "nvfp4"}, "mxfp4": {"default": "mxfp4:w4a4"}}
+#: W4A4 on b200: NVFP4 with the calibrated static activation global scale (the default there) or per token,
+#: MXFP4 per block
+W4A4 = {"nvfp4": {"default": "nvfp4"}, "nvfp4-dynamic": {"default": "nvfp4:dynamic"},
+        "mxfp4": {"default": "mxfp4:w4a4"}}
 
 
 @pytest.mark.slow
 @needs_cutlass
-@pytest.mark.parametrize("fmt", sorted(W4A4))
-def test_w4a4_lowers_for_b200(ckpt, tmp_path, fmt):
+@pytest.mark.parametrize("case", sorted(W4A4))
+def test_w4a4_lowers_for_b200(ckpt, tmp_path, case):
     """On b200 each W4A4 linear is the activation quantizer then the block-scaled CUTLASS GEMM (tcgen05 UTCOMMA),
     through memory-plan temporaries; compiled and SASS-checked here, nothing runs on a B200. Builds: one GEMM per
     epilogue (plain, residual) per format, cubin and Params probe each (minutes cold; the kernel cache keeps them)."""
-    path = compile_quant(ckpt, "b200", W4A4[fmt], tmp_path / f"b200-{fmt}.ingot")
+    path = compile_quant(ckpt, "b200", W4A4[case], tmp_path / f"b200-{case}.ingot")
     manifest = _kernel_table(path, "b200")
     cuda = manifest["cuda"]
+    fmt, static = case.split("-")[0], case == "nvfp4"
     if fmt == "nvfp4":
-        _check_weights(path, manifest, "nvfp4", kv_fp8=False, static=True)
+        _check_weights(path, manifest, "nvfp4", kv_fp8=False, static=static)
     qls = [ln for ln in cuda["launches"] if ln["op"] == "quantized_linear"]
     assert len(qls) == 16  # 2 layers x (qkv, o_proj, gate_up, down) x (quantizer, GEMM)
     quantizers, gemms = set(), set()
     for quant, gemm in zip(qls[::2], qls[1::2]):
         assert quant["node"] == gemm["node"] and "variants" not in gemm and "alternatives" not in gemm
         qk, gk = cuda["kernels"][quant["kernel"]], cuda["kernels"][gemm["kernel"]]
-        assert qk["spec"]["family"] == "quant_act" and qk["spec"]["values"]["STATIC"] == (fmt == "nvfp4")
+        assert qk["spec"]["family"] == "quant_act" and qk["spec"]["values"]["STATIC"] == static
         assert gk["spec"]["template"] == "sm100_blockscaled.cu" and "cutlass" in gk
         assert {t["tensor"] for t in gk["cutlass"]["tma"]} >= {"x_block_scale", "weight_block_scale"}
         quantizers.add(quant["kernel"])
@@ -247,9 +250,12 @@ def test_w4a4_lowers_for_b200(ckpt, tmp_path, fmt):
         assert quant["args"]["x_block_scale"] == gemm["args"]["x_block_scale"] == {"buffer": f"{out}.x_block_scale"}
         assert gemm["args"]["weight_block_scale"]["buffer"].endswith(".weight_scale")
         assert quant["args"]["M"] == gemm["args"]["M"] == {"dim": "T"}
-        if fmt == "nvfp4":  # the per-row scale: input_scale * weight_scale_2
+        if fmt == "nvfp4":  # the per-row scale: (input_scale or the row's amax / 2688) * weight_scale_2
             assert quant["args"]["x_scale"] == gemm["args"]["x_scale"] == {"buffer": f"{out}.x_scale"}
-            assert quant["args"]["input_scale"]["buffer"].endswith(".input_scale")
+            if static:
+                assert quant["args"]["input_scale"]["buffer"].endswith(".input_scale")
+            else:
+                assert quant["args"]["input_scale"] == {"null": True}
             assert quant["args"]["weight_scale_2"]["buffer"].endswith(".weight_scale_2")
         else:
             assert quant["args"]["x_scale"] == gemm["args"]["x_scale"] == {"null": True}
