@@ -55,7 +55,15 @@ from ..ir.types import DType
 from . import cuda_driver as cd
 from .artifact import GraphSignature
 from .cuda_driver import CudaUnavailable  # noqa: F401  (re-exported for callers)
-from .cuda_launch import Arguments, CollectiveLaunch, CudaArtifactError, CutlassLaunch, GreedyArgmax, Launch
+from .cuda_launch import (
+    Arguments,
+    CollectiveLaunch,
+    CudaArtifactError,
+    CutlassLaunch,
+    GreedyArgmax,
+    Launch,
+    cutlass_nk,
+)
 from .paged import PagedModel, SequenceState
 
 log = logging.getLogger("ingot.cuda")
@@ -208,9 +216,7 @@ class CudaExecutor:
                         for v in ln.get("variants", ())]
             layout = cuda["kernels"].get(ln["kernel"], {}).get("cutlass")
             if layout is not None and use_cutlass:  # a CUTLASS GEMM: Params built here (codegen/lower.py)
-                weight = self.buffers[ln["args"]["weight"]["buffer"]]
-                n, k = (int(d) for d in weight["shape"])
-                k *= 2 if weight["dtype"] == "u8" else 1  # packed E2M1 pairs (the block-scaled GEMM's weight)
+                n, k = cutlass_nk(self.buffers[ln["args"]["weight"]["buffer"]])
                 self.launches.append(CutlassLaunch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}",
                                                     variants, layout, n, k, self.ctx.num_sms, pdl))
                 continue

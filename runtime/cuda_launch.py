@@ -124,6 +124,13 @@ class Launch:
         return self.spec.entry
 
 
+def cutlass_nk(weight: Mapping[str, Any]) -> tuple[int, int]:
+    """N and K of a CUTLASS GEMM launch from its weight buffer's memory-plan entry (``dtype``, ``shape``): ``[N, K]``,
+    or ``u8[N, K/2]`` for packed E2M1 pairs (the block-scaled GEMM of W4A4 linears)."""
+    n, k = (int(d) for d in weight["shape"])
+    return n, 2 * k if weight["dtype"] == "u8" else k
+
+
 class CutlassLaunch(Launch):
     """A launch of a CUTLASS GEMM from the cubin alone (``codegen/kernels/gemm_cutlass/cutlass_params.py``): the
     Params blob is built here from the kernel table's layout, once per row count M (buffers are fixed in the

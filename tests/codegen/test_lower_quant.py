@@ -26,12 +26,15 @@ import pytest
 import ingot
 from ingot.api import CompileError
 from ingot.codegen.decode_fusion import variant_reads
+from ingot.codegen.kernel import KernelSpec
 from ingot.codegen.kernels.gemm_cutlass import blockscaled_rule
+from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
 from ingot.codegen.kernels.gemm_cutlass.build import cutlass_available
 from ingot.codegen.memory_plan import plan_memory
 from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
 from ingot.codegen.target import get_target
 from ingot.runtime.artifact import load_graph
+from ingot.runtime.cuda_launch import CutlassLaunch, cutlass_nk
 from ingot.runtime.paged import PagedModel
 from ingot.runtime.safetensors_io import SafetensorsFile
 from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
@@ -264,6 +267,7 @@ def test_w4a4_lowers_for_b200(ckpt, tmp_path, case):
     assert len(quantizers) == 2  # K = 128 (qkv, gate_up), 256 (o_proj, down)
     assert len(gemms) == 2  # shape-generic: one plain, one with the residual epilogue (o_proj, down)
     assert sum("buffer" in ln["args"]["residual"] for ln in qls[1::2]) == 4
+    _check_w4a4_binding(cuda)
     # the memory plan is the one the loaded graph gives with the rule's temporaries
     graph, _ = load_graph(path)
     temporaries = blockscaled_rule.temporaries(graph, get_target("b200"))
@@ -285,6 +289,42 @@ def test_w4a4_lowers_for_b200(ckpt, tmp_path, case):
     ids = [int(t) for t in rng().integers(3, 259, 21)]
     logits = m.step([(m.add_sequence(), ids)])
     assert logits.shape == (1, 260) and np.isfinite(logits).all()
+
+
+def _check_w4a4_binding(cuda: dict) -> None:
+    """What the CUDA backend does with each block-scaled GEMM launch, up to the driver: ``CutlassLaunch``'s pointers
+    from the arena, N and K from the weight (``cutlass_nk``: K twice the packed columns), the Params blob at the
+    bound row count with the descriptors recorded instead of encoded: each over its argument's buffer, and the last
+    byte it addresses inside that buffer's memory-plan bytes (the scale factors' 128-row padding included)."""
+    buffers = cuda["memory_plan"]["buffers"]
+    base = {"weights": 1 << 40, "io": 2 << 40, "scratch": 3 << 40}
+
+    def address(name: str) -> int:
+        return base[buffers[name]["region"]] + buffers[name]["offset"]
+
+    rows = cuda["memory_plan"]["bindings"]["T"]
+    bytes_per = {13: 0.5, 1: 2, 9: 2}  # TMA element types: 16U4_ALIGN8B (packed e2m1), UINT16, BFLOAT16
+    for ln in cuda["launches"]:
+        entry = cuda["kernels"][ln["kernel"]]
+        if ln["op"] != "quantized_linear" or "cutlass" not in entry:
+            continue
+        spec, layout = KernelSpec.from_dict(entry["spec"]), entry["cutlass"]
+        n, k = cutlass_nk(buffers[ln["args"]["weight"]["buffer"]])
+        launch = CutlassLaunch(None, spec, ln["args"], address, ln["kernel"], [], layout, n, k, 148)
+        seen: dict[str, tuple[dict, int, list, list]] = {}
+
+        def record(t, addr, dims, strides, seen=seen):
+            seen[t["tensor"]] = (t, addr, dims, strides)
+            return bytes(cp.TMA_BYTES)
+
+        cp.build_params(layout, launch.pointers, rows, n, k, 148, encode=record)
+        residual = {"residual"} if "buffer" in ln["args"]["residual"] else set()  # the epilogue's C operand
+        assert set(seen) == {"x", "weight", "x_block_scale", "weight_block_scale", "out"} | residual
+        for tensor, (t, addr, dims, strides) in seen.items():
+            name = ln["args"][tensor]["buffer"]
+            assert addr == address(name), (ln["kernel"], tensor)
+            last = (dims[0] - 1) * bytes_per[t["dtype"]] + sum((d - 1) * s for d, s in zip(dims[1:], strides))
+            assert last < buffers[name]["nbytes"], (ln["kernel"], tensor, dims, strides, buffers[name]["nbytes"])
 
 
 @pytest.mark.parametrize("spec", ["nvfp4:wo", "mxfp4:wo"])
