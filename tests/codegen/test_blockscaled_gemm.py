@@ -102,6 +102,12 @@ def test_declined_combinations_say_why():
     assert "no FP4 tensor cores" in (bs.decline_reason(node, get_target("h200")) or "")
 
 
+def test_no_cutlass_declines(monkeypatch):
+    monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
+    (node,) = _graph().nodes
+    assert "the only W4A4 kernel" in (bs.decline_reason(node, B200) or "") and not bs.applies(node, B200)
+
+
 @pytest.mark.slow
 @needs_cutlass
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])

@@ -22,11 +22,13 @@ The quantizer's outputs are temporaries of the memory plan (``temporaries``: nam
 
 Declined (``decline_reason`` says why; the lowering's error names it): weight-only FP4 (no kernel reads the
 sm100 scale layout with bf16 activations), activations of another format than the weights', targets without FP4
-tensor cores, K not a multiple of 32 or N of 8, and no nvcc/CUTLASS on the compiling machine.
+tensor cores, K not a multiple of 32 or N of 8, no nvcc/CUTLASS on the compiling machine, and
+``INGOT_NO_CUTLASS=1`` (no alternative kernel exists).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ....ir.graph import Graph, Node, Value
@@ -74,6 +76,8 @@ def decline_reason(node: Node, target: Target) -> str | None:
     n, k = int(w.type.shape[0]), int(op.in_features)
     if k % OPERANDS[fmt][2] or n % 8:
         return f"the block-scaled GEMM needs K % {OPERANDS[fmt][2]} == 0 and N % 8 == 0, got N={n} K={k}"
+    if os.environ.get("INGOT_NO_CUTLASS", "") not in ("", "0"):
+        return "INGOT_NO_CUTLASS=1 leaves CUTLASS out, and the block-scaled CUTLASS GEMM is the only W4A4 kernel"
     if not cutlass_available():
         return "the block-scaled GEMM is a CUTLASS kernel: it needs nvcc and the nvidia-cutlass wheel's headers"
     return None
