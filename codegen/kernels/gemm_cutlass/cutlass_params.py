@@ -10,9 +10,11 @@ code and an artifact's loading never executes shipped code (``shared/DESIGN.md``
    sentinel pointers and a few (M, N, K), with ``cuTensorMapEncodeTiled`` replaced by a recorder.
    From its output this module derives the *layout*: the blob size, the constant bytes, where each
    pointer goes, where each TMA descriptor goes and the arguments it is encoded with (dims and
-   strides as ``coef * symbol`` over M, N, K), where the problem shape, SM count and scheduler
-   fields are, and the launch configuration. The layout is then checked: rebuilt in Python for
-   other shapes, every non-padding byte and the grid must equal the probe's, else ``LayoutError``.
+   strides as ``coef * symbol`` over M, N, K and ceiling quotients such as ``K/64``), where the problem shape,
+   SM count and scheduler fields are, any other 32-bit integer that depends on the shape (``ints``: the
+   block-scaled mainloop's scale-factor layouts), and the launch configuration. The layout is then checked:
+   rebuilt in Python for other shapes, every non-padding byte and the grid must equal the probe's, else
+   ``LayoutError``.
 2. **At load/launch time** (``build_params``), the runtime fills a copy of the constant bytes with
    the pointers, M/N/K, SM count and scheduler fields, and the descriptors encoded by
    ``cuTensorMapEncodeTiled`` (``cuda.bindings.driver``; ``tma_encoder``), then launches the cubin
