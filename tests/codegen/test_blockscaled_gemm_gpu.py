@@ -15,8 +15,7 @@ from ingot.codegen.kernels.gemm_cutlass.build import cutlass_available
 from ingot.codegen.kernels.quant_act.rule import quantizer_spec, scale_cols
 from ingot.codegen.target import get_target
 from ingot.ir.ops.quantized import QuantizedLinear
-from ingot.ir.quant import formats as F
-from ingot.ir.quant.packing import pack_e2m1, swizzle_sm100_scales
+from tests.codegen.test_quant_act import quantize_fp4_weight
 from tests.helpers import rng
 
 pytestmark = pytest.mark.gpu
@@ -46,12 +45,7 @@ def test_quantizer_then_block_scaled_gemm(gpu, fmt, static, residual):
     for m, n, k in ((1, 256, 512), (77, 384, 1024), (300, 1064, 480)):
         x = r.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
         w = (r.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
-        if fmt == "nvfp4":
-            ws2 = F.nvfp4_global_scale(np.abs(w).max())
-            qw, sfw = F.quantize_nvfp4(w, ws2)
-        else:
-            ws2, (qw, sfw) = None, F.quantize_mxfp4(w)
-        weight, weight_scale = pack_e2m1(qw), swizzle_sm100_scales(sfw)
+        weight, weight_scale, ws2 = quantize_fp4_weight(w, fmt)
         input_scale = np.array(np.abs(x.astype(np.float32)).max() / 2688, np.float32) if static else None
         bias = r.standard_normal(n).astype(ml_dtypes.bfloat16)
         res = r.standard_normal((m, n)).astype(ml_dtypes.bfloat16) if residual else None

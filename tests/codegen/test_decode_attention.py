@@ -8,7 +8,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ingot.codegen import compile as cc
 from ingot.codegen.kernel import GridDim
 from ingot.codegen.kernels.attention.split_rule import (
     CTAS_PER_SM,
@@ -31,7 +30,12 @@ from ingot.codegen.target import get_target
 from ingot.ir.ops.llm import PagedAttention
 from ingot.ir.ops.quantized import PagedAttentionFp8
 from ingot.ir.types import DType, TensorType
-from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
+from tests.codegen.common import (  # noqa: F401 (autouse fixture)
+    assert_no_local_memory,
+    compiled,
+    module_kernel_cache,
+    needs_compiler,
+)
 from tests.helpers import rng
 
 bf16, f32, f8 = DType.bf16, DType.f32, DType.f8e4m3fn
@@ -171,14 +175,13 @@ def test_compiles(target, cache, kv_scale, H, KV, D, bs, softcap, window):
     if kv_scale:
         specs.append(cache_write_fp8_spec(bf16, KV, D, bs, tgt))
     for spec in specs:
-        built = cc.compile_spec(spec)
-        assert built.cubin and spec.entry in built.ptx
+        built = compiled(spec)
         if find_cuobjdump() is None:
             continue
         sass = disassemble(built.cubin)
         assert sass_arch(sass) == tgt.arch
         ops = opcodes(sass)
-        assert not any(o.startswith(("LDL", "STL")) for o in ops), f"{spec.entry}: local memory (spills)"
+        assert_no_local_memory(ops, spec.entry)
         if spec.template == "decode_split.cu" and dict(spec.values)["MMA"]:  # cp.async 16 B, tensor cores
             mma = "HMMA.16816.F32" if cache is f8 else "HMMA.16816.F32.BF16"  # FP8: e4m3 -> f16 (exact), f16 mma
             assert {"LDGSTS.E.BYPASS.128", mma, "LDSM.16.M88.4", "LDSM.16.MT88.4", "MOVM.16.MT88"} <= ops, sorted(ops)

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import ingot
-from ingot.codegen import compile as cc
 from ingot.codegen import decode_fusion
 from ingot.codegen.kernel import PDL_MARKER
 from ingot.codegen.kernels.gemv.rule import BUCKETS, PROLOGUES, Prologue, fused_spec, gemv_spec, is_plain, spec_config
@@ -28,7 +27,12 @@ from ingot.ir.ops.core import Cast
 from ingot.ir.ops.norm import RmsNorm
 from ingot.ir.types import DType
 from ingot.passes import PassContext, run_passes
-from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
+from tests.codegen.common import (  # noqa: F401 (autouse fixture)
+    assert_no_local_memory,
+    compiled,
+    module_kernel_cache,
+    needs_compiler,
+)
 from tests.codegen.test_fuse_split_lower import _graph
 from tests.helpers import rng
 
@@ -192,14 +196,13 @@ def _fused(n: int, k: int, mb: int, kind: str, target: str, residual: bool = Fal
 ])
 def test_fused_gemv_compiles_without_spills(target, n, k, mb, kind):
     spec = _fused(n, k, mb, kind, target, residual=kind == "swiglu")
-    built = cc.compile_spec(spec)
-    assert built.cubin and spec.entry in built.ptx
+    built = compiled(spec)
     if find_cuobjdump() is None:
         pytest.skip("no cuobjdump for the SASS check")
     ops = opcodes(disassemble(built.cubin))
     assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops), sorted(ops)
     assert any(o.startswith("LDG") and ".128" in o for o in ops), sorted(ops)
-    assert not any(o.startswith(("LDL", "STL")) for o in ops), "local memory (spills) in the fused GEMV"
+    assert_no_local_memory(ops, "the fused GEMV")
 
 
 @pytest.mark.parametrize("kind", ["rms_norm", "swiglu"])

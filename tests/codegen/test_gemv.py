@@ -7,13 +7,17 @@ import json
 
 import pytest
 
-from ingot.codegen import compile as cc
 from ingot.codegen.kernels.gemv.rule import BUCKETS, SMEM_BUDGET, gemv_config, gemv_spec, smem_bytes, variants
-from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
 from ingot.codegen.target import get_target
 from ingot.ir.ops.llm import Linear
 from ingot.ir.types import DType, TensorType
-from tests.codegen.common import module_kernel_cache, needs_compiler, needs_cuobjdump  # noqa: F401 (autouse fixture)
+from tests.codegen.common import (  # noqa: F401 (autouse fixture)
+    assert_no_local_memory,
+    module_kernel_cache,
+    needs_compiler,
+    needs_cuobjdump,
+    sass_opcodes,
+)
 
 #: the Llama-3.2-1B layer shapes of bench/bench_gemv.py, and awkward ones (N, K not multiples of the tiles)
 SHAPES = [(3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (576, 576), (200, 96), (1000, 4128)]
@@ -66,15 +70,8 @@ def test_lowering_records_variants(tmp_path):
 @pytest.mark.parametrize("n,k,mb", [(3072, 2048, 8), (2048, 8192, 32), (200, 96, 64), (1000, 4128, 16)])
 def test_compiles_with_tensor_cores_and_wide_loads(target, n, k, mb):
     tgt = get_target(target)
-    spec = gemv_spec(n, k, mb, tgt, bias=True, residual=True)
-    built = cc.compile_spec(spec)
-    assert built.cubin and spec.entry in built.ptx
-    if find_cuobjdump() is None:
-        pytest.skip("no cuobjdump for the SASS check")
-    sass = disassemble(built.cubin)
-    assert sass_arch(sass) == tgt.arch
-    ops = opcodes(sass)
+    ops = sass_opcodes(gemv_spec(n, k, mb, tgt, bias=True, residual=True), tgt.arch)
     assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops), sorted(ops)
     assert any(o.startswith("LDG.E") and o.endswith(".128") or ".128." in o for o in ops if o.startswith("LDG")), \
         sorted(ops)
-    assert not any(o.startswith(("LDL", "STL")) for o in ops), "local memory (spills) in the GEMV"
+    assert_no_local_memory(ops, "the GEMV")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from ingot.codegen import compile as cc
 from ingot.codegen.kernel import GridDim
 from ingot.codegen.kernels.gemv.quant_rule import (
     ANY_M_CHUNK,
@@ -18,11 +17,15 @@ from ingot.codegen.kernels.gemv.quant_rule import (
     workspace_floats,
 )
 from ingot.codegen.kernels.gemv.rule import BUCKETS, FAMILY, SMEM_BUDGET, variants
-from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
 from ingot.codegen.target import get_target
 from ingot.ir.ops.quantized import QuantizedLinear
 from ingot.ir.types import DType, TensorType
-from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
+from tests.codegen.common import (  # noqa: F401 (autouse fixture)
+    assert_no_local_memory,
+    module_kernel_cache,
+    needs_compiler,
+    sass_opcodes,
+)
 
 #: the Llama-3.2-1B layer shapes of the benchmark, and smaller / odd-N ones
 SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (200, 256), (1000, 4224)]
@@ -140,14 +143,7 @@ def test_compiles_with_tensor_cores_and_wide_loads(target, fmt, act, gran, n, k,
     if k % STEP_COLS[fmt]:
         pytest.skip("K not a whole number of steps")
     tgt = get_target(target)
-    spec = quant_gemv_spec(n, k, mb, tgt, fmt, act, gran, bias=True, residual=True, any_m=any_m)
-    built = cc.compile_spec(spec)
-    assert built.cubin and spec.entry in built.ptx
-    if find_cuobjdump() is None:
-        pytest.skip("no cuobjdump for the SASS check")
-    sass = disassemble(built.cubin)
-    assert sass_arch(sass) == tgt.arch
-    ops = opcodes(sass)
+    ops = sass_opcodes(quant_gemv_spec(n, k, mb, tgt, fmt, act, gran, bias=True, residual=True, any_m=any_m), tgt.arch)
     assert any(o.startswith("HMMA.16816.F32") for o in ops), sorted(ops)
     assert any(o.startswith("LDG") and ".128" in o for o in ops), sorted(ops)
-    assert not any(o.startswith(("LDL", "STL")) for o in ops), "local memory (spills) in the quantized GEMV"
+    assert_no_local_memory(ops, "the quantized GEMV")

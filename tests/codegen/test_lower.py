@@ -57,6 +57,19 @@ def check_kernels(path: Path, target: str) -> dict:
     return manifest
 
 
+def live_ranges(graph, live: dict[str, tuple[int, int]] | None = None) -> dict[str, tuple[int, int]]:
+    """Each value's (first, last) node index, from the node that writes it to its last reader; ``live`` seeds it
+    (e.g. temporaries, live at their own node)."""
+    live = dict(live or {})
+    for i, node in enumerate(graph.nodes):
+        for v in node.outputs:
+            live[v.name] = (i, i)
+        for v in node.inputs:
+            if v is not None and v.name in live:
+                live[v.name] = (live[v.name][0], i)
+    return live
+
+
 def _weights_dtypes(path: Path) -> dict[str, str]:
     return {n: w["dtype"] for n, w in json.loads((path / "manifest.json").read_text())["weights"].items()}
 
@@ -125,13 +138,7 @@ def test_memory_plan_reuses_without_overlap(tmp_path, monkeypatch, fusion):
     assert bool(reads) == (fusion == "1")
     plan = plan_memory(graph, manifest["cuda"]["memory_plan"]["bindings"], reads=reads)
     assert plan.to_dict()["buffers"] == manifest["cuda"]["memory_plan"]["buffers"]
-    live: dict[str, tuple[int, int]] = {}
-    for i, node in enumerate(graph.nodes):
-        for v in node.outputs:
-            live[v.name] = (i, i)
-        for v in node.inputs:
-            if v is not None and v.name in live:
-                live[v.name] = (live[v.name][0], i)
+    live = live_ranges(graph)
     for name, i in reads.items():
         if name in live:
             live[name] = (live[name][0], max(live[name][1], i))

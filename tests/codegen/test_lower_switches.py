@@ -22,8 +22,9 @@ import ingot
 from ingot.codegen import decode_fusion, quant_prefill, rope_cache_fusion
 from ingot.codegen.kernels.attention import prefill_rule
 from ingot.runtime.artifact import load_graph
+from tests.codegen import test_lower_quant
 from tests.codegen.common import needs_compiler
-from tests.codegen.test_lower_quant import FAST, quant_checkpoint
+from tests.codegen.test_lower_quant import FAST
 
 SWITCHES = {rope_cache_fusion.ENV: "1", quant_prefill.ENV: "1", "INGOT_PREFILL_ATTENTION": "wgmma",
             "INGOT_DECODE_FUSION": "1"}
@@ -32,11 +33,8 @@ LAYERS = 2
 QUANTIZED = 4 * LAYERS
 
 pytestmark = needs_compiler
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return quant_checkpoint(tmp_path_factory.mktemp("quant-llama"))
+#: the tiny quantized Llama's checkpoint (a module-scoped fixture)
+ckpt = test_lower_quant.ckpt
 
 
 @pytest.fixture(autouse=True)

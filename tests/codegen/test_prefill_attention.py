@@ -10,7 +10,6 @@ import json
 import pytest
 
 import ingot
-from ingot.codegen import compile as cc
 from ingot.codegen.kernel import GridDim
 from ingot.codegen.kernels.attention.prefill_rule import (
     DECODE_MAX_ROWS,
@@ -23,12 +22,16 @@ from ingot.codegen.kernels.attention.prefill_rule import (
 )
 from ingot.codegen.kernels.attention.split_rule import ATTEND_PARAMS
 from ingot.codegen.registry import plan_op
-from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
 from ingot.codegen.target import get_target
 from ingot.ir.ops.llm import PagedAttention
 from ingot.ir.ops.quantized import PagedAttentionFp8
 from ingot.ir.types import DType
-from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
+from tests.codegen.common import (  # noqa: F401 (autouse fixture)
+    compiled,
+    module_kernel_cache,
+    needs_compiler,
+    sass_opcodes,
+)
 from tests.codegen.test_decode_attention import attn_types
 from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
 from tests.helpers import rng
@@ -121,13 +124,8 @@ def test_lowering_makes_prefill_the_launch_and_decode_its_variant(tmp_path, monk
 def test_compiles_to_tensor_core_code(target, H, KV, D, bs, softcap, window, warps):
     tgt = get_target(target)
     spec = prefill_spec(bf16, bf16, H, KV, D, bs, D ** -0.5, tgt, softcap, window, warps=warps)
-    built = cc.compile_spec(spec)
-    assert built.cubin and spec.entry in built.ptx
+    built = compiled(spec)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in built.ptx and "cp.async" in built.ptx
-    if find_cuobjdump() is None:
-        pytest.skip("no cuobjdump: pip install nvidia-cuda-cuobjdump")
-    sass = disassemble(built.cubin)
-    assert sass_arch(sass) == tgt.arch
-    ops = opcodes(sass)
+    ops = sass_opcodes(built, tgt.arch)
     assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops), sorted(ops)
     assert any(o.startswith("LDSM") and ".MT88" in o for o in ops) and any(o.startswith("LDGSTS") for o in ops)

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import ingot
-from ingot.codegen import compile as cc
 from ingot.codegen.kernel import GridDim
 from ingot.codegen.kernels.attention import prefill_rule
 from ingot.codegen.kernels.attention.prefill_rule import KERNEL_ENV, plan_prefill, prefill_kernel
@@ -29,10 +28,15 @@ from ingot.codegen.kernels.attention.prefill_wgmma_rule import (
     wgmma_spec,
 )
 from ingot.codegen.kernels.attention.split_rule import ATTEND_PARAMS
-from ingot.codegen.sass import disassemble, find_cuobjdump, sass_arch
 from ingot.codegen.target import get_target
 from ingot.ir.types import DType
-from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
+from tests.codegen.common import (  # noqa: F401 (autouse fixture)
+    assert_no_local_memory,
+    compiled,
+    disassembled,
+    module_kernel_cache,
+    needs_compiler,
+)
 from tests.codegen.test_prefill_attention import family_attend
 from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
 from tests.helpers import rng
@@ -156,18 +160,14 @@ def sass_counts(sass: str) -> Counter:
 def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
     spec = wgmma_spec(bf16, bf16, H, KV, D, bs, D ** -0.5, h200, softcap, window, cfg=cfg)
     cfg = cfg or default_config(D)
-    built = cc.compile_spec(spec)
-    assert built.cubin and spec.entry in built.ptx
+    built = compiled(spec)
     assert f"wgmma.mma_async.sync.aligned.m64n{cfg.block_n}k16.f32.bf16.bf16" in built.ptx  # S = Q K^T
     assert f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.bf16.bf16" in built.ptx  # O += P V
     assert "fence.proxy.async" in built.ptx and "cp.async" in built.ptx
     assert not re.search(r"\.local\b", built.ptx), "local memory (a spill or an indexed register array) in PTX"
-    if find_cuobjdump() is None:
-        pytest.skip("no cuobjdump: pip install nvidia-cuda-cuobjdump")
-    sass = disassemble(built.cubin)
-    assert sass_arch(sass) == "sm_90a"
+    sass = disassembled(built, "sm_90a")
     ops = sass_counts(sass)
-    assert not any(o.startswith(("LDL", "STL")) for o in ops), "local memory in SASS (spills)"
+    assert_no_local_memory(ops, "the SASS")
     qk = f"HGMMA.64x{cfg.block_n}x16.F32.BF16"
     pv = f"HGMMA.64x{D}x16.F32.BF16"
     hgmma = {o: n for o, n in ops.items() if o.startswith("HGMMA")}

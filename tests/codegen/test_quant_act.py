@@ -12,10 +12,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ingot.codegen import compile as cc
 from ingot.codegen.kernels.quant_act.layout import quantize_for_sm100
 from ingot.codegen.kernels.quant_act.rule import quantizer_spec, scale_cols
-from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
 from ingot.codegen.target import get_target
 from ingot.ir.ops.quantized import QuantizedLinear, quantize_activation
 from ingot.ir.quant import formats as F
@@ -26,7 +24,12 @@ from ingot.ir.quant.packing import (
     unpack_e2m1,
     unswizzle_sm100_scales,
 )
-from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
+from tests.codegen.common import (  # noqa: F401 (autouse fixture)
+    assert_no_local_memory,
+    module_kernel_cache,
+    needs_compiler,
+    sass_opcodes,
+)
 from tests.helpers import rng
 
 #: (format, static global scale)
@@ -39,6 +42,17 @@ def _x(r: np.random.Generator, m: int, k: int) -> np.ndarray:
     if m > 2:
         x[2] = 0
     return x.astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def quantize_fp4_weight(w: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``w`` as a W4A4 linear's operands (``fmt`` nvfp4 or mxfp4): packed E2M1 codes, sm100-swizzled block scales
+    and the NVFP4 global scale (None for MXFP4)."""
+    if fmt == "nvfp4":
+        ws2 = F.nvfp4_global_scale(np.abs(w).max())
+        qw, sfw = F.quantize_nvfp4(w, ws2)
+    else:
+        ws2, (qw, sfw) = None, F.quantize_mxfp4(w)
+    return pack_e2m1(qw), swizzle_sm100_scales(sfw), ws2
 
 
 def _dequant(x_fp4: np.ndarray, sf: np.ndarray, fmt: str, m: int, k: int) -> np.ndarray:
@@ -116,12 +130,7 @@ def test_block_scaled_gemm_with_row_scale_is_the_reference(fmt, static):
     m, n, k = 45, 96, 256
     x = _x(r, m, k)
     w = r.standard_normal((n, k)).astype(np.float32) / 16
-    if fmt == "nvfp4":
-        ws2 = F.nvfp4_global_scale(np.abs(w).max())
-        qw, sfw = F.quantize_nvfp4(w, ws2)
-    else:
-        ws2, (qw, sfw) = None, F.quantize_mxfp4(w)
-    weight, weight_scale = pack_e2m1(qw), swizzle_sm100_scales(sfw)
+    weight, weight_scale, ws2 = quantize_fp4_weight(w, fmt)
     input_scale = np.float32(np.abs(x).max() / 2688) if static else None
     bias, residual = r.standard_normal(n).astype(np.float32), r.standard_normal((m, n)).astype(np.float32)
     op = QuantizedLinear(weight_format=fmt, weight_granularity="block", act_format=fmt,
@@ -144,14 +153,7 @@ def test_compiles_without_spills(target, fmt, static):
     assert [p.name for p in spec.params] == ["x", "input_scale", "weight_scale_2", "x_fp4", "x_block_scale",
                                              "x_scale", "M"]
     assert spec.grid_dims({"M": 300}) == (128, 3, 1)  # every row of the 128-padded scale matrix
-    built = cc.compile_spec(spec)
-    assert built.cubin and spec.entry in built.ptx
-    if find_cuobjdump() is None:
-        pytest.skip("no cuobjdump for the SASS check")
-    sass = disassemble(built.cubin)
-    assert sass_arch(sass) == tgt.arch
-    ops = opcodes(sass)
-    assert not any(o.startswith(("LDL", "STL")) for o in ops), f"{spec.entry}: local memory (spills)"
+    assert_no_local_memory(sass_opcodes(spec, tgt.arch), spec.entry)
 
 
 def test_spec_checks_its_inputs():

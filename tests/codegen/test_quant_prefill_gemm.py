@@ -28,15 +28,16 @@ from ingot.codegen.kernels.dequant.rule import CHUNK_CODES, PARAMS, dequant_refe
 from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
 from ingot.codegen.kernels.gemv.quant_rule import PARAMS as GEMV_PARAMS
 from ingot.codegen.memory_plan import plan_memory
-from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
 from ingot.codegen.target import get_target
 from ingot.ir.ops.quantized import dequantize_weight
 from ingot.ir.quant import formats as F
 from ingot.ir.quant.packing import pack_e2m1, unpack_e2m1
 from ingot.runtime.artifact import load_graph
 from ingot.runtime.paged import PagedModel
-from tests.codegen.common import needs_compiler
-from tests.codegen.test_lower_quant import ARCH, compile_quant, quant_checkpoint
+from tests.codegen import test_lower_quant
+from tests.codegen.common import assert_no_local_memory, needs_compiler, sass_opcodes
+from tests.codegen.test_lower import live_ranges
+from tests.codegen.test_lower_quant import ARCH, compile_quant
 from tests.helpers import rng
 
 #: weight-only cases the prefill GEMM takes (NVFP4 only on h200: b200's NVFP4 has sm100-swizzled scales)
@@ -44,11 +45,8 @@ CASES = {"fp8-wo": {"default": "fp8:wo"}, "nvfp4": {"default": "nvfp4"}}
 #: the tiny Llama's quantized linears: (suffix of the output value, N, K, residual)
 LINEARS = {"qkv": (512, 128, False), "attn_out": (128, 256, True), "gate_up": (512, 128, False),
            "mlp_out": (128, 256, True)}
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return quant_checkpoint(tmp_path_factory.mktemp("quant-llama"))
+#: the tiny quantized Llama's checkpoint (a module-scoped fixture)
+ckpt = test_lower_quant.ckpt
 
 
 @pytest.fixture(autouse=True)
@@ -172,13 +170,7 @@ def _check_scratch(graph, cuda: dict, off: dict, fmt: str) -> None:
         plan["buffers"][n]["nbytes"] for n in temps)
     assert sum(plan["buffers"][n]["nbytes"] for n in temps) > 2 * max(per_node.values())
     # and no scratch buffer shares bytes with another one live at the same node (a temporary lives at its node)
-    live: dict[str, tuple[int, int]] = {n: (i, i) for n, (i, _) in temps.items()}
-    for i, node in enumerate(graph.nodes):
-        for v in node.outputs:
-            live[v.name] = (i, i)
-        for v in node.inputs:
-            if v is not None and v.name in live:
-                live[v.name] = (live[v.name][0], i)
+    live = live_ranges(graph, {n: (i, i) for n, (i, _) in temps.items()})
     scratch = [(n, b) for n, b in plan["buffers"].items() if b["region"] == "scratch"]
     for a, (na, ba) in enumerate(scratch):
         for nb, bb in scratch[a + 1:]:
@@ -257,16 +249,10 @@ def test_dequant_kernel_compiles_without_spills(target, fmt, n, k):
     tgt = get_target(target)
     spec = dequant_spec(fmt, n, k, tgt)
     assert spec.grid[0].const <= 8 * tgt.num_sms
-    built = cc.compile_spec(spec)
-    assert built.cubin and spec.entry in built.ptx
-    if find_cuobjdump() is None:
-        pytest.skip("no cuobjdump for the SASS check")
-    sass = disassemble(built.cubin)
-    assert sass_arch(sass) == tgt.arch
-    ops = opcodes(sass)
+    ops = sass_opcodes(spec, tgt.arch)
     assert any(o.startswith("LDG") and ".128" in o for o in ops), sorted(ops)
     assert any(o.startswith("STG") and ".128" in o for o in ops), sorted(ops)
-    assert not any(o.startswith(("LDL", "STL")) for o in ops), "local memory (spills) in the dequantize kernel"
+    assert_no_local_memory(ops, "the dequantize kernel")
 
 
 def test_dequant_spec_refuses_what_it_cannot_convert():

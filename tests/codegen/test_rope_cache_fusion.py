@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import ingot
-from ingot.codegen import compile as cc
 from ingot.codegen import rope_cache_fusion
 from ingot.codegen.kernel import KernelSpec
 from ingot.codegen.kernels.attention.rule import paged_attention_specs
@@ -24,14 +23,18 @@ from ingot.codegen.kernels.attention.split_rule import cache_write_fp8_spec
 from ingot.codegen.kernels.rope.cache_rule import rope_qkv_cache_spec, vec_width
 from ingot.codegen.kernels.rope.rule import rope_qkv_spec, rope_spec
 from ingot.codegen.lower import plan_launches, to_device_dtypes
-from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
 from ingot.codegen.target import Target, get_target
 from ingot.ir.ops.core import Cast, cast_array
 from ingot.ir.ops.llm import RopeQKV
 from ingot.ir.quant.formats import to_e4m3
 from ingot.ir.types import DType
 from ingot.passes import PassContext, run_passes
-from tests.codegen.common import module_kernel_cache, needs_compiler  # noqa: F401 (autouse fixture)
+from tests.codegen.common import (  # noqa: F401 (autouse fixture)
+    assert_no_local_memory,
+    module_kernel_cache,
+    needs_compiler,
+    sass_opcodes,
+)
 from tests.codegen.host_emulation import CXX, HostKernel, aligned
 from tests.codegen.test_fuse_split_lower import LAYER, _graph
 from tests.codegen.test_lower import FIXTURES
@@ -246,17 +249,11 @@ CASES = {  # dtype, table, cache, scaled, NQ, NKV, head_dim, rot, interleaved, b
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fused_kernel_compiles_without_spills(target, case):
     dt, ct, kt, scaled, nq, nkv, d, rot, inter, bs = CASES[case]
-    spec = rope_qkv_cache_spec(dt, ct, kt, nq, nkv, d, rot, inter, bs, scaled, get_target(target))
-    built = cc.compile_spec(spec)
-    assert built.cubin and spec.entry in built.ptx
-    if find_cuobjdump() is None:
-        pytest.skip("no cuobjdump for the SASS check")
-    sass = disassemble(built.cubin)
-    assert sass_arch(sass) == ARCH[target]
-    ops = opcodes(sass)
+    ops = sass_opcodes(rope_qkv_cache_spec(dt, ct, kt, nq, nkv, d, rot, inter, bs, scaled, get_target(target)),
+                       ARCH[target])
     assert any(o.startswith("LDG") and ".128" in o for o in ops), sorted(ops)  # 16-byte loads of the qkv row
     assert any(o.startswith("STG") and (".128" in o or (kt is f8 and ".64" in o)) for o in ops), sorted(ops)
-    assert not any(o.startswith(("LDL", "STL")) for o in ops), "local memory (spills) in the fused kernel"
+    assert_no_local_memory(ops, "the fused kernel")
     if scaled:
         assert any("E4M3" in o for o in ops), sorted(ops)  # the saturating e4m3 conversion
 

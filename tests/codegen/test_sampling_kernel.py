@@ -12,7 +12,12 @@ from ingot.codegen.kernels.sampling.rule import greedy_spec, pack_width
 from ingot.codegen.sass import disassemble, opcodes
 from ingot.codegen.target import get_target
 from ingot.ir.types import DType
-from tests.codegen.common import module_kernel_cache, needs_compiler, needs_cuobjdump  # noqa: F401 (autouse fixture)
+from tests.codegen.common import (  # noqa: F401 (autouse fixture)
+    assert_no_local_memory,
+    module_kernel_cache,
+    needs_compiler,
+    needs_cuobjdump,
+)
 
 f32, bf16 = DType.f32, DType.bf16
 #: the engine's vocabularies: Llama 3, SmolLM2, the tiny test models, an odd one (scalar loads)
@@ -42,7 +47,7 @@ def test_greedy_kernel_compiles(target, vocab):
 def test_greedy_kernel_loads_16_bytes_without_spills(target):
     ops = opcodes(disassemble(compile_spec(greedy_spec(f32, 128256, get_target(target))).cubin))
     assert any(o.startswith("LDG") and ".128" in o for o in ops), sorted(ops)
-    assert not any(o.startswith(("LDL", "STL")) for o in ops), "local memory (spills) in the argmax"
+    assert_no_local_memory(ops, "the argmax")
 
 
 # -- the reduction order, emulated ------------------------------------------------------------------
