@@ -110,7 +110,8 @@ def test_no_cutlass_declines(monkeypatch):
 
 @pytest.mark.slow
 @needs_cutlass
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["nvfp4", pytest.param("mxfp4", marks=pytest.mark.skipif(
+    not os.environ.get("INGOT_SLOW"), reason="set INGOT_SLOW=1 to probe the MXFP4 layout too (~40 s in CI)"))])
 def test_params_layout_reproduces_cutlass(fmt, tmp_path_factory, monkeypatch):
     """``derive_layout`` checks the layout against all probe shapes (it raises otherwise); here: the scale-factor
     descriptors and layout integers it found, and a blob for one more shape."""

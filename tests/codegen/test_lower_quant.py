@@ -225,9 +225,14 @@ W4A4 = {"nvfp4": {"default": "nvfp4"}, "nvfp4-dynamic": {"default": "nvfp4:dynam
         "mxfp4": {"default": "mxfp4:w4a4"}}
 
 
+#: CI builds the NVFP4 GEMMs (nvfp4-dynamic reuses them); MXFP4's builds (~2 min cold on 2 cores) need INGOT_SLOW=1
+_SLOW_ONLY = pytest.mark.skipif(not os.environ.get("INGOT_SLOW"),
+                                reason="set INGOT_SLOW=1 to build the MXFP4 GEMMs too")
+
+
 @pytest.mark.slow
 @needs_cutlass
-@pytest.mark.parametrize("case", sorted(W4A4))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[_SLOW_ONLY] if c == "mxfp4" else []) for c in sorted(W4A4)])
 def test_w4a4_lowers_for_b200(ckpt, tmp_path, case):
     """On b200 each W4A4 linear is the activation quantizer then the block-scaled CUTLASS GEMM (tcgen05 UTCOMMA),
     through memory-plan temporaries; compiled and SASS-checked here, nothing runs on a B200. Builds: one GEMM per
