@@ -185,6 +185,29 @@ def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
         assert "mbarrier.try_wait.parity" in built.ptx and "cp.async.mbarrier.arrive.noinc" in built.ptx
         assert ("setmaxnreg" in built.ptx) == (cfg.warpgroups == 2)
         assert spec.block == (128 * (cfg.warpgroups + 1), 1, 1)
+        if cfg.warpgroups == 2:  # setmaxnreg only moves registers: the CTA must start with the 40 + 2 x 232 it
+            # hands out (128 threads each), else the consumers' setmaxnreg.inc waits forever
+            regs = _registers(built.cubin)
+            assert regs * spec.block[0] >= 128 * (40 + 2 * 232), f"{regs} registers a thread at entry"
+
+
+def _registers(cubin: bytes) -> int:
+    """Registers per thread of the one kernel in ``cubin`` (``cuobjdump --dump-resource-usage``)."""
+    import subprocess
+    import tempfile
+
+    from ingot.codegen.sass import find_cuobjdump
+
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump for the resource usage: pip install nvidia-cuda-cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
+    found = re.findall(r"REG:(\d+)", out)
+    assert len(found) == 1, out
+    return int(found[0])
 
 
 # -- the shared-memory layout and descriptors, modelled on the CPU ------------------------------------------------
