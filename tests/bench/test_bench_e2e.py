@@ -33,6 +33,8 @@ def positive(x) -> bool:
 def test_dry_run_measures_every_format(tmp_path):
     res, stdout = run_bench(tmp_path, "--skip-hf")
     assert set(res["ingot"]) == {"bf16", "fp8-w8a16", "fp8-w8a8"}
+    wb = res["model"]["weight_bytes_per_token"]
+    assert f"fp8-w8a16 {wb['bf16'] / wb['fp8-w8a16']:.2f}x" in stdout  # the most FP8 weights can gain at batch 1
     for fmt, r in res["ingot"].items():
         assert positive(res["compile"][fmt]["seconds"]) or res["compile"][fmt]["seconds"] == 0.0
         for bs, steps in (("1", 3), ("3", 2)):
