@@ -29,7 +29,6 @@ constexpr unsigned STAGE = BN * D * 2;
 constexpr float SCALE = ${SCALE}, SOFTCAP = ${SOFTCAP}, LOG2E = 1.4426950408889634f;
 static_assert(D % 64 == 0 && D <= 128, "head_dim 64 or 128");
 static_assert(G <= ROWS, "a CTA holds at least one whole query-head group (rows past TPT * G stay idle)");
-struct __align__(16) pf_u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ void pf_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -72,19 +71,8 @@ extern "C" __global__ void __launch_bounds__(NT) ${KERNEL}(
   const int tstart = b * TPT, tend = min(tstart + TPT, num_tokens);
   const int qsl0 = query_start_loc[0], qsl_end = query_start_loc[num_seqs];
 
-  // tokens of this range that belong to no sequence (padding) get zeros, like paged_attention.cu
-  for (int i = tid; i < (tend - tstart) * G * CH; i += NT) {
-    const int t = tstart + i / (G * CH), h = kvh * G + (i / CH) % G, c = i % CH;
-    if (t < qsl0 || t >= qsl_end)
-      *reinterpret_cast<pf_u32x4*>(out + (i64)t * (H * D) + h * D + c * 8) = pf_u32x4{0u, 0u, 0u, 0u};
-  }
-  // the last s with query_start_loc[s] <= tstart (empty sequences share a start with the next one)
-  int s = 0, hi_s = num_seqs;
-  while (s < hi_s) {
-    const int mid = (s + hi_s + 1) >> 1;
-    if (query_start_loc[mid] <= tstart) s = mid; else hi_s = mid - 1;
-  }
-  for (; s < num_seqs; ++s) {
+  att_zero_padding<G, H, D, NT>(out, kvh, tid, tstart, tend, qsl0, qsl_end);
+  for (int s = att_first_seq(query_start_loc, num_seqs, tstart); s < num_seqs; ++s) {
     const int start = query_start_loc[s], end = query_start_loc[s + 1];
     if (start >= tend) break;
     const int t0 = max(start, tstart), t1 = min(end, tend);

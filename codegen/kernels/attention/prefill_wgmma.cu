@@ -194,15 +194,6 @@ __device__ __forceinline__ PwSub pw_sub(int s, int tstart, int tend, const int* 
   u.table = block_tables + (i64)s * max_blocks;
   return u;
 }
-// the last s with query_start_loc[s] <= tstart (empty sequences share a start with the next one)
-__device__ __forceinline__ int pw_first_seq(const int* query_start_loc, int num_seqs, int tstart) {
-  int s = 0, hi_s = num_seqs;
-  while (s < hi_s) {
-    const int mid = (s + hi_s + 1) >> 1;
-    if (query_start_loc[mid] <= tstart) s = mid; else hi_s = mid - 1;
-  }
-  return s;
-}
 // rows g8 and g8 + 8 of warp `warp` (of the consumer warps): their positions (-1: not a token, never masked in or
 // written), window starts, empty running max and sum
 __device__ __forceinline__ PwRows pw_rows(const PwSub& u, int warp, int g8) {
@@ -248,13 +239,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
   const int tstart = b * TPT, tend = min(tstart + TPT, num_tokens);
   const int qsl0 = query_start_loc[0], qsl_end = query_start_loc[num_seqs];
 
-  // tokens of this range that belong to no sequence (padding) get zeros, like paged_attention.cu
-  for (int i = tid; i < (tend - tstart) * G * CH; i += NT) {
-    const int t = tstart + i / (G * CH), h = kvh * G + (i / CH) % G, c = i % CH;
-    if (t < qsl0 || t >= qsl_end)
-      *reinterpret_cast<pw_u32x4*>(out + (i64)t * (H * D) + h * D + c * 8) = pw_u32x4{0u, 0u, 0u, 0u};
-  }
-  const int s_first = pw_first_seq(query_start_loc, num_seqs, tstart);
+  att_zero_padding<G, H, D, NT>(out, kvh, tid, tstart, tend, qsl0, qsl_end);
+  const int s_first = att_first_seq(query_start_loc, num_seqs, tstart);
 
   if constexpr (!PRODUCER) {
     const int warp = tid >> 5, wg = tid >> 7;

@@ -3,8 +3,6 @@
 // its fence / commit / wait, shared-memory matrix descriptors (SWIZZLE_128B), operand pinning and mbarriers. The
 // layouts they assume are described in prefill_wgmma.cu. Inlined by the renderer.
 
-struct __align__(16) pw_u32x4 { unsigned x, y, z, w; };
-
 __device__ __forceinline__ unsigned pw_pack(float lo, float hi) {  // bf16x2, lo in the low half, nearest even
   unsigned r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
