@@ -79,6 +79,9 @@ def ckpt(tmp_path_factory):
 def _kernel_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
                        or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+    # the quantized GEMV at every row count: the prefill dequantize + GEMM pairs (on by default) have their own tests
+    # (tests/codegen/test_quant_prefill_gemm.py)
+    monkeypatch.setenv("INGOT_QUANT_PREFILL_GEMM", "0")
 
 
 def _kernel_table(path: Path, target: str) -> dict:
@@ -161,8 +164,9 @@ def _check_attention(cuda: dict, kv_fp8: bool) -> None:
         assert write["op"] == attend["op"] == ("paged_attention_fp8" if kv_fp8 else "paged_attention")
         if kv_fp8:
             assert cuda["kernels"][attend["kernel"]]["spec"]["template"] == "decode_split.cu"
-        else:  # bf16 cache: the tensor-core prefill kernel, the split-KV decode kernel its small-step variant
-            assert cuda["kernels"][attend["kernel"]]["spec"]["template"] == "prefill_flash.cu"
+        else:  # bf16 cache: the tensor-core prefill kernel (wgmma on sm_90a), the split-KV decode kernel its variant
+            prefill = "prefill_wgmma.cu" if cuda["arch"] == "sm_90a" else "prefill_flash.cu"
+            assert cuda["kernels"][attend["kernel"]]["spec"]["template"] == prefill
             assert attend["rows_arg"] == "num_tokens"
             variant = cuda["variant_kernels"][attend["variants"][0]["kernel"]]
             assert variant["spec"]["template"] == "decode_split.cu"

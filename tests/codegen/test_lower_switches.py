@@ -28,6 +28,9 @@ from tests.codegen.test_lower_quant import FAST
 
 SWITCHES = {rope_cache_fusion.ENV: "1", quant_prefill.ENV: "1", "INGOT_PREFILL_ATTENTION": "wgmma",
             "INGOT_DECODE_FUSION": "1"}
+#: each switch's off value (the quantized prefill GEMM and the wgmma attention are on by default)
+OFF = {rope_cache_fusion.ENV: "0", quant_prefill.ENV: "0", "INGOT_PREFILL_ATTENTION": "flash",
+       "INGOT_DECODE_FUSION": "0"}
 LAYERS = 2
 #: quantized linears of the tiny Llama: qkv, o_proj, gate_up, down per layer (the lm_head stays bf16)
 QUANTIZED = 4 * LAYERS
@@ -50,9 +53,8 @@ def _environment(tmp_path_factory, monkeypatch):
 
 def _compile(ckpt: Path, out: Path, quant: dict | None, monkeypatch, on: bool) -> dict:
     with monkeypatch.context() as mp:
-        for k, v in SWITCHES.items():
-            if on:
-                mp.setenv(k, v)
+        for k, v in (SWITCHES if on else OFF).items():
+            mp.setenv(k, v)
         path = ingot.compile(ckpt, target="h200", out=out, quant_config={**quant, **FAST} if quant else None)
     return json.loads((path / "manifest.json").read_text())
 
@@ -69,7 +71,8 @@ def _check_binding(what: str, spec: dict, args: dict, buffers: dict) -> None:
 @pytest.mark.parametrize("quant", ["fp8-wo", "bf16"])
 def test_all_switches_at_once_keep_the_kernel_table_coherent(ckpt, tmp_path, monkeypatch, quant):
     config = {"default": "fp8:wo"} if quant == "fp8-wo" else None
-    assert decode_fusion.enabled() is False and prefill_rule.prefill_kernel() != "wgmma"
+    assert decode_fusion.enabled() is False and rope_cache_fusion.enabled() is False  # the opt-in ones
+    assert quant_prefill.enabled() and prefill_rule.prefill_kernel() == "wgmma"  # the defaults
     off = _compile(ckpt, tmp_path / "off.ingot", config, monkeypatch, on=False)["cuda"]
     manifest = _compile(ckpt, tmp_path / "on.ingot", config, monkeypatch, on=True)
     cuda = manifest["cuda"]

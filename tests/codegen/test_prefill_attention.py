@@ -40,6 +40,12 @@ bf16, f32, f8 = DType.bf16, DType.f32, DType.f8e4m3fn
 h200 = get_target("h200")
 
 
+@pytest.fixture(autouse=True)
+def _flash(monkeypatch):
+    """This file is the flash kernel's; the default on sm_90a is the wgmma kernel (test_prefill_wgmma.py)."""
+    monkeypatch.setenv("INGOT_PREFILL_ATTENTION", "flash")
+
+
 def family_attend(T, S, max_blocks, H=32, KV=8, D=128, dtype=bf16, softcap=0.0, window=0):
     op = PagedAttention(num_heads=H, num_kv_heads=KV, head_dim=D, scale=D ** -0.5, softcap=softcap,
                         sliding_window=window)

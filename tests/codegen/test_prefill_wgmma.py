@@ -1,6 +1,6 @@
 """The wgmma paged prefill attention kernel (``codegen/kernels/attention/prefill_wgmma.cu``) without a GPU: what
 ``prefill_wgmma_rule`` takes and declines, its spec (the flash kernel's parameters, grid, shared memory), the
-opt-in selection through ``INGOT_PREFILL_ATTENTION`` (``prefill_rule.plan_prefill`` and the lowering), compile
+the selection through ``INGOT_PREFILL_ATTENTION`` (``prefill_rule.plan_prefill`` and the lowering), compile
 checks for sm_90a (warpgroup MMA, ``HGMMA``, with the V operand transposed in the SASS; no local memory), and a
 numpy model of one tile through the kernel's shared-memory layout, descriptors and fragments as the PTX ISA
 describes wgmma's reads (what a GPU run would show first if the kernel and that description disagreed)."""
@@ -74,7 +74,9 @@ def test_spec_shares_the_flash_parameters():
     assert tokens_per_cta(32, 8, cfg) == 32 and tokens_per_cta(32, 32, cfg) == 128 and tokens_per_cta(9, 3, cfg) == 42
     assert spec.grid == (GridDim("num_tokens", 32), GridDim(const=8), GridDim())
     assert spec.grid_dims({"num_tokens": 4096, "num_seqs": 1, "max_blocks": 256}) == (128, 8, 1)
-    assert spec.block == (256, 1, 1) and spec.smem == smem_bytes(64, cfg) == 1024 + 2 * 64 * (128 + 6 * 128)
+    # the default: a producer warpgroup beside the two consumers, three stages of 64-position tiles at head_dim 64
+    assert cfg == WgmmaConfig(2, 64, 3, producer=True) and default_config(128) == WgmmaConfig(2, 128, 3, producer=True)
+    assert spec.block == (384, 1, 1) and spec.smem == smem_bytes(64, cfg) == 1024 + 2 * 64 * (128 + 6 * 64) + 3 * 16
     one = wgmma_spec(bf16, bf16, 8, 8, 128, 32, 0.088, h200, cfg=WgmmaConfig(1, 64, 3))
     assert one.block == (128, 1, 1) and one.smem == 1024 + 2 * 128 * (64 + 6 * 64)
     ws = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=WgmmaConfig(2, 128, 2, producer=True))
@@ -84,14 +86,14 @@ def test_spec_shares_the_flash_parameters():
         for cfg in (default_config(d), WgmmaConfig(2, 128, 3), WgmmaConfig(2, 64, 3), WgmmaConfig(1, 128, 2),
                     WgmmaConfig(2, 128, 3, True), WgmmaConfig(2, 128, 3, True, True)):
             assert smem_bytes(d, cfg) <= MAX_SMEM
-    assert smem_bytes(128, default_config(128)) == 1024 + 2 * 128 * (128 + 4 * 128)
+    assert smem_bytes(128, default_config(128)) == 1024 + 2 * 128 * (128 + 6 * 128) + 3 * 16
 
 
-def test_selection_is_opt_in(monkeypatch):
+def test_selection_is_the_default(monkeypatch):
     sym = family_attend("T", "S", "max_blocks")
-    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    monkeypatch.setenv(KERNEL_ENV, "flash")
     assert prefill_kernel() == "flash" and plan_prefill(sym, "T", h200).template == "prefill_flash.cu"
-    monkeypatch.setenv(KERNEL_ENV, "wgmma")
+    monkeypatch.delenv(KERNEL_ENV)
     assert prefill_kernel() == "wgmma"
     chosen = plan_prefill(sym, "T", h200)
     assert chosen.template == "prefill_wgmma.cu"
@@ -112,9 +114,9 @@ def test_selection_is_opt_in(monkeypatch):
         prefill_kernel()
 
 
-def test_lowering_takes_wgmma_when_asked(tmp_path, monkeypatch):
-    """The serving form of a head_dim-64 GQA model: with ``INGOT_PREFILL_ATTENTION=wgmma`` the attention launch
-    runs the wgmma kernel (the decode kernel still its variant); without it, the flash kernel."""
+def test_lowering_takes_wgmma_unless_told_otherwise(tmp_path, monkeypatch):
+    """The serving form of a head_dim-64 GQA model: by default the attention launch runs the wgmma kernel (the decode
+    kernel still its variant); with ``INGOT_PREFILL_ATTENTION=flash``, the flash kernel."""
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")  # the linears' kernels are not this test's subject
     cfg = {**TINY_CONFIG, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
            "num_hidden_layers": 1}
@@ -133,11 +135,11 @@ def test_lowering_takes_wgmma_when_asked(tmp_path, monkeypatch):
         assert found
         return found
 
-    monkeypatch.setenv(KERNEL_ENV, "wgmma")
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
     for template, smem, variants in attention_templates("wgmma.ingot"):
         assert template == "prefill_wgmma.cu" and smem == smem_bytes(64, default_config(64))
         assert variants == ["decode_split.cu"]
-    monkeypatch.delenv(KERNEL_ENV)
+    monkeypatch.setenv(KERNEL_ENV, "flash")
     assert {t for t, _, _ in attention_templates("flash.ingot")} == {"prefill_flash.cu"}
 
 

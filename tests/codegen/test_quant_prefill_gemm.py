@@ -78,10 +78,7 @@ def _manifest(path: Path) -> dict:
 
 
 def _compile(ckpt: Path, target: str, case: str, out: Path, monkeypatch, on: bool = True) -> tuple[Path, dict]:
-    if on:
-        monkeypatch.setenv(quant_prefill.ENV, "1")
-    else:
-        monkeypatch.delenv(quant_prefill.ENV, raising=False)
+    monkeypatch.setenv(quant_prefill.ENV, "1" if on else "0")
     path = compile_quant(ckpt, target, CASES.get(case) or {"default": case}, out)
     return path, _manifest(path)
 
@@ -215,14 +212,15 @@ def test_fp8_wo_for_b200(ckpt, tmp_path, monkeypatch, fake_cutlass):
 
 
 def test_switch_off_and_fp8_activations_keep_the_gemv(ckpt, tmp_path, monkeypatch):
-    """Off (unset or 0), the kernel table is the quantized GEMV's (any-M launch + buckets), the same either way; on,
-    W8A8 linears keep it too (the bf16 GEMM would not quantize x as the reference does)."""
+    """On by default (unset: the table ``=1`` gives); off (``0``), the kernel table is the quantized GEMV's (any-M
+    launch + buckets); on, W8A8 linears keep it too (the bf16 GEMM would not quantize x as the reference does)."""
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
-    _, unset = _compile(ckpt, "h200", "fp8-wo", tmp_path / "unset.ingot", monkeypatch, on=False)
-    monkeypatch.setenv(quant_prefill.ENV, "0")
-    zero = _manifest(compile_quant(ckpt, "h200", CASES["fp8-wo"], tmp_path / "zero.ingot"))
-    assert zero["cuda"] == unset["cuda"]
-    for m in (unset, _compile(ckpt, "h200", "fp8", tmp_path / "w8a8.ingot", monkeypatch)[1]):
+    _, on = _compile(ckpt, "h200", "fp8-wo", tmp_path / "on.ingot", monkeypatch)
+    monkeypatch.delenv(quant_prefill.ENV)
+    unset = _manifest(compile_quant(ckpt, "h200", CASES["fp8-wo"], tmp_path / "unset.ingot"))
+    assert unset["cuda"] == on["cuda"] and any(ln["kernel"].startswith("dequant_") for ln in on["cuda"]["launches"])
+    _, off = _compile(ckpt, "h200", "fp8-wo", tmp_path / "off.ingot", monkeypatch, on=False)
+    for m in (off, _compile(ckpt, "h200", "fp8", tmp_path / "w8a8.ingot", monkeypatch)[1]):
         launches = m["cuda"]["launches"]
         qls = [ln for ln in launches if ln["op"] == "quantized_linear"]
         assert len(qls) == 8 and all(ln["kernel"].startswith("gemv_fp8_") and "_any_" in ln["kernel"] for ln in qls)

@@ -13,9 +13,10 @@ prefill-sized steps run it, decode steps keep the family's kernel (split-KV ``de
 argument) is at most that. Where the token count is static and at most ``DECODE_MAX_ROWS`` the flash kernel is left
 out; FP8 caches (``paged_attention_fp8``), f32/f16 queries and other head dims keep the family's kernel.
 
-Which prefill kernel: ``prefill_kernel()``, the one switch, reads ``INGOT_PREFILL_ATTENTION``: ``flash`` (the
-default) or ``wgmma``, which takes ``prefill_wgmma.cu`` (``prefill_wgmma_rule.py``, Hopper's warpgroup MMA) where
-it is supported (sm_90a, the same bf16 head dims) and this kernel elsewhere. Opt-in until measured on the H200.
+Which prefill kernel: ``prefill_kernel()``, the one switch, reads ``INGOT_PREFILL_ATTENTION``: ``wgmma`` (the
+default) takes ``prefill_wgmma.cu`` (``prefill_wgmma_rule.py``, Hopper's warpgroup MMA) where it is supported (sm_90a,
+the same bf16 head dims) and this kernel elsewhere; ``flash`` takes this kernel everywhere. On the H200 the wgmma
+kernel is 1.3-1.5x this one (docs/PERF.md, "The wgmma kernel").
 """
 
 from __future__ import annotations
@@ -41,11 +42,11 @@ DECODE_MAX_ROWS = 256
 ROWS_ARG = "num_tokens"
 #: the environment variable choosing the prefill kernel, and its values (the first is the default)
 KERNEL_ENV = "INGOT_PREFILL_ATTENTION"
-KERNELS = ("flash", "wgmma")
+KERNELS = ("wgmma", "flash")
 
 
 def prefill_kernel() -> str:
-    """``flash`` or ``wgmma``: the prefill kernel ``INGOT_PREFILL_ATTENTION`` asks for (unset or empty: flash)."""
+    """``wgmma`` or ``flash``: the prefill kernel ``INGOT_PREFILL_ATTENTION`` asks for (unset or empty: wgmma)."""
     kernel = os.environ.get(KERNEL_ENV, "") or KERNELS[0]
     if kernel not in KERNELS:
         raise ValueError(f"{KERNEL_ENV}={kernel!r}: expected one of {', '.join(KERNELS)}")

@@ -13,9 +13,9 @@ mbarriers); block ``128 * (warpgroups + producer)`` threads, grid ``(ceil(num_to
 num_kv_heads)``, dynamic shared memory ``smem_bytes``. The default config (neither) is the simplest; which is
 fastest is for the H200 to say (``bench/bench_prefill_attention.py``).
 
-Selection is opt-in until the kernel is measured on the H200: ``prefill_rule.plan_prefill`` returns this kernel
-instead of ``prefill_flash.cu`` only where ``INGOT_PREFILL_ATTENTION=wgmma`` (``prefill_rule.prefill_kernel``) and
-``supported`` hold; everything else keeps ``prefill_flash.cu``.
+Selection: ``prefill_rule.plan_prefill`` returns this kernel instead of ``prefill_flash.cu`` wherever ``supported``
+holds, unless ``INGOT_PREFILL_ATTENTION=flash`` (``prefill_rule.prefill_kernel``); measured on the H200 it is
+1.3-1.5x the flash kernel (docs/PERF.md, "The wgmma kernel").
 """
 
 from __future__ import annotations
@@ -60,8 +60,10 @@ class WgmmaConfig:
 
 
 def default_config(head_dim: int) -> WgmmaConfig:
-    """128 x 128 tiles, two stages (d 128: 161 KB of shared memory; d 64: three stages fit in 113 KB)."""
-    return WgmmaConfig(2, 128, 2 if head_dim == 128 else 3)
+    """The fastest config measured on the H200 (``bench/bench_prefill_attention.py``, docs/PERF.md "The wgmma
+    kernel"): a producer warpgroup and two consumers, three stages; 128-position K/V tiles at head_dim 128 (225 KB
+    of shared memory; 336 TFLOP/s on 4k causal MHA), 64 at head_dim 64 (245 TFLOP/s on 8 x 2048 causal GQA 32/8)."""
+    return WgmmaConfig(2, 128 if head_dim == 128 else 64, 3, producer=True)
 
 
 def smem_bytes(head_dim: int, cfg: WgmmaConfig) -> int:
