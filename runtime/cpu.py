@@ -110,6 +110,16 @@ class CpuExecutor:
         which takes it on the GPU (``runtime/engine.py``, "Device sampling"); here numpy's argmax of the logits."""
         return np.argmax(self.run(step_inputs, check=False)["logits"], axis=1)
 
+    def greedy_tokens_steps(self, steps: Sequence[Mapping[str, np.ndarray]]) -> np.ndarray:
+        """Decode steps back to back (``runtime/engine.py``, "Decode steps"): ``greedy_tokens`` of each, step
+        ``j > 0`` taking step ``j - 1``'s ids as its ``input_ids`` (its own are placeholders); ``i64[K, S]``."""
+        ids: list[np.ndarray] = []
+        for feeds in steps:
+            if ids:
+                feeds = {**feeds, "input_ids": ids[-1].astype(np.int64)}
+            ids.append(self.greedy_tokens(feeds))
+        return np.stack(ids)
+
 
 def _matches(t: TensorType, a: np.ndarray) -> bool:
     if a.dtype != t.dtype.np:

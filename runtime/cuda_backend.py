@@ -21,6 +21,14 @@ are written straight into typed views of the pinned staging copy (no per-step ar
 the device"), whose ids ``greedy_tokens`` copies back instead of the logits. Steps with
 prefill tokens, or more sequences than the largest bucket, run as plain launches.
 
+**Decode steps** (``greedy_tokens_steps``, the engine's ``decode_steps``): ``K`` decode steps of one bucket queued
+back to back on the stream, never waiting for the host in between. Each step's inputs are staged up front in a
+pinned staging copy of its own (step ``j`` in ``_step_staging[j]``) and copied in before its graph; from the second
+step on, a device-to-device copy then puts the previous step's argmax ids into ``input_ids``, and after each graph
+its ids go to row ``j`` of a device ``i64[K, S]`` buffer that comes back in one copy at the end::
+
+    H2D(step 0) graph D2D(ids->out[0]) | H2D(step 1) D2D(ids->input_ids) graph D2D(ids->out[1]) | ... | D2H(out)
+
 **The engine's interface** (``runtime/engine.py`` and ``runtime/paged.py`` call the CPU backend the
 same way)::
 
@@ -28,6 +36,7 @@ same way)::
     logits = ex.run(step_inputs)["logits"]    # step_inputs: docs/SERVING_FORM.md's names, numpy arrays
     logits = ex.logits(step_inputs)           # the same, as the array
     ids = ex.greedy_tokens(step_inputs)       # argmax per row, i64[S]; with device_argmax=True taken on the GPU
+    ids = ex.greedy_tokens_steps([s0, s1, ...])  # i64[K, S]: step j + 1's input ids are step j's ids
 
 ``run(feeds, check=False)`` has ``CpuExecutor.run``'s signature and result (a dict of output arrays), so
 an engine can hold either executor. The KV cache lives on the device, owned by the executor
@@ -238,9 +247,14 @@ class CudaExecutor:
         self.cuda_graphs = cuda_graphs and self.serving
         self.buckets = [b for b in GRAPH_BUCKETS if b <= self.bounds.get("S", 0)]
         self.graphs: dict[int, cd.CudaGraph] = {}
-        self.stats = {"graph_steps": 0, "eager_steps": 0, "captures": 0, "argmax_steps": 0}
-        self._staged: dict[int, _StagedBucket] = {}
-        self._staged_bucket: int | None = None  # the bucket whose constant inputs the staging copy holds
+        self.stats = {"graph_steps": 0, "eager_steps": 0, "captures": 0, "argmax_steps": 0, "multi_steps": 0}
+        self._staged: dict[tuple[int, int], _StagedBucket] = {}  # (staging copy, bucket) -> views
+        #: per staging copy, the bucket whose constant inputs it holds (copy 0 is ``staging``)
+        self._staged_bucket: list[int | None] = [None]
+        #: ``greedy_tokens_steps``: staging copies of steps 1, 2, ... (``_step_staging[0]`` is ``staging``), and
+        #: the device ``i64[K, S]`` ids with their pinned host copy (grown on demand)
+        self._step_staging: list[cd.PinnedBuffer] = [self.staging]
+        self._steps_ids: tuple[cd.DeviceMemory, cd.PinnedBuffer] | None = None
         #: the greedy-sampling kernel (``greedy_tokens``); None: ``greedy_tokens`` takes the argmax on the host
         self.argmax: GreedyArgmax | None = self._load_argmax() if device_argmax and self.serving else None
         self.ctx.synchronize()
@@ -448,6 +462,65 @@ class CudaExecutor:
         self.stats["argmax_steps"] += 1
         return self.argmax.read(int(dims["S"]), self.stream)
 
+    def greedy_tokens_steps(self, steps: Sequence[Mapping[str, np.ndarray]]) -> np.ndarray:
+        """``K = len(steps)`` decode steps back to back, ``i64[K, S]``: step ``j > 0`` takes step ``j - 1``'s ids as
+        its ``input_ids`` (its own are placeholders), so only the first step's ids must be real (module docstring,
+        "Decode steps"). One bucket's graph per step, no host round trip in between; the ids are those of
+        ``greedy_tokens`` step by step. Without the device argmax or CUDA graphs, or for steps that are not one
+        decode token per sequence, it runs ``greedy_tokens`` step by step (same ids, host in between)."""
+        k = len(steps)
+        ids_in = next((v for v in self.inputs if v.name == "input_ids"), None)
+        bucket = self._decode_bucket(steps[0]) if self.cuda_graphs and self.argmax is not None and k else None
+        if bucket is None or ids_in is None or ids_in.type.dtype != DType.i64:
+            out: list[np.ndarray] = []
+            for feeds in steps:
+                out.append(self.greedy_tokens(feeds if not out else {**feeds, "input_ids": out[-1]}))
+            return np.stack(out)
+        self.ctx.make_current()
+        s = len(steps[0]["seq_lens"])
+        graph = self._bucket_graph(bucket)
+        dev, host = self._steps_ids_buffers(k * s * 8)
+        io = self.arena.ptr + self.base["io"]
+        input_ids, tokens = self.address("input_ids"), self.argmax.tokens.ptr
+        stream = self.stream
+        for j, feeds in enumerate(steps):
+            if len(feeds["seq_lens"]) != s:
+                raise ValueError(f"decode steps: step {j} has {len(feeds['seq_lens'])} sequences, step 0 has {s}")
+            staging = self._staging_copy(j)
+            end = self._stage_decode(feeds, bucket, j)
+            cd.memcpy_htod(io, staging.ptr, end, stream)
+            if j:
+                cd.memcpy_dtod(input_ids, tokens, s * 8, stream)
+            graph.launch(stream)
+            cd.memcpy_dtod(dev.ptr + j * s * 8, tokens, s * 8, stream)
+        cd.memcpy_dtoh(host.ptr, dev.ptr, k * s * 8, stream)
+        stream.synchronize()
+        self.stats["graph_steps"] += k
+        self.stats["argmax_steps"] += k
+        self.stats["multi_steps"] += 1
+        return host.view(0, np.int64, (k, s)).copy()
+
+    def _staging_copy(self, j: int) -> cd.PinnedBuffer:
+        """Step ``j``'s pinned staging copy for ``greedy_tokens_steps`` (0: ``staging``), made on first use."""
+        if len(self._step_staging) <= j:
+            # up to the end of the largest bucket's inputs (``staging`` also spans the outputs: the logits)
+            dims = self._graph_dims(self.buckets[-1])
+            nbytes = max(int(self.buffers[v.name]["offset"]) + v.type.dtype.np.itemsize * int(
+                np.prod([eval_dim(d, dims) for d in (v.type.shape or ())], dtype=np.int64)) for v in self.inputs)
+            while len(self._step_staging) <= j:
+                self._step_staging.append(cd.PinnedBuffer(min(nbytes, self.staging.nbytes)))
+                self._staged_bucket.append(None)
+        return self._step_staging[j]
+
+    def _steps_ids_buffers(self, nbytes: int) -> tuple[cd.DeviceMemory, cd.PinnedBuffer]:
+        if self._steps_ids is None or self._steps_ids[0].nbytes < nbytes:
+            if self._steps_ids is not None:
+                self.stream.synchronize()
+                for b in self._steps_ids:
+                    b.free()
+            self._steps_ids = (cd.DeviceMemory(nbytes), cd.PinnedBuffer(nbytes))
+        return self._steps_ids
+
     def _launch_step(self, feeds: Mapping[str, np.ndarray], check: bool, argmax: bool) -> dict[str, int]:
         """Stage the inputs and queue one step (a decode graph, else plain launches, then the argmax when asked
         for); returns the step's dims (``S``: its sequences)."""
@@ -458,7 +531,7 @@ class CudaExecutor:
                 return self._launch_graph(feeds, bucket)
         dims, arrays = self._bind(feeds, check)
         end = self._stage(arrays)
-        self._staged_bucket = None
+        self._staged_bucket[0] = None
         cd.memcpy_htod(self.arena.ptr + self.base["io"], self.staging.ptr, end, self.stream)
         self._enqueue(dims)
         if argmax and self.argmax is not None:
@@ -480,7 +553,7 @@ class CudaExecutor:
         self.ctx.make_current()
         dims, arrays = self._bind(step_inputs, False)
         end = self._stage(arrays)
-        self._staged_bucket = None
+        self._staged_bucket[0] = None
         values = {e: eval_dim(e, dims) for e in self.exprs}
         spin_mod = cd.Module(compile_source(_SPIN_SOURCE, self.cuda["arch"], "ingot_spin.cu").cubin, "ingot_spin")
         spin = spin_mod.function("ingot_spin")
@@ -535,18 +608,19 @@ class CudaExecutor:
         if self.argmax is not None:
             self.argmax.enqueue(dims, self.stream)
 
-    def _staged_views(self, bucket: int) -> _StagedBucket:
-        views = self._staged.get(bucket)
+    def _staged_views(self, bucket: int, copy: int = 0) -> _StagedBucket:
+        views = self._staged.get((copy, bucket))
         if views is None:
             dims = self._graph_dims(bucket)
-            views = _StagedBucket(self.staging, {
+            views = _StagedBucket(self._step_staging[copy], {
                 v.name: (int(self.buffers[v.name]["offset"]), v.type.dtype.np,
                          tuple(eval_dim(d, dims) for d in (v.type.shape or ()))) for v in self.inputs})
-            self._staged[bucket] = views
+            self._staged[(copy, bucket)] = views
         return views
 
-    def _stage_decode(self, feeds: Mapping[str, np.ndarray], bucket: int) -> int:
-        """Write a decode step padded to ``bucket`` straight into the pinned staging copy; returns its end.
+    def _stage_decode(self, feeds: Mapping[str, np.ndarray], bucket: int, copy: int = 0) -> int:
+        """Write a decode step padded to ``bucket`` straight into pinned staging copy ``copy`` (0: ``staging``;
+        others: ``greedy_tokens_steps``'); returns its end.
 
         Padding rows: token 0 at position 0, slot -1 (no KV write), context 1, block table all block 0.
         ``query_start_loc`` and ``logits_indices`` (``arange``) are written only when the bucket changes."""
@@ -555,7 +629,7 @@ class CudaExecutor:
         cap = self.bounds["max_blocks"]
         if tables.shape[1] > cap:
             raise CudaArtifactError(f"block_tables has {tables.shape[1]} columns, the compiled bound is {cap}")
-        st = self._staged_views(bucket)
+        st = self._staged_views(bucket, copy)
         for name, pad in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1), ("seq_lens", 1)):
             view = st.views[name]
             view[:s] = feeds[name]
@@ -564,25 +638,30 @@ class CudaExecutor:
         bt[:s, : tables.shape[1]] = tables
         bt[:s, tables.shape[1] :] = 0
         bt[s:] = 0
-        if self._staged_bucket != bucket:
+        if self._staged_bucket[copy] != bucket:
             st.views["query_start_loc"][:] = np.arange(bucket + 1)
             st.views["logits_indices"][:] = np.arange(bucket)
-            self._staged_bucket = bucket
+            self._staged_bucket[copy] = bucket
         return st.end
 
-    def _launch_graph(self, feeds: Mapping[str, np.ndarray], bucket: int) -> dict[str, int]:
-        end = self._stage_decode(feeds, bucket)
+    def _bucket_graph(self, bucket: int) -> cd.CudaGraph:
+        """The bucket's decode graph, captured on first use."""
         graph = self.graphs.get(bucket)
-        dims = self._graph_dims(bucket)
         if graph is None:
+            dims = self._graph_dims(bucket)
             self.stream.synchronize()
             graph = cd.CudaGraph(self.stream, lambda: self._record_graph(dims))
             self.graphs[bucket] = graph
             self.stats["captures"] += 1
+        return graph
+
+    def _launch_graph(self, feeds: Mapping[str, np.ndarray], bucket: int) -> dict[str, int]:
+        end = self._stage_decode(feeds, bucket)
+        graph = self._bucket_graph(bucket)
         cd.memcpy_htod(self.arena.ptr + self.base["io"], self.staging.ptr, end, self.stream)
         graph.launch(self.stream)
         self.stats["graph_steps"] += 1
-        return {**dims, "S": len(feeds["seq_lens"])}
+        return {**self._graph_dims(bucket), "S": len(feeds["seq_lens"])}
 
     def capture_all(self, max_batch: int | None = None) -> float:
         """Capture every bucket's graph up front (up to ``max_batch``); returns the seconds it took."""
@@ -604,7 +683,11 @@ class CudaExecutor:
         for m in self.modules.values():
             m.unload()
         self.modules.clear()
-        self.staging.free()
+        for staging in self._step_staging:  # [0] is self.staging
+            staging.free()
+        if self._steps_ids is not None:
+            for b in self._steps_ids:
+                b.free()
         self.out_staging.free()
         if self.argmax is not None:
             self.argmax.free()

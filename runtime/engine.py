@@ -30,6 +30,19 @@ path; any other step (one row sampling, with penalties or logprobs) runs the hos
 ``EngineArgs.device_sampling`` (default: on, unless ``INGOT_DEVICE_SAMPLING=0``) switches it; executors without
 ``greedy_tokens`` (tensor parallelism, test stand-ins) always take the host path.
 
+**Decode steps** (opt-in: ``EngineArgs.decode_steps`` or ``INGOT_DECODE_STEPS=K``; default 1, off). A step whose
+rows are all decode tokens sampled on the device (as above) runs ``K`` decode steps back to back in one executor call,
+``executor.greedy_tokens_steps``: step ``j + 1``'s input ids are step ``j``'s argmax, fed on the device (the CUDA
+executor queues every step's graph on one stream and copies ``K x S`` ids back once), positions, slots and sequence
+lengths are computed up front (``Scheduler.plan_decode_steps``, which allocates the blocks of the ``K - 1`` extra
+tokens). The host work of ``K - 1`` steps disappears behind the GPU. The engine then takes the tokens one step at a
+time with its usual stop checks (eos, stop token ids, max_tokens, stop strings): tokens after a stop are discarded
+and their blocks freed with the request. ``K`` is cut to the fewest tokens a row may still generate; a step runs
+alone whenever the plan does not fit: a row sampling otherwise (temperature, penalties, logprobs), a prefill chunk,
+a request waiting to run, too few free blocks, fewer than 2 tokens left, tensor parallelism, or an executor without
+``greedy_tokens_steps``. Outputs arrive in bursts of up to ``K`` tokens (one ``RequestOutput`` per request and step;
+the inter-token latencies recorded are the ones a client sees: one gap, then zeros).
+
 Host time per step (bench/bench_engine_step.py, docs/PERF.md): ~1.2 ms for 256 decoding sequences,
 the model excluded. Per request and step: one ``DecodeStream`` call (detokenizer.py), one
 ``CompletionOutput`` and ``RequestOutput`` that share the sequence's token list instead of copying
@@ -56,7 +69,7 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache import num_blocks_for_memory
 from .request import Request, RequestStatus
 from .sampling import Sampler, SamplingParams, TokenLogprobs
-from .scheduler import CacheConfig, Scheduler, SchedulerConfig
+from .scheduler import CacheConfig, DecodeSteps, Scheduler, SchedulerConfig
 
 log = logging.getLogger("ingot.engine")
 
@@ -102,12 +115,27 @@ class EngineArgs:
     policy: str = "fcfs"
     block_size: int | None = None  # None: the artifact's; the CPU backend takes any (its cache shape says it)
     device_sampling: bool | None = None  # greedy steps' argmax on the executor; None: on unless INGOT_DEVICE_SAMPLING=0
+    decode_steps: int | None = None  # decode steps per engine step (module docstring); None: INGOT_DECODE_STEPS or 1
 
 
 def device_sampling_default() -> bool:
     """``EngineArgs.device_sampling`` when not given: on, unless the environment sets ``INGOT_DEVICE_SAMPLING=0``
     (to compare against the host path without changing code)."""
     return os.environ.get("INGOT_DEVICE_SAMPLING", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def decode_steps_default() -> int:
+    """``EngineArgs.decode_steps`` when not given: ``INGOT_DECODE_STEPS`` (a positive integer), else 1 (off)."""
+    raw = os.environ.get("INGOT_DECODE_STEPS", "").strip()
+    if not raw:
+        return 1
+    try:
+        k = int(raw)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise ValueError(f"INGOT_DECODE_STEPS={raw!r}: a positive integer (1: one decode step per engine step)")
+    return k
 
 
 def check_prompt_length(prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int,
@@ -307,6 +335,10 @@ class LLMEngine:
         self.path = Path(artifact)
         #: greedy steps take their ids from ``executor.greedy_tokens`` (module docstring, "Device sampling")
         self.device_sampling = device_sampling_default() if args.device_sampling is None else args.device_sampling
+        #: decode steps one engine step may run (module docstring, "Decode steps"); 1: one; may be changed between steps
+        self.decode_steps = decode_steps_default() if args.decode_steps is None else int(args.decode_steps)
+        if self.decode_steps < 1:
+            raise ValueError(f"decode_steps must be >= 1, got {self.decode_steps}")
         from .tp.artifact import is_tp_artifact, load_tp
 
         #: a tensor-parallel artifact: ``self.executor`` is a ``TpExecutor`` (runtime/tp) owning the ranks' caches
@@ -361,8 +393,10 @@ class LLMEngine:
         #: prefilled requests (disaggregated serving) started from their transferred KV / recomputing their prompt
         self.num_prefilled_admitted = 0
         self.num_prefilled_recomputed = 0
-        #: steps whose tokens came from ``executor.greedy_tokens`` (no logits on the host)
+        #: model steps whose tokens came from ``executor.greedy_tokens(_steps)`` (no logits on the host)
         self.num_device_sampled_steps = 0
+        #: engine steps that ran several decode steps in one ``executor.greedy_tokens_steps`` call
+        self.num_multi_steps = 0
 
     def _cuda_executor(self, args: EngineArgs, spec: dict[str, Any], info: dict[str, Any],
                        bytes_per_token: int) -> EngineArgs:
@@ -663,13 +697,18 @@ class LLMEngine:
         if out.is_empty:
             self._record(t_start, 0, 0)
             return []
-        feeds = out.step_inputs.as_feeds()
-        feeds.update(self.kv_caches)
         rows = np.flatnonzero(out.do_sample)
         seqs = [self._seqs[out.req_ids[r]] for r in rows.tolist()]
+        greedy_tokens = self._greedy_tokens(seqs)
+        if greedy_tokens is not None and self.decode_steps > 1 and not self.tp:
+            steps_fn = getattr(self.executor, "greedy_tokens_steps", None)
+            plan = sched.plan_decode_steps(out, self.decode_steps) if steps_fn is not None else None
+            if plan is not None:
+                return self._run_decode_steps(plan, steps_fn, t_start)
+        feeds = out.step_inputs.as_feeds()
+        feeds.update(self.kv_caches)
         tokens = np.zeros(len(out.req_ids), np.int64)
         logprobs: list[TokenLogprobs | None] = []
-        greedy_tokens = self._greedy_tokens(seqs)
         if greedy_tokens is not None:
             ids = greedy_tokens(feeds)
             tokens[rows] = ids[rows]
@@ -683,11 +722,49 @@ class LLMEngine:
         lp_by_id = ({out.req_ids[r]: lp for r, lp in zip(rows.tolist(), logprobs) if lp is not None}
                     if any(lp is not None for lp in logprobs) else {})
         updated = sched.update_from_output(out, tokens)
-        now = time.monotonic()
-        live = self._seqs
         touched: dict[str, _Group] = {}
         itl: list[float] = []
         ttft: list[float] = []
+        self._take_tokens(updated, lp_by_id, time.monotonic(), touched, itl, ttft)
+        results = [self._make_output(g) for g in touched.values()]
+        self._record(t_start, len(updated), out.total_num_scheduled_tokens, itl, ttft,
+                     [r for r in results if r.finished])
+        return results
+
+    def _run_decode_steps(self, plan: DecodeSteps, steps_fn: Callable[[list[Any]], np.ndarray],
+                          t_start: float) -> list[RequestOutput]:
+        """Run ``plan``'s decode steps in one executor call, then take their tokens step by step (module
+        docstring, "Decode steps")."""
+        sched = self.scheduler
+        feeds = []
+        for step_inputs in plan.step_inputs:
+            f = step_inputs.as_feeds()
+            f.update(self.kv_caches)
+            feeds.append(f)
+        ids = steps_fn(feeds)  # [K, S]
+        self.num_device_sampled_steps += plan.num_steps
+        self.num_multi_steps += 1
+        now = time.monotonic()
+        touched: dict[str, _Group] = {}
+        itl: list[float] = []
+        ttft: list[float] = []
+        num_sampled = 0
+        for j in range(plan.num_steps):
+            updated = sched.update_from_decode_step(plan, j, ids[j])
+            num_sampled += len(updated)
+            self._take_tokens(updated, {}, now, touched, itl, ttft)
+        results = [self._make_output(g) for g in touched.values()]
+        self._record(t_start, num_sampled, plan.output.total_num_scheduled_tokens * plan.num_steps, itl, ttft,
+                     [r for r in results if r.finished])
+        return results
+
+    def _take_tokens(self, updated: Sequence[Request], lp_by_id: dict[str, TokenLogprobs], now: float,
+                     touched: dict[str, _Group], itl: list[float], ttft: list[float]) -> None:
+        """The engine's side of one new token per request of ``updated`` (``Scheduler.update_from_output``):
+        logprobs, latencies, detokenization, stop strings (which finish the request in the scheduler), and the
+        request's group into ``touched``."""
+        sched = self.scheduler
+        live = self._seqs
         for req in updated:
             seq = live.get(req.request_id)
             if seq is None:
@@ -712,10 +789,6 @@ class LLMEngine:
                 group.first_token_time = now
                 ttft.append(now - group.arrival_time)
             touched[group.request_id] = group
-        results = [self._make_output(g) for g in touched.values()]
-        self._record(t_start, len(updated), out.total_num_scheduled_tokens, itl, ttft,
-                     [r for r in results if r.finished])
-        return results
 
     def _greedy_tokens(self, seqs: Sequence[_Seq]) -> Callable[[Any], np.ndarray] | None:
         """The executor's ``greedy_tokens`` when it gives this step's tokens: device sampling on and every

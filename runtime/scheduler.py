@@ -36,6 +36,20 @@ the sampled tokens. That appends them, finishes requests (``max_tokens``, ``max_
 stop token ids; stop strings arrive through ``finish_request``) and frees their blocks. Calls
 alternate: ``schedule``, execute, ``update_from_output``, ``schedule``, ...
 
+Decode steps (the engine's ``decode_steps``, runtime/engine.py): when every row of a step is one decode
+token, ``plan_decode_steps`` extends the step to ``k`` decode steps run back to back, each row's input at
+step ``j > 0`` being the token it sampled at step ``j - 1`` (fed on the device). Blocks for the ``k - 1``
+extra tokens are allocated up front (or nothing happens: no preemption for them); positions, slots and
+sequence lengths are known without the tokens. ``update_from_decode_step`` then takes the steps' tokens one
+step at a time, exactly as ``update_from_output`` takes a single step's::
+
+    request, k = 4:   |===== computed =====|t|a|b|c|      t: last token (input of step 0)
+    step 0 computes t and samples a; step 1 computes a, samples b; ...; step 3 computes c, samples d
+    after update j:   computed = tokens - 1 (the usual decode state), blocks published as they fill
+
+A request that stops at step ``j`` (eos, a stop token, max_tokens, or the engine's stop string) finishes
+there: the later steps' tokens are discarded with its blocks, which hold their K/V but are never published.
+
 Host cost (bench/bench_scheduler.py, docs/PERF.md): ~0.3 ms per step for 256 decoding sequences;
 per request and step a few dict/list operations, no per-token Python loop. The engine should run
 ``gc.collect(); gc.freeze()`` once after building the scheduler, so that full collections do not walk
@@ -134,6 +148,22 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class DecodeSteps:
+    """``output``'s decode rows run for ``num_steps`` steps at once (``Scheduler.plan_decode_steps``).
+
+    ``step_inputs[0]`` is ``output.step_inputs``; step ``j > 0`` computes each row's token at one position
+    further, whose id is what step ``j - 1`` sampled: its ``input_ids`` are placeholders (zeros) that the
+    executor replaces on the device."""
+
+    output: SchedulerOutput
+    step_inputs: list[StepInputs]
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_inputs)
 
 
 @dataclass
@@ -543,3 +573,62 @@ class Scheduler:
         if any_finished:
             self.running = [r for r in self.running if r.status is RUNNING]
         return out
+
+    def plan_decode_steps(self, output: SchedulerOutput, num_steps: int) -> DecodeSteps | None:
+        """Extend ``output``, just returned by ``schedule()``, to ``num_steps`` decode steps of the same rows
+        (module docstring, "Decode steps"); call ``update_from_decode_step`` for each step instead of
+        ``update_from_output``.
+
+        ``num_steps`` is cut to the fewest tokens a row may still generate (``max_tokens``, ``max_model_len``).
+        None, changing nothing, when fewer than 2 steps remain, when a row is not one sampled decode token,
+        when a request waits to run (it would wait ``num_steps`` steps), or when the free blocks do not hold
+        every row's ``num_steps - 1`` more tokens.
+        """
+        reqs = output.requests
+        num_rows = len(reqs)
+        if (num_steps < 2 or not num_rows or output.total_num_scheduled_tokens != num_rows
+                or not output.do_sample.all() or len(self.waiting)):
+            return None
+        max_len = self.config.max_model_len
+        k = num_steps
+        for req in reqs:
+            k = min(k, req.max_tokens - len(req.output_token_ids), max_len - len(req.all_token_ids))
+        if k < 2:
+            return None
+        kv = self.kv
+        bs = self.block_size
+        held = kv.req_blocks
+        # after schedule(), num_computed_tokens == num_tokens: k - 1 more tokens' K/V to hold
+        need = sum(max(0, -(-(r.num_computed_tokens + k - 1) // bs) - len(held[r.request_id])) for r in reqs)
+        if need > kv.num_free_blocks:
+            return None
+        for req in reqs:
+            if kv.allocate_slots(req, k - 1) is None:  # counted above: cannot fail
+                raise RuntimeError(f"request {req.request_id!r}: no blocks for its decode steps")
+        rows = [kv.req_rows[r.request_id] for r in reqs]
+        first = np.array([r.num_computed_tokens - 1 for r in reqs], np.int64)  # the position step 0 computes
+        placeholders = np.zeros(num_rows, np.int64)
+        ones = [1] * num_rows
+        steps = [output.step_inputs]
+        for j in range(1, k):
+            steps.append(build_step_inputs(placeholders, first + j, ones, rows, kv.block_table, bs))
+        return DecodeSteps(output, steps)
+
+    def update_from_decode_step(self, plan: DecodeSteps, step: int, sampled_token_ids: Sequence[int]) -> list[Request]:
+        """``update_from_output`` for step ``step`` of ``plan``; call it for steps 0, 1, ... in order.
+
+        Before step ``j > 0``'s tokens, each request still running counts the token step ``j - 1`` gave it as
+        computed (step ``j`` wrote its K/V) and publishes the block that token fills. A request finished at an
+        earlier step, by its own stop or by ``finish_request``, is skipped: its later tokens are discarded.
+        """
+        if step:
+            bs = self.block_size
+            kv = self.kv
+            RUNNING = RequestStatus.RUNNING
+            for req in plan.output.requests:
+                if req.status is RUNNING:
+                    c = req.num_computed_tokens + 1
+                    req.num_computed_tokens = c
+                    if c % bs == 0:
+                        kv.cache_blocks(req, c)
+        return self.update_from_output(plan.output, sampled_token_ids)

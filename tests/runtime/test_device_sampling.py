@@ -230,12 +230,12 @@ def test_cuda_decode_staging_writes_the_padded_step(tmp_path):
     ex.bounds = {k: int(v) for k, v in plan["bindings"].items()}
     ex.inputs = [v for v in graph.inputs if v.name not in plan["kv_cache"]["inputs"]]
     ex.staging = HostStaging(int(plan["regions"]["io"]))
-    ex._staged, ex._staged_bucket = {}, None
+    ex._staged, ex._staged_bucket, ex._step_staging = {}, [None], [ex.staging]
     cap = ex.bounds["max_blocks"]
     rng = np.random.default_rng(0)
     for s, width, bucket in ((3, 5, 4), (2, 2, 4), (7, 9, 8), (1, 1, 1), (4, 3, 4), (4, 4, 4)):
         if (s, width) == (4, 4):
-            ex._staged_bucket = None  # what an eager step's staging does
+            ex._staged_bucket[0] = None  # what an eager step's staging does
             ex.staging.array[:] = 0xCD
         feeds = {"input_ids": rng.integers(0, 256, s), "positions": rng.integers(0, 100, s),
                  "slot_mapping": rng.integers(0, 1000, s), "seq_lens": rng.integers(1, 100, s).astype(np.int32),
