@@ -297,6 +297,48 @@ def test_sigterm_drains_running_requests(tiny):
         server.stop()
 
 
+def test_streaming_with_decode_steps(tiny, monkeypatch):
+    """``INGOT_DECODE_STEPS=4`` (runtime/engine.py, "Decode steps"): concurrent SSE streams carry the tokens and
+    text of the single-step engine, in chunks of up to 4 tokens, stop strings cut where they were; every block
+    comes back."""
+    from ingot.runtime.sampling import SamplingParams
+    from tests.runtime.serving_models import run_requests
+
+    prompts = [[5 + i, 6, 7, 8 + 3 * i] for i in range(4)]
+    free = run_requests(LLMEngine(tiny, num_blocks=256, decode_steps=1),
+                        [(p, SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)) for p in prompts])
+    text = free[0][0][2]
+    stop = next(text[i : i + 2] for i in range(6, len(text) - 2) if text[i : i + 2] not in text[: i + 1])
+    bodies = [{"prompt": p, "max_tokens": 30 - 5 * i, "temperature": 0, "ignore_eos": True, "stream": True,
+               "return_token_ids": True, **({"stop": [stop]} if i == 0 else {})} for i, p in enumerate(prompts)]
+    want = run_requests(LLMEngine(tiny, num_blocks=256, decode_steps=1),
+                        [(b["prompt"], SamplingParams(temperature=0.0, max_tokens=b["max_tokens"], ignore_eos=True,
+                                                      stop=b.get("stop", ()))) for b in bodies])
+    monkeypatch.setenv("INGOT_DECODE_STEPS", "4")
+    server = ServerProcess(tiny, "--num-blocks", "256", "--max-model-len", "512")
+    try:
+        def stream(body: dict) -> tuple[list[int], str, str, int]:
+            toks, text, reason, most = [], "", None, 0
+            with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        ch = json.loads(line[6:])["choices"][0]
+                        toks += ch["token_ids"]
+                        text += ch["text"]
+                        reason = ch["finish_reason"] or reason
+                        most = max(most, len(ch["token_ids"]))
+            return toks, text, reason, most
+
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            got = list(pool.map(stream, bodies))
+        assert [g[:3] for g in got] == [(w[0][0], w[0][2], w[0][3]) for w in want]
+        assert got[0][2] == "stop" and max(g[3] for g in got) == 4
+        assert server.metric("ingot_kv_cache_blocks_used") == 0
+    finally:
+        server.stop()
+
+
 def test_bench_serve_cli(tiny_server, tmp_path):
     from ingot.cli import main
 
