@@ -26,7 +26,12 @@ What one run does:
    tokens/s = tokens out / seconds, engine host time included. Batch 1 then runs ``--breakdown-steps`` more steps
    with probes: the whole ``engine.step()``, the executor call inside it (``CudaExecutor.run``, or
    ``greedy_tokens`` where the engine samples on the device), and the GPU time between the step's input copy and
-   its first copy back (CUDA events, as ``bench/bench_decode_step.py``). Prefill (``--prefill``,
+   its first copy back (CUDA events, as ``bench/bench_decode_step.py``). ``--decode-steps 1,8`` runs the decode
+   figures once per ``K`` (the engine's ``decode_steps``, runtime/engine.py "Decode steps": ``K`` greedy decode
+   steps per ``engine.step()``; default: the engine's, ``INGOT_DECODE_STEPS`` or 1): an engine step then makes ``K``
+   tokens per request, tokens/s counts every one of them, ``step_ms`` and the breakdown are per engine step (so per
+   ``K`` tokens; the breakdown's executor call is ``greedy_tokens_steps``, its GPU time spans the ``K`` steps), and
+   ``token_step_ms`` is ``step_ms / K``. Prefill (``--prefill``,
    default 8x2048): the prompts are added at once, one warm-up round, then a timed round; tokens/s =
    prompt tokens / time until the last of them has its first token (TTFT of all 8). The engine chunks the
    prompts by ``--max-num-batched-tokens`` (default 2048, the bound the artifacts are compiled for).
@@ -199,7 +204,7 @@ class StepProbe:
     recorded by hooks on ``cuda_driver.memcpy_htod`` / ``memcpy_dtoh``, as ``bench/bench_decode_step.py`` does).
     Slightly perturbs what it measures: use it after the clean timing."""
 
-    METHODS = ("run", "greedy_tokens")
+    METHODS = ("run", "greedy_tokens", "greedy_tokens_steps")
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -279,24 +284,32 @@ def _median_ms(xs: list[float]) -> float | None:
 def engine_decode(engine: Any, batch: int, context: int, warmup: int, steps: int, seed: int,
                   probe_steps: int = 0) -> dict[str, Any]:
     """``batch`` requests of ``context`` random tokens: prefill, ``warmup`` decode steps, ``steps`` timed steps,
-    then ``probe_steps`` steps under a ``StepProbe`` (the per-step breakdown)."""
+    then ``probe_steps`` steps under a ``StepProbe`` (the per-step breakdown). With ``engine.decode_steps`` = K > 1
+    each engine step makes K tokens per request (the requests' ``max_tokens`` leave room for all of them)."""
     from bench.bench_tp import decode_rate
+
+    k = getattr(engine, "decode_steps", 1)
 
     def probe() -> dict[str, Any]:
         step_s: list[float] = []
+        tokens = 0
         with StepProbe(engine) as p:
             for _ in range(probe_steps):
                 t1 = time.perf_counter()
-                engine.step()
+                outs = engine.step()
                 step_s.append(time.perf_counter() - t1)
+                tokens += sum(len(o.outputs[0].delta_token_ids) for o in outs)
         return {"breakdown": {"steps": probe_steps, "engine_step_ms": _median_ms(step_s),
                               "executor_run_ms": _median_ms(p.run_s), "gpu_ms": _median_ms(p.gpu_s),
-                              "executor_calls": p.calls}}
+                              "executor_calls": p.calls, "tokens_per_step": tokens / max(probe_steps * batch, 1)}}
 
-    res = decode_rate(engine, batch, context, warmup, steps, seed, extra_steps=probe_steps,
+    # decode_rate's max_tokens counts one token per step and extra step: K per step here
+    extra = probe_steps + (k - 1) * (warmup + steps + probe_steps + 1)
+    res = decode_rate(engine, batch, context, warmup, steps, seed, extra_steps=extra,
                       after=probe if probe_steps else None)
-    if res["tokens"] != batch * steps:
-        raise RuntimeError(f"batch {batch}: {res['tokens']} tokens in {steps} steps, expected {batch * steps}")
+    if res["tokens"] != batch * steps * k:
+        raise RuntimeError(f"batch {batch}: {res['tokens']} tokens in {steps} steps, expected {batch * steps * k}")
+    res.update(expected_tokens=batch * steps * k, decode_steps=k, token_step_ms=round(res["step_ms"] / k, 4))
     return res
 
 
@@ -340,10 +353,12 @@ def run_ingot(path: Path, fmt: str, a: argparse.Namespace, num_blocks: int) -> d
          max_model_len=engine.max_model_len)
     res: dict[str, Any] = {"decode": {}}
     try:
-        for bs, steps in zip(a.batches, a.steps):
-            d = stage(res["decode"], str(bs), lambda bs=bs, steps=steps: engine_decode(
-                engine, bs, a.context, a.warmup, steps, seed=bs, probe_steps=a.breakdown_steps if bs == 1 else 0))
-            emit(bench="ingot_decode", format=fmt, batch=bs, context=a.context, steps=steps, **d)
+        for k in a.decode_steps or [engine.decode_steps]:
+            engine.decode_steps = k
+            for bs, steps in zip(a.batches, a.steps):
+                d = stage(res["decode"], decode_key(bs, k), lambda bs=bs, steps=steps: engine_decode(
+                    engine, bs, a.context, a.warmup, steps, seed=bs, probe_steps=a.breakdown_steps if bs == 1 else 0))
+                emit(bench="ingot_decode", format=fmt, batch=bs, context=a.context, steps=steps, **d)
         pre: dict[str, Any] = {}
         stage(pre, "warmup", lambda: engine_prefill(engine, a.prefill_prompts, a.prefill_len, seed=100))
         for i in range(a.prefill_repeats):
@@ -356,6 +371,11 @@ def run_ingot(path: Path, fmt: str, a: argparse.Namespace, num_blocks: int) -> d
     finally:
         engine.close()
     return res
+
+
+def decode_key(batch: int, k: int) -> str:
+    """A decode figure's key in the results: the batch size, ``:kK`` added for K decode steps per engine step."""
+    return str(batch) if k == 1 else f"{batch}:k{k}"
 
 
 def _best_prefill(runs: dict[str, Any], repeats: int) -> dict[str, Any]:
@@ -504,16 +524,22 @@ def table_rows(results: dict[str, Any], a: argparse.Namespace) -> list[dict[str,
     for batch 1 the fraction of the weight-bandwidth bound."""
     hf = results.get("hf") or {}
     rows = []
-    measures: list[tuple[str, Callable[[dict[str, Any]], Any], bool]] = []
-    for bs in a.batches:
-        measures.append((f"decode bs={bs}, tok/s", lambda r, bs=bs: _fig((r.get("decode") or {}).get(str(bs)),
-                                                                         "tokens_per_s"), True))
+    # (name, ingot's figure, the references' figure, higher is better)
+    measures: list[tuple[str, Callable[[dict[str, Any]], Any], Callable[[dict[str, Any]], Any], bool]] = []
+    for k in decode_ks(results, a):
+        for bs in a.batches:
+            def get(r: dict[str, Any], key: str = decode_key(bs, k)) -> Any:
+                return _fig((r.get("decode") or {}).get(key), "tokens_per_s")
+
+            measures.append((f"decode bs={bs},{f' K={k},' if k > 1 else ''} tok/s", get,
+                             lambda r, key=str(bs): _fig((r.get("decode") or {}).get(key), "tokens_per_s"), True))
     pre = f"{a.prefill_prompts}x{a.prefill_len}"
-    measures.append((f"prefill {pre}, prompt tok/s", lambda r: _fig(r.get("prefill"), "tokens_per_s"), True))
-    measures.append((f"TTFT all {a.prefill_prompts} of {pre}, ms", lambda r: _fig(r.get("prefill"), "ttft_all_ms"),
-                     False))
-    for name, get, higher_better in measures:
-        refs = {mode: get(hf[mode]) if isinstance(hf.get(mode), dict) else None for mode in ("eager", "compile")}
+    prefill = lambda r: _fig(r.get("prefill"), "tokens_per_s")  # noqa: E731
+    ttft = lambda r: _fig(r.get("prefill"), "ttft_all_ms")  # noqa: E731
+    measures.append((f"prefill {pre}, prompt tok/s", prefill, prefill, True))
+    measures.append((f"TTFT all {a.prefill_prompts} of {pre}, ms", ttft, ttft, False))
+    for name, get, get_ref, higher_better in measures:
+        refs = {mode: get_ref(hf[mode]) if isinstance(hf.get(mode), dict) else None for mode in ("eager", "compile")}
         known = [v for v in refs.values() if v]
         best = (max(known) if higher_better else min(known)) if known else None
         for fmt in a.formats:
@@ -527,6 +553,15 @@ def table_rows(results: dict[str, Any], a: argparse.Namespace) -> list[dict[str,
                 row["fraction_of_bound"] = float(f"{v / bound:.4g}")
             rows.append(row)
     return rows
+
+
+def decode_ks(results: dict[str, Any], a: argparse.Namespace) -> list[int]:
+    """The decode steps per engine step that were measured (``--decode-steps``, else what the engines ran)."""
+    if a.decode_steps:
+        return list(a.decode_steps)
+    ran = {r.get("decode_steps", 1) for ing in results["ingot"].values() if isinstance(ing, dict)
+           for r in (ing.get("decode") or {}).values() if isinstance(r, dict)}
+    return sorted(ran) or [1]
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -547,13 +582,17 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def print_details(results: dict[str, Any], a: argparse.Namespace) -> None:
     """The batch-1 step breakdown per format and the compile / first-call times the table leaves out."""
     print("\nbatch-1 decode step, medians (ms): engine.step() | executor call | GPU (input copy -> copy back) | "
-          "engine outside the executor | executor outside the GPU")
-    for fmt in a.formats:
-        b = _fig(((results["ingot"].get(fmt) or {}).get("decode") or {}).get("1"), "breakdown") or {}
-        step, run, gpu = b.get("engine_step_ms"), b.get("executor_run_ms"), b.get("gpu_ms")
-        cells = [step, run, gpu, step - run if step and run else None, run - gpu if run and gpu else None]
-        print(f"  {LABELS[fmt]}: " + " | ".join("-" if c is None else f"{c:.3f}" for c in cells)
-              + (f"  ({', '.join(f'{k} x{n}' for k, n in b.get('executor_calls', {}).items())})" if b else ""))
+          "engine outside the executor | executor outside the GPU | engine.step() per token (K tokens a step)")
+    for k in decode_ks(results, a):
+        for fmt in a.formats:
+            b = _fig(((results["ingot"].get(fmt) or {}).get("decode") or {}).get(decode_key(1, k)), "breakdown") or {}
+            step, run, gpu = b.get("engine_step_ms"), b.get("executor_run_ms"), b.get("gpu_ms")
+            per = b.get("tokens_per_step")
+            cells = [step, run, gpu, step - run if step and run else None, run - gpu if run and gpu else None,
+                     step / per if step and per else None]
+            print(f"  {LABELS[fmt]}{f', K={k}' if k > 1 else ''}: "
+                  + " | ".join("-" if c is None else f"{c:.3f}" for c in cells)
+                  + (f"  ({', '.join(f'{m} x{n}' for m, n in b.get('executor_calls', {}).items())})" if b else ""))
     wb = results["model"]["weight_bytes_per_token"]
     if "bf16" in wb:  # issue 7 asks FP8 weights for 1.7x the bf16 rate: this is the most the bytes allow
         print("batch-1 weight-bandwidth bound over bf16's (the largest speedup a format's bytes allow): " + ", ".join(
@@ -575,7 +614,7 @@ def print_details(results: dict[str, Any], a: argparse.Namespace) -> None:
 def environment(device: str) -> dict[str, Any]:
     env: dict[str, Any] = {"python": sys.version.split()[0], "numpy": np.__version__,
                            **{k: os.environ.get(k) for k in ("INGOT_AUTOTUNE", "INGOT_DEVICE_SAMPLING",
-                                                             "CUDA_VISIBLE_DEVICES")}}
+                                                             "INGOT_DECODE_STEPS", "CUDA_VISIBLE_DEVICES")}}
     try:
         env["git_commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                                            text=True, check=True).stdout.strip()
@@ -628,6 +667,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=None, help="decode steps before timing (default 8)")
     ap.add_argument("--context", type=int, default=None, help="prompt tokens of the decode requests (default 128)")
     ap.add_argument("--breakdown-steps", type=int, default=None, help="probed batch-1 steps (default 32)")
+    ap.add_argument("--decode-steps", default=None, help="decode steps per engine step to measure, e.g. 1,8 (the "
+                    "engine's decode_steps; default: the engine's, INGOT_DECODE_STEPS or 1)")
     ap.add_argument("--prefill", default=None, help="PROMPTSxTOKENS of the prefill figure (default 8x2048)")
     ap.add_argument("--prefill-repeats", type=int, default=1, help="timed prefill rounds after the warm-up "
                                                                    "(default 1; the median is reported)")
@@ -649,6 +690,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.steps = [int(s) for s in (a.steps or ("4,4" if dry else "64,32")).split(",") if s.strip()]
     if not a.batches or min(a.batches) < 1 or len(a.steps) != len(a.batches) or min(a.steps) < 1:
         ap.error("--batches and --steps: positive integers, one step count per batch size (e.g. 1,64 and 64,32)")
+    a.decode_steps = [int(k) for k in (a.decode_steps or "").split(",") if k.strip()]
+    if a.decode_steps and min(a.decode_steps) < 1:
+        ap.error("--decode-steps: positive integers, e.g. 1,8")
     a.warmup = a.warmup if a.warmup is not None else (2 if dry else 8)
     a.context = a.context or (16 if dry else 128)
     a.breakdown_steps = a.breakdown_steps if a.breakdown_steps is not None else (4 if dry else 32)
@@ -691,7 +735,10 @@ def main(argv: list[str] | None = None) -> int:
                             "checkpoint_s": round(time.perf_counter() - t0, 1)}
         emit(event="checkpoint", path=str(ckpt), **results["model"])
         block = 16
-        need = max(a.context + a.warmup + max(a.steps) + a.breakdown_steps + 64, a.prefill_len + 8)
+        from ingot.runtime.engine import decode_steps_default
+
+        kmax = max(a.decode_steps or [decode_steps_default()])  # tokens per request and decode step
+        need = max(a.context + kmax * (a.warmup + max(a.steps) + a.breakdown_steps + 1) + 64, a.prefill_len + 8)
         max_len = -(-need // 256) * 256
         limits = {"max_num_seqs": max(*a.batches, a.prefill_prompts),
                   "max_num_batched_tokens": a.max_num_batched_tokens, "max_model_len": max_len}
