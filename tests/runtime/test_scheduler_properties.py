@@ -12,6 +12,11 @@ Invariants checked after every rule:
   position up to ``seq_lens``. This is what makes prefix hits (also under a hash that collides all
   the time), forks and preemption sound;
 - when every request has ended, no block is in use (cached free blocks count as free).
+
+Decode steps (``plan_decode_steps``): all the steps' K/V writes run before any token is taken (as on the
+GPU), step ``j``'s input being what step ``j - 1`` sampled; every step reads its rows' right contexts, rows
+stop inside the steps (eos, ``max_tokens``, a stop string between steps), and the blocks they filled are
+found by later requests with the right content.
 """
 
 import numpy as np
@@ -110,26 +115,57 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len(out.req_ids) <= self.cfg.max_num_seqs
         assert sum(out.num_scheduled_tokens.values()) == out.total_num_scheduled_tokens == len(si.input_ids)
         assert all(n > 0 for n in out.num_scheduled_tokens.values())
-        bs = s.block_size
-        # the step writes K/V (here: the token) to its slots, then attention reads every sequence's context
-        qsl = si.query_start_loc.tolist()
-        for row, r in enumerate(out.requests):
-            for t in range(qsl[row], qsl[row + 1]):
-                p = int(si.positions[t])
-                assert si.input_ids[t] == r.all_token_ids[p]
-                self.kv_ctx[si.slot_mapping[t]] = tuple(r.all_token_ids[: p + 1])
         for row, r in enumerate(out.requests):
             assert r.status == RequestStatus.RUNNING
-            L = int(si.seq_lens[row])
-            assert L == r.num_computed_tokens
-            pos = np.arange(L)
-            slots = si.block_tables[row, pos // bs].astype(np.int64) * bs + pos % bs
-            assert [self.kv_ctx[k] for k in slots] == [tuple(r.all_token_ids[: p + 1]) for p in range(L)], r
+            assert int(si.seq_lens[row]) == r.num_computed_tokens
+        self._execute(si, [r.all_token_ids for r in out.requests])
         s.update_from_output(out, tokens[: len(out.req_ids)])
         if out.preempted_req_ids:
             event("preemption")
         if any(r.num_cached_tokens > 0 for r in out.requests if r.request_id in out.new_req_ids):
             event("prefix hit")
+
+    def _execute(self, si, seqs, placeholders=False):
+        """The step writes K/V (here: the context of the token) to its slots, then attention reads every
+        sequence's context; ``seqs[row]``: the row's tokens (its input ids, unless ``placeholders``)."""
+        bs = self.s.block_size
+        qsl = si.query_start_loc.tolist()
+        for row, seq in enumerate(seqs):
+            for t in range(qsl[row], qsl[row + 1]):
+                p = int(si.positions[t])
+                assert placeholders or si.input_ids[t] == seq[p]
+                self.kv_ctx[si.slot_mapping[t]] = tuple(seq[: p + 1])
+        for row, seq in enumerate(seqs):
+            L = int(si.seq_lens[row])
+            pos = np.arange(L)
+            slots = si.block_tables[row, pos // bs].astype(np.int64) * bs + pos % bs
+            assert [self.kv_ctx[k] for k in slots] == [tuple(seq[: p + 1]) for p in range(L)], row
+
+    @rule(tokens=st.lists(st.integers(0, 9), min_size=64, max_size=64), k=st.integers(2, 6), data=st.data())
+    def decode_steps(self, tokens, k, data):
+        s = self.s
+        out = s.schedule()
+        plan = s.plan_decode_steps(out, k)
+        if plan is None:
+            self._execute(out.step_inputs, [r.all_token_ids for r in out.requests])
+            s.update_from_output(out, tokens[: len(out.req_ids)])
+            return
+        event("decode steps")
+        reqs = out.requests
+        assert 2 <= plan.num_steps <= k and not s.waiting and all(n == 1 for n in out.num_scheduled_tokens.values())
+        sampled = [[tokens[(j * len(reqs) + row) % 64] for row in range(len(reqs))] for j in range(plan.num_steps)]
+        # the executor: every step, each taking the previous step's ids, before the engine sees a token
+        for j, si in enumerate(plan.step_inputs):
+            self._execute(si, [list(r.all_token_ids) + [sampled[i][row] for i in range(j)]
+                               for row, r in enumerate(reqs)], placeholders=j > 0)
+        for j in range(plan.num_steps):
+            for r in s.update_from_decode_step(plan, j, sampled[j]):
+                if r.is_finished:
+                    event("stopped inside decode steps")
+                elif data.draw(st.integers(0, 7)) == 0:  # a stop string, found by the engine
+                    s.finish_request(r.request_id, "stop", "</s>")
+        for r in reqs:
+            assert r.is_finished or r.num_computed_tokens == r.num_tokens - 1
 
     @precondition(lambda self: self.s.requests)
     @rule(data=st.data())
