@@ -4,6 +4,7 @@
     python bench/bench_prefill_attention.py                  # 1 x 4096 tokens, 32 x 128 heads; 8 x 2048, GQA 32/8 x 64
     python bench/bench_prefill_attention.py --shapes 1x4096x32x32x128 --json out.json
     python bench/bench_prefill_attention.py --wgmma-configs 2x128x2 2x64x3ov 2x128x2ws  # wgs x positions x stages
+    python bench/bench_prefill_attention.py --wgmma-configs 2x128x3ws 2x128x3wshf 2x128x3wslm 2x128x3wspp  # + knobs
     python bench/bench_prefill_attention.py --dry-run        # no GPU: compile every ingot kernel a run would launch
 
 One layer's attention for a whole prompt: every sequence has ``L`` new tokens and no cached prefix (its K/V already
@@ -40,17 +41,42 @@ from bench_gemv_quant import SpecKernel  # noqa: E402
 #: B x L x heads x kv heads x head_dim
 DEFAULT_SHAPES = ("1x4096x32x32x128", "8x2048x32x8x64")
 BF16_PEAK_TFLOPS = 747.0  # cuBLAS bf16 GEMM 8192^3 on this H200 (../shared/GPU.md)
-#: wgmma configs benched by default: warpgroups x K/V positions per tile x stages, ``ov``: softmax overlapping
-#: O += P V, ``ws``: a producer warpgroup with mbarriers (``default``: the rule's)
+#: wgmma configs benched by default: warpgroups x K/V positions per tile x stages, then flags in any order: ``ov``:
+#: softmax overlapping O += P V, ``ws``: a producer warpgroup with mbarriers, ``hf``: the heaviest CTAs first, ``lm``:
+#: the mask only on the tiles that need it, ``pp``: ping-pong consumers (needs ``ws`` and 2 warpgroups)
+#: (``default``: the rule's)
 DEFAULT_WGMMA_CONFIGS = ("default", "2x128x2", "2x128x3", "2x64x3", "1x128x2", "2x128x3ov", "2x64x3ov", "2x128x2ws",
-                         "2x128x3ws", "2x64x3ws", "2x128x3ovws", "2x64x3ovws")
+                         "2x128x3ws", "2x64x3ws", "2x128x3ovws", "2x64x3ovws",
+                         "2x128x3wshf", "2x64x3wshf", "2x128x3wslm", "2x64x3wslm", "2x128x3wspp", "2x64x3wspp",
+                         "2x128x3ovwspp", "2x64x3ovwspp", "2x128x3ovwslmpp", "2x128x3wshflm", "2x64x3wshflm",
+                         "2x128x3wshflmpp", "2x64x3wshflmpp", "2x128x3ovwshflmpp", "2x64x3ovwshflmpp")
+#: a config name's flags and the WgmmaConfig fields they set
+WGMMA_FLAGS = {"ov": "overlap", "ws": "producer", "hf": "heavy_first", "lm": "lean_mask", "pp": "pingpong"}
+
+
+def parse_wgmma_config(name: str, head_dim: int):
+    """``WxNxS`` then any of ``WGMMA_FLAGS`` (``2x128x3ovwspp``), or ``default`` (the rule's config)."""
+    from ingot.codegen.kernels.attention.prefill_wgmma_rule import WgmmaConfig, default_config
+
+    if name == "default":
+        return default_config(head_dim)
+    rest, flags = name, {}
+    while rest[-2:] in WGMMA_FLAGS:
+        rest, flags = rest[:-2], {**flags, WGMMA_FLAGS[rest[-2:]]: True}
+    return WgmmaConfig(*(int(x) for x in rest.split("x")), **flags)
+
+
+def wgmma_label(cfg) -> str:
+    """The bench label of a config: ``wgmma_WxNxS`` and its flags in ``WGMMA_FLAGS``'s order."""
+    flags = "".join(f for f, field in WGMMA_FLAGS.items() if getattr(cfg, field))
+    return f"wgmma_{cfg.warpgroups}x{cfg.block_n}x{cfg.stages}{flags}"
 
 
 def ingot_kernels(shape: str, block_size: int, wgmma_configs: list[str]) -> list[tuple[str, object]]:
     """(label, spec) of every ingot prefill kernel benched for ``shape`` (BxLxHxKVxD): the flash kernel at 4 and 8
     warps, then the wgmma kernel in each config the rule takes (duplicates after resolving ``default`` dropped)."""
     from ingot.codegen.kernels.attention.prefill_rule import prefill_spec
-    from ingot.codegen.kernels.attention.prefill_wgmma_rule import WgmmaConfig, default_config, supported, wgmma_spec
+    from ingot.codegen.kernels.attention.prefill_wgmma_rule import supported, wgmma_spec
     from ingot.codegen.target import get_target
     from ingot.ir.types import DType
 
@@ -59,18 +85,11 @@ def ingot_kernels(shape: str, block_size: int, wgmma_configs: list[str]) -> list
     found = [(f"w{w}", prefill_spec(bf16, bf16, H, KV, D, block_size, scale, tgt, warps=w)) for w in (4, 8)]
     seen = set()
     for name in wgmma_configs:
-        rest, flags = name, set()
-        for flag in ("ws", "ov"):  # WxNxS[ov][ws]
-            if rest.endswith(flag):
-                rest, flags = rest[:-2], flags | {flag}
-        cfg = default_config(D) if name == "default" else WgmmaConfig(*(int(x) for x in rest.split("x")),
-                                                                      overlap="ov" in flags, producer="ws" in flags)
+        cfg = parse_wgmma_config(name, D)
         if cfg in seen or not supported(bf16, bf16, H, KV, D, block_size, tgt, cfg):
             continue
         seen.add(cfg)
-        label = f"wgmma_{cfg.warpgroups}x{cfg.block_n}x{cfg.stages}{'ov' if cfg.overlap else ''}"
-        label += "ws" if cfg.producer else ""
-        found.append((label, wgmma_spec(bf16, bf16, H, KV, D, block_size, scale, tgt, cfg=cfg)))
+        found.append((wgmma_label(cfg), wgmma_spec(bf16, bf16, H, KV, D, block_size, scale, tgt, cfg=cfg)))
     return found
 
 
@@ -171,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--old-launches", type=int, default=1, help="the CUDA-core kernel is slow: fewer launches")
     ap.add_argument("--old-reps", type=int, default=3)
     ap.add_argument("--wgmma-configs", nargs="+", default=list(DEFAULT_WGMMA_CONFIGS),
-                    help="wgmma configs: WARPGROUPSxBLOCK_NxSTAGES[ov][ws] or 'default' (ov: softmax overlapping PV, "
-                         "ws: a producer warpgroup)")
+                    help="wgmma configs: WARPGROUPSxBLOCK_NxSTAGES then flags in any order, or 'default' (ov: "
+                         "softmax overlapping PV, ws: a producer warpgroup, hf: heaviest CTAs first, lm: mask only "
+                         "boundary tiles, pp: ping-pong consumers, needs ws)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dry-run", action="store_true", help="no GPU: compile the ingot kernels a run would launch")
     a = ap.parse_args(argv)

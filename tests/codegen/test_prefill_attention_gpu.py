@@ -11,8 +11,11 @@ tile per CTA: the first case to read when a layout is wrong). Every case runs th
 the latter plain, with the softmax overlapping O += P V (``wgmma-overlap``), with a producer warpgroup and mbarriers
 (``wgmma-producer``) and with both (``wgmma-producer-overlap``; these two last, since a broken mbarrier protocol
 traps and takes the CUDA context with it): its default config (overlap: 3 stages) where the flash kernel has 4
-warps, one consumer warpgroup with 64-position tiles where it has 8 (sm_90a only: skipped elsewhere). Outputs
-poisoned with NaN before each launch; every element compared."""
+warps, one consumer warpgroup with 64-position tiles where it has 8 (sm_90a only: skipped elsewhere); then the
+opt-in knobs: the heaviest CTAs first (``wgmma-heavy-first``), the mask only on the tiles that need it
+(``wgmma-lean-mask``), FlashAttention-3's ping-pong consumers (``wgmma-pingpong``, with overlap
+``wgmma-pingpong-overlap``) and all three (``wgmma-all-knobs``). Outputs poisoned with NaN before each launch; every
+element compared."""
 
 from __future__ import annotations
 
@@ -46,13 +49,31 @@ CASES = {
     "padding-block32": (16, 4, 128, 32, 0.0, 0, 4, [(100, 150), (0, 40)], 5),
     "one-tile-mha1-d64": (1, 1, 64, 16, 0.0, 0, 4, [(0, 64)], 0),
     "one-tile-mha1-d128": (1, 1, 128, 16, 0.0, 0, 4, [(0, 64)], 0),
+    # many K/V tiles per CTA and many CTAs per head (the launch order of heavy_first, the unmasked tiles of
+    # lean_mask, long runs of ping-pong turns); a second sequence after a cached prefix
+    "long-causal-gqa16/4-d64": (16, 4, 64, 16, 0.0, 0, 4, [(0, 2048), (300, 700)], 0),
+    "long-causal-mha8/8-d128": (8, 8, 128, 16, 0.0, 0, 4, [(0, 1500), (1000, 600)], 0),
 }
 #: the wgmma kernel's config by variant and the case's flash warp count (None: the rule's default)
 WGMMA_CONFIGS = {"wgmma": {4: None, 8: WgmmaConfig(1, 64, 3)},
                  "wgmma-overlap": {4: WgmmaConfig(2, 128, 3, True), 8: WgmmaConfig(1, 64, 3, True)},
                  "wgmma-producer": {4: WgmmaConfig(2, 128, 2, producer=True), 8: WgmmaConfig(1, 64, 3, producer=True)},
                  "wgmma-producer-overlap": {4: WgmmaConfig(2, 128, 3, True, True),
-                                            8: WgmmaConfig(1, 64, 3, True, True)}}
+                                            8: WgmmaConfig(1, 64, 3, True, True)},
+                 # the opt-in knobs (prefill_wgmma_rule.WgmmaConfig), on the configs they would join; ping-pong last
+                 # (a broken turn protocol hangs the launch rather than trapping: run these under a timeout)
+                 "wgmma-heavy-first": {4: WgmmaConfig(2, 128, 3, producer=True, heavy_first=True),
+                                       8: WgmmaConfig(1, 64, 3, heavy_first=True)},
+                 "wgmma-lean-mask": {4: WgmmaConfig(2, 128, 3, producer=True, lean_mask=True),
+                                     8: WgmmaConfig(1, 64, 3, True, True, lean_mask=True)},
+                 "wgmma-pingpong": {4: WgmmaConfig(2, 128, 3, producer=True, pingpong=True),
+                                    8: WgmmaConfig(2, 64, 3, producer=True, pingpong=True)},
+                 "wgmma-pingpong-overlap": {4: WgmmaConfig(2, 128, 3, True, True, pingpong=True),
+                                            8: WgmmaConfig(2, 64, 3, True, True, lean_mask=True, pingpong=True)},
+                 "wgmma-all-knobs": {4: WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True,
+                                                    pingpong=True),
+                                     8: WgmmaConfig(2, 64, 3, producer=True, heavy_first=True, lean_mask=True,
+                                                    pingpong=True)}}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -62,6 +63,14 @@ def test_supported_and_declined():
     assert supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, overlap=True, producer=True))
     assert supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, overlap=True))
     assert not supported(bf16, bf16, 32, 5, 128, 16, h200)  # heads not a multiple of the KV heads
+    # ping-pong turns are between two consumer warpgroups beside a producer; the other knobs go anywhere
+    assert supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, producer=True, pingpong=True))
+    assert supported(bf16, bf16, 32, 8, 64, 16, h200, WgmmaConfig(2, 64, 3, True, True, pingpong=True))
+    assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, pingpong=True))
+    assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(1, 128, 3, producer=True, pingpong=True))
+    for knobs in ({"heavy_first": True}, {"lean_mask": True}):
+        assert supported(bf16, bf16, 32, 8, 64, 16, h200, WgmmaConfig(1, 64, 2, **knobs))
+        assert supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, True, True, **knobs))
     with pytest.raises(ValueError):
         wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, b200)
 
@@ -87,6 +96,46 @@ def test_spec_shares_the_flash_parameters():
                     WgmmaConfig(2, 128, 3, True), WgmmaConfig(2, 128, 3, True, True)):
             assert smem_bytes(d, cfg) <= MAX_SMEM
     assert smem_bytes(128, default_config(128)) == 1024 + 2 * 128 * (128 + 6 * 128) + 3 * 16
+
+
+def test_knobs_are_opt_in_and_tagged():
+    """heavy_first, lean_mask and pingpong are off by default (the default config's kernel and name unchanged), each
+    reaches the template as a value and tags the kernel name; none changes shared memory or the launch."""
+    for d in (64, 128):
+        cfg = default_config(d)
+        assert not (cfg.heavy_first or cfg.lean_mask or cfg.pingpong)
+    base = WgmmaConfig(2, 128, 3, producer=True)
+    plain = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=base)
+
+    def tag(spec) -> str:  # the entry without its hash of the values
+        return spec.entry.rsplit("_", 1)[0]
+
+    assert tag(plain).endswith("_wg2_n128_s3_ws")
+    values = dict(plain.values)
+    assert (values["HEAVY_FIRST"], values["LEAN_MASK"], values["PINGPONG"]) == (False, False, False)
+    for knob, suffix, key in (("heavy_first", "_hf", "HEAVY_FIRST"), ("lean_mask", "_lm", "LEAN_MASK"),
+                              ("pingpong", "_pp", "PINGPONG")):
+        spec = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=replace(base, **{knob: True}))
+        assert tag(spec) == tag(plain) + suffix and dict(spec.values)[key] is True
+        assert (spec.smem, spec.block, spec.grid) == (plain.smem, plain.block, plain.grid)
+    every = replace(base, overlap=True, heavy_first=True, lean_mask=True, pingpong=True)
+    assert tag(wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=every)).endswith("_s3_ov_ws_hf_lm_pp")
+
+
+def heavy_first_order(grid_x: int, kv: int) -> list[tuple[int, int]]:
+    """(token range b, KV head) of CTA after CTA in launch order (x fastest, then y) under HEAVY_FIRST, as the
+    kernel computes them from blockIdx (gridDim.y == KV)."""
+    return [(grid_x - 1 - lin // kv, lin % kv) for lin in (y * grid_x + x for y in range(kv) for x in range(grid_x))]
+
+
+@pytest.mark.parametrize("grid_x,kv", [(32, 32), (512, 8), (7, 3), (1, 1)])
+def test_heavy_first_covers_the_grid_longest_first(grid_x, kv):
+    """Every (token range, KV head) once, and the token ranges (causally: the later, the more K/V tiles) never
+    increase along the launch order: every head's last range first, the first ranges in the grid's last wave."""
+    order = heavy_first_order(grid_x, kv)
+    assert sorted(order) == [(b, h) for b in range(grid_x) for h in range(kv)]
+    ranges = [b for b, _ in order]
+    assert ranges == sorted(ranges, reverse=True)
 
 
 def test_selection_is_the_default(monkeypatch):
@@ -158,7 +207,19 @@ def sass_counts(sass: str) -> Counter:
     (32, 8, 64, 16, 0.0, 0, WgmmaConfig(1, 128, 3, producer=True)),
     (9, 3, 128, 16, 30.0, 700, WgmmaConfig(2, 64, 3, producer=True)),
     (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, True, True)),
-    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(1, 64, 3, True, True))])
+    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(1, 64, 3, True, True)),
+    # the opt-in knobs, alone and together, with and without overlap, softcap and window
+    (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, producer=True, heavy_first=True)),
+    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(1, 64, 2, lean_mask=True)),
+    (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, producer=True, lean_mask=True)),
+    (9, 3, 64, 16, 30.0, 700, WgmmaConfig(2, 64, 3, producer=True, lean_mask=True)),
+    (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, True, True, lean_mask=True)),
+    (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, producer=True, pingpong=True)),
+    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(2, 64, 3, producer=True, pingpong=True)),
+    (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, True, True, pingpong=True)),
+    (9, 3, 128, 16, 30.0, 700, WgmmaConfig(2, 64, 3, True, True, lean_mask=True, pingpong=True)),
+    (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True, pingpong=True)),
+    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(2, 64, 3, producer=True, heavy_first=True, lean_mask=True, pingpong=True))])
 def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
     spec = wgmma_spec(bf16, bf16, H, KV, D, bs, D ** -0.5, h200, softcap, window, cfg=cfg)
     cfg = cfg or default_config(D)
@@ -174,15 +235,30 @@ def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
     pv = f"HGMMA.64x{D}x16.F32.BF16"
     hgmma = {o: n for o, n in ops.items() if o.startswith("HGMMA")}
     # one instruction per 16 head_dim elements (S) and per 16 positions (O), unrolled once per tile; with overlap
-    # the last tile's O += P V is issued again after the loop
+    # the last tile's O += P V is issued again after the loop, with ping-pong (no overlap) the first tile's S before
     n_pv = cfg.block_n // 16 * (2 if cfg.overlap else 1)
+    n_qk = D // 16 * (2 if cfg.pingpong and not cfg.overlap else 1)
     if qk == pv:
-        assert hgmma == {qk: D // 16 + n_pv}, hgmma
+        assert hgmma == {qk: n_qk + n_pv}, hgmma
     else:
-        assert hgmma == {qk: D // 16, pv: n_pv}, hgmma
+        assert hgmma == {qk: n_qk, pv: n_pv}, hgmma
+    # the wgmmas pipelined, not serialized (ptxas's C7512 "serialized due to insufficient register resources" puts
+    # a wait after every one): one wait per group
+    assert ops["WARPGROUP.DEPBAR.LE"] <= 3, ops["WARPGROUP.DEPBAR.LE"]
     assert ".tnspB" in sass  # V is the MN-major (transposed) B operand
     assert "WARPGROUP.ARRIVE" in sass and "WARPGROUP.DEPBAR" in sass
     assert not any(o.startswith("HMMA") for o in ops)  # no mma.sync left
+    if not softcap:  # (tanhf has exp2s of its own)
+        # lean_mask: the softmax compiled twice (tiles with and without the mask), so twice the exp2s of a tile
+        # (BN / 2 and the 2 row corrections each), and the exponent's argument one FFMA per score
+        exps = ops["MUFU.EX2"]
+        assert exps >= cfg.block_n if cfg.lean_mask else exps < cfg.block_n, exps
+        assert (ops["FFMA"] >= cfg.block_n) == cfg.lean_mask, ops["FFMA"]
+    if cfg.pingpong:  # turns: named barriers of 256 threads, bar.sync for its own, bar.arrive for the other's
+        assert "bar.arrive" in built.ptx and "BAR.ARV" in sass
+        assert re.search(r"BAR\.SYNC\S* R\d+, 0x100", sass) and re.search(r"BAR\.ARV R\d+, 0x100", sass)
+    else:
+        assert "bar.arrive" not in built.ptx
     if cfg.producer:  # mbarriers, cp.async arriving on them; registers moved from the producer to the consumers
         assert "mbarrier.try_wait.parity" in built.ptx and "cp.async.mbarrier.arrive.noinc" in built.ptx
         assert ("setmaxnreg" in built.ptx) == (cfg.warpgroups == 2)
@@ -191,6 +267,71 @@ def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
             # hands out (128 threads each), else the consumers' setmaxnreg.inc waits forever
             regs = _registers(built.cubin)
             assert regs * spec.block[0] >= 128 * (40 + 2 * 232), f"{regs} registers a thread at entry"
+
+
+def pingpong_turns(subtiles: list[int], wg: int, overlap: bool) -> list[tuple[str, int]]:
+    """The named-barrier operations consumer ``wg`` runs under PINGPONG for a CTA whose sub-tiles have these many
+    K/V tiles, in prefill_wgmma.cu's order: ("sync", id) for bar.sync, ("arrive", id) for bar.arrive."""
+    own, other, ops = 3 + wg, 4 - wg, []
+    for j, ntiles in enumerate(subtiles):
+        if wg == 1 and j == 0:
+            ops.append(("arrive", 3))  # consumer 0's first turn
+        give_last = wg == 0 or j + 1 < len(subtiles)
+        if overlap:  # a turn per tile (S of it, O += P V of it - 1), then the last O += P V
+            for _ in range(ntiles):
+                ops += [("sync", own), ("arrive", other)]
+            ops += [("sync", own)] + ([("arrive", other)] if give_last else [])
+        else:  # S of the first tile, then a turn per tile (O += P V of it, S of the next)
+            ops += [("sync", own), ("arrive", other)]
+            for it in range(ntiles):
+                ops += [("sync", own)] + ([("arrive", other)] if it + 1 < ntiles or give_last else [])
+    return ops
+
+
+def run_named_barriers(programs: list[list[tuple[str, int]]]) -> tuple[list[str], dict[int, int]]:
+    """Run warpgroups' barrier operations as the hardware does with 256-thread barriers of two warpgroups (a phase
+    completes at two arrivals; bar.sync arrives, then waits for its phase): the order the turns were taken in
+    (a warpgroup's index per completed sync) and the arrivals left in unfinished phases. Raises on a deadlock and
+    on a warpgroup arriving twice in one phase (its 256 threads would complete the phase alone)."""
+    pc, waiting = [0] * len(programs), [None] * len(programs)  # waiting: (barrier, phase) a sync waits for
+    count, phase, members, turns = Counter(), Counter(), {}, []
+    while any(pc[w] < len(p) for w, p in enumerate(programs)):
+        moved = False
+        for w, prog in enumerate(programs):
+            if waiting[w] is not None:
+                bar, ph = waiting[w]
+                if phase[bar] > ph:
+                    waiting[w], moved = None, True
+                    turns.append(str(w))
+                continue
+            if pc[w] == len(prog):
+                continue
+            kind, bar = prog[pc[w]]
+            pc[w], moved = pc[w] + 1, True
+            assert w not in members.setdefault(bar, set()), f"warpgroup {w} arrived twice at barrier {bar}"
+            members[bar].add(w)
+            count[bar] += 1
+            if kind == "sync":
+                waiting[w] = (bar, phase[bar])
+            if count[bar] == 2:
+                count[bar], phase[bar], members[bar] = 0, phase[bar] + 1, set()
+        if not moved:
+            raise AssertionError(f"deadlock at {pc} (waiting {waiting})")
+    return turns, {b: n for b, n in count.items() if n}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_pingpong_turns_alternate_and_leave_no_barrier_half_arrived(overlap):
+    """The consumers' turns under PINGPONG (a model of the kernel's sequence of bar.sync / bar.arrive): for CTAs of
+    no, one and several sub-tiles of 1.. many tiles, every sync completes, turns alternate consumer 0, 1, 0, 1, ..
+    and no phase is left half-arrived when the CTA exits."""
+    r = rng()
+    shapes = [[], [1], [2], [5], [1, 1], [3, 1, 4]] + [list(r.integers(1, 9, r.integers(1, 6))) for _ in range(20)]
+    for subtiles in shapes:
+        turns, left = run_named_barriers([pingpong_turns(subtiles, wg, overlap) for wg in (0, 1)])
+        per_consumer = sum(n + 1 for n in subtiles)
+        assert turns == ["0", "1"] * per_consumer, (subtiles, turns)
+        assert left == {}, (subtiles, left)
 
 
 def _registers(cubin: bytes) -> int:

@@ -33,8 +33,14 @@
 // copies arriving on the stage's full mbarrier), warpgroups 1 .. WGS only compute (each waits on full, releases the
 // stage on its empty mbarrier after its O += P V, loads its own Q rows behind a named barrier); no CTA barrier in
 // the tile loop, so the consumer warpgroups drift apart. With two consumers, setmaxnreg moves registers from the
-// producer (40) to the consumers (232). With OVERLAP too (FlashAttention-3's full scheme but the ping-pong
-// scheduling barriers), a stage is released an iteration later, after the O += P V that reads its V.
+// producer (40) to the consumers (232). With OVERLAP too, a stage is released an iteration later, after the
+// O += P V that reads its V. Opt-in knobs (off: the code above, SASS unchanged): HEAVY_FIRST maps the launch order
+// to CTAs longest first over all KV heads (the grid's tail wave holds the short causal CTAs); LEAN_MASK compiles the
+// softmax with and without the mask and takes the unmasked one on tiles wholly inside every row's causal / window
+// range (a CTA-uniform branch), folding the scale into the exponent's FFMA; PINGPONG (PRODUCER, two consumers) is
+// FlashAttention-3's inter-warpgroup scheduling: named barriers 3 and 4 pass a turn between the consumers, a turn
+// being the issue of the MMAs that come between two of a consumer's softmaxes (O += P V of tile it and S of it + 1;
+// with OVERLAP, S of it and O += P V of it - 1), so one consumer's softmax runs under the other's MMAs.
 //
 // Shared memory: every operand tile is stored as 128-byte-swizzle panels: a panel holds 64 head_dim elements
 // (128 bytes) of each row, rows 128 bytes apart, the 16-byte chunk c of row r at chunk c ^ (r & 7) (wgmma's
@@ -61,6 +67,13 @@ constexpr int WINDOW = ${SLIDING_WINDOW}, QS = ${Q_STRIDE}, CH = D / 8;
 // (without a producer) the loads run AHEAD = STAGES - 2 tiles ahead instead of STAGES - 1
 constexpr bool OVERLAP = ${OVERLAP};
 constexpr int AHEAD = STAGES - 1 - (OVERLAP ? 1 : 0);
+// HEAVY_FIRST: the CTA order of the grid is longest (most K/V tiles) first over all KV heads, against the tail of
+// causal CTAs of unequal length (the last wave of the grid holds its shortest CTAs, not a head's longest)
+constexpr bool HEAVY_FIRST = ${HEAVY_FIRST};
+// LEAN_MASK: the mask only on tiles it can change and, without softcap, the scale folded into the exponent's FFMA
+constexpr bool LEAN_MASK = ${LEAN_MASK};
+// PINGPONG: the two consumer warpgroups issue their MMAs in turn (FlashAttention-3's scheduling barriers)
+constexpr bool PINGPONG = ${PINGPONG};
 constexpr unsigned TILE = BN * D * 2;  // one K or V tile
 constexpr float SCALE = ${SCALE}, SOFTCAP = ${SOFTCAP}, LOG2E = 1.4426950408889634f;
 static_assert(D == 64 || D == 128, "head_dim 64 or 128");
@@ -144,6 +157,56 @@ __device__ __forceinline__ void pw_softmax(float* sc, PwRows& rows, float* corr,
     }
     rows.l[hf] = rows.l[hf] * corr[hf] + sum;  // this lane's partial; the row's 4 lanes are summed at the end
     rows.m[hf] = mx;
+  }
+}
+// pw_softmax for LEAN_MASK: the mask compiled in only where MASK (a tile the causal diagonal, the window's start or
+// the context's end crosses: pw_masked), and without softcap S kept unscaled: its row max scaled once (C > 0, so
+// max(C s) = C max(s), the same running max as pw_softmax's) and exp2(C s - m) one FFMA per score
+template <bool MASK>
+__device__ __forceinline__ void pw_softmax_lean(float* sc, PwRows& rows, float* corr, int p0, int t4) {
+  const float NEG_INF = __int_as_float(0xff800000u);
+  constexpr float C = SOFTCAP > 0.0f ? 1.0f : SCALE * LOG2E;  // softcap: S is made log2-domain scores in place
+#pragma unroll
+  for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = sc[4 * i + e];
+      if (SOFTCAP > 0.0f) x = SOFTCAP * tanhf(x * (SCALE / (SOFTCAP > 0.0f ? SOFTCAP : 1.0f))) * LOG2E;
+      if (MASK) {
+        const int p = p0 + i * 8 + 2 * t4 + (e & 1), hf = e >> 1;
+        if (rows.qpos[hf] >= 0 && (p > rows.qpos[hf] || (WINDOW > 0 && p < rows.first[hf]))) x = NEG_INF;
+      }
+      sc[4 * i + e] = x;
+    }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * hf], sc[4 * i + 2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = fmaxf(rows.m[hf], mx * C);
+    const float mu = mx == NEG_INF ? 0.0f : mx;  // a row with nothing seen yet: exp2(-inf - 0) = 0
+    corr[hf] = att_exp2(rows.m[hf] - mu);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) {
+      sc[4 * i + 2 * hf] = att_exp2(fmaf(sc[4 * i + 2 * hf], C, -mu));
+      sc[4 * i + 2 * hf + 1] = att_exp2(fmaf(sc[4 * i + 2 * hf + 1], C, -mu));
+      sum += sc[4 * i + 2 * hf] + sc[4 * i + 2 * hf + 1];
+    }
+    rows.l[hf] = rows.l[hf] * corr[hf] + sum;
+    rows.m[hf] = mx;
+  }
+}
+// the softmax of a tile: pw_softmax, or with LEAN_MASK the variant compiled for whether the tile needs the mask (a
+// CTA-uniform branch)
+__device__ __forceinline__ void pw_softmax_tile(float* sc, PwRows& rows, float* corr, int p0, bool masked, int t4) {
+  if constexpr (LEAN_MASK) {
+    if (masked) pw_softmax_lean<true>(sc, rows, corr, p0, t4);
+    else pw_softmax_lean<false>(sc, rows, corr, p0, t4);
+  } else {
+    pw_softmax(sc, rows, corr, p0, masked, t4);
   }
 }
 __device__ __forceinline__ void pw_rescale(float* o, const float* corr) {
@@ -234,8 +297,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
   extern __shared__ __align__(1024) unsigned char pw_shared[];
   // SWIZZLE_128B needs 1024-aligned panels; the dynamic window's start is only promised 16 (the rule adds 1 KB)
   const unsigned sq = (att_smem(pw_shared) + 1023u) & ~1023u, sk0 = sq + ROWS * D * 2, sv0 = sk0 + STAGES * TILE;
-  const int kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, g8 = lane >> 2, t4 = lane & 3;
-  const int b = gridDim.x - 1 - blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, g8 = lane >> 2, t4 = lane & 3;
+  // token range b from the last: causally the longest rows first. HEAVY_FIRST: over the launch order (x fastest,
+  // then y; gridDim.y == KV), the KV heads vary fastest, so every head's longest range comes before any shorter one
+  const int lin = HEAVY_FIRST ? blockIdx.y * gridDim.x + blockIdx.x : 0;
+  const int kvh = HEAVY_FIRST ? lin % KV : blockIdx.y, b = gridDim.x - 1 - (HEAVY_FIRST ? lin / KV : blockIdx.x);
   const int tstart = b * TPT, tend = min(tstart + TPT, num_tokens);
   const int qsl0 = query_start_loc[0], qsl_end = query_start_loc[num_seqs];
 
@@ -294,7 +360,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
           pw_pv(o, pa, sv0 + (it > 0 ? prev : stage) * TILE);
           pw_wait<1>();
           pw_pin<BN / 2>(sc);
-          pw_softmax(sc, rows, corr, p0, masked, t4);
+          pw_softmax_tile(sc, rows, corr, p0, masked, t4);
           // the softmax before the wait: its row sums stored (to this thread's scratch word) ahead of it, since
           // ptxas sinks the exp2s past a wait_group that nothing orders them before
           pw_keep_before_wait(sv0 + STAGES * TILE + 4 * tid, rows.l[0] + rows.l[1]);
@@ -306,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
         } else {
           pw_wait<0>();
           pw_pin<BN / 2>(sc);
-          pw_softmax(sc, rows, corr, p0, masked, t4);
+          pw_softmax_tile(sc, rows, corr, p0, masked, t4);
           pw_rescale(o, corr);
           pw_pack_p(sc, pa);
           pw_pv(o, pa, sv0 + stage * TILE);
@@ -358,6 +424,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
       if (WGS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
       const int ct = tid - 128, warp = ct >> 5, wg = ct >> 7;  // consumer thread, warp, warpgroup
       const unsigned qa = sq + wg * 64 * 128, scratch = bars + 16 * STAGES + 4 * ct;
+      // PINGPONG: consumer w's turn is named barrier 3 + w (256 threads: its own bar.sync, the other's bar.arrive).
+      // A turn is sync(own) .. MMA issues .. arrive(other's): turns alternate 0, 1, 0, 1, .. and both consumers take
+      // the same number (the same tiles). Consumer 1 gives consumer 0 its first turn (before the CTA's first
+      // sub-tile) and gives none back after its own last turn (in the last sub-tile), so every phase of both barriers
+      // completes and none is left half-arrived at exit (a bar.sync after the loop instead makes ptxas serialize the
+      // wgmmas for want of registers)
+      const int turn = 3 + wg, other_turn = 4 - wg;
       int n = 0;
       for (int s = s_first; s < num_seqs; ++s) {
         const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
@@ -384,44 +457,83 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
         for (int i = 0; i < BN / 2; ++i) sc[i] = 0.0f;
 #pragma unroll
         for (int i = 0; i < BN / 4; ++i) pa[i / 4][i % 4] = 0u;
+        // PINGPONG: consumer 0's first turn (n == 0: the CTA's first sub-tile); whether this is the CTA's last
+        // sub-tile (no tokens of a later sequence in the range), whose last turn consumer 1 does not give back
+        if (PINGPONG && wg == 1 && n == 0) pw_bar_arrive<256>(3);
+        const bool give_last = wg == 0 || u.t0 + u.ntok < min(tend, qsl_end);
         int prev = 0;  // the stage of the tile before (OVERLAP: its V is read, and it is released, an iteration late)
-        for (int it = 0; it < u.ntiles; ++it, ++n) {
-          const int st = n % STAGES;
-          pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async's writes, then wgmma's reads
-          const int p0 = (u.kt0 + it) * BN;
-          const bool masked = p0 + BN - 1 > u.qpos_lo || (WINDOW > 0 && p0 < u.first_hi);
-          pw_qk(sc, qa, sk0 + st * TILE);
-          if (OVERLAP) {  // as in the plain pipeline: tile it - 1's O += P V (zeros at it = 0) under this softmax
-            pw_pv(o, pa, sv0 + (it > 0 ? prev : st) * TILE);
-            pw_wait<1>();
-            pw_pin<BN / 2>(sc);
-            pw_softmax(sc, rows, corr, p0, masked, t4);
-            pw_keep_before_wait(scratch, rows.l[0] + rows.l[1]);
-            pw_wait<0>();
-            pw_pin<D / 2>(o);
-            pw_pin<BN / 4>(&pa[0][0]);
-            if (it > 0) pw_mbar_arrive(bars + 8 * (STAGES + prev));
+        if constexpr (PINGPONG && !OVERLAP) {
+          // turns: S of the first tile; then per tile O += P V of it and S of the next (the MMAs between two of
+          // this consumer's softmaxes), so one consumer's softmax runs while the other's MMAs are on the tensor cores
+          pw_mbar_wait(bars + 8 * (n % STAGES), (n / STAGES) & 1);
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          pw_bar_sync<256>(turn);
+          pw_qk(sc, qa, sk0 + (n % STAGES) * TILE);
+          pw_bar_arrive<256>(other_turn);
+          pw_wait<0>();
+          pw_pin<BN / 2>(sc);
+          for (int it = 0; it < u.ntiles; ++it, ++n) {
+            const int st = n % STAGES, p0 = (u.kt0 + it) * BN;
+            const bool masked = p0 + BN - 1 > u.qpos_lo || (WINDOW > 0 && p0 < u.first_hi), more = it + 1 < u.ntiles;
+            pw_softmax_tile(sc, rows, corr, p0, masked, t4);
             pw_rescale(o, corr);
             pw_pack_p(sc, pa);
-          } else {
-            pw_wait<0>();
-            pw_pin<BN / 2>(sc);
-            pw_softmax(sc, rows, corr, p0, masked, t4);
-            pw_rescale(o, corr);
-            pw_pack_p(sc, pa);
+            if (more) {  // the next tile's K (and V) landed, before this consumer's turn is taken
+              pw_mbar_wait(bars + 8 * ((n + 1) % STAGES), ((n + 1) / STAGES) & 1);
+              asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            }
+            pw_bar_sync<256>(turn);
             pw_pv(o, pa, sv0 + st * TILE);
+            if (more) pw_qk(sc, qa, sk0 + ((n + 1) % STAGES) * TILE);
+            if (more || give_last) pw_bar_arrive<256>(other_turn);
             pw_wait<0>();
             pw_pin<D / 2>(o);
+            pw_pin<BN / 2>(sc);
             pw_mbar_arrive(bars + 8 * (STAGES + st));
           }
-          prev = st;
-        }
-        if (OVERLAP) {  // the last tile's O += P V, then its stage is free
-          pw_pv(o, pa, sv0 + prev * TILE);
-          pw_wait<0>();
-          pw_pin<D / 2>(o);
-          pw_mbar_arrive(bars + 8 * (STAGES + prev));
+        } else {
+          for (int it = 0; it < u.ntiles; ++it, ++n) {
+            const int st = n % STAGES;
+            pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async's writes, then wgmma's reads
+            const int p0 = (u.kt0 + it) * BN;
+            const bool masked = p0 + BN - 1 > u.qpos_lo || (WINDOW > 0 && p0 < u.first_hi);
+            if (PINGPONG) pw_bar_sync<256>(turn);  // OVERLAP: a turn issues S of tile it and O += P V of it - 1
+            pw_qk(sc, qa, sk0 + st * TILE);
+            if (OVERLAP) {  // as in the plain pipeline: tile it - 1's O += P V (zeros at it = 0) under this softmax
+              pw_pv(o, pa, sv0 + (it > 0 ? prev : st) * TILE);
+              if (PINGPONG) pw_bar_arrive<256>(other_turn);
+              pw_wait<1>();
+              pw_pin<BN / 2>(sc);
+              pw_softmax_tile(sc, rows, corr, p0, masked, t4);
+              pw_keep_before_wait(scratch, rows.l[0] + rows.l[1]);
+              pw_wait<0>();
+              pw_pin<D / 2>(o);
+              pw_pin<BN / 4>(&pa[0][0]);
+              if (it > 0) pw_mbar_arrive(bars + 8 * (STAGES + prev));
+              pw_rescale(o, corr);
+              pw_pack_p(sc, pa);
+            } else {
+              pw_wait<0>();
+              pw_pin<BN / 2>(sc);
+              pw_softmax_tile(sc, rows, corr, p0, masked, t4);
+              pw_rescale(o, corr);
+              pw_pack_p(sc, pa);
+              pw_pv(o, pa, sv0 + st * TILE);
+              pw_wait<0>();
+              pw_pin<D / 2>(o);
+              pw_mbar_arrive(bars + 8 * (STAGES + st));
+            }
+            prev = st;
+          }
+          if (OVERLAP) {  // the last tile's O += P V, then its stage is free
+            if (PINGPONG) pw_bar_sync<256>(turn);
+            pw_pv(o, pa, sv0 + prev * TILE);
+            if (PINGPONG && give_last) pw_bar_arrive<256>(other_turn);
+            pw_wait<0>();
+            pw_pin<D / 2>(o);
+            pw_mbar_arrive(bars + 8 * (STAGES + prev));
+          }
         }
         pw_store(out, o, rows, u, kvh, warp, g8, t4);
       }

@@ -49,6 +49,15 @@ class WgmmaConfig:
     #: warp specialization: one more warpgroup that only loads K/V, full/empty mbarriers per stage instead of a CTA
     #: barrier per tile (the consumer warpgroups drift apart: one's softmax under the other's MMAs)
     producer: bool = False
+    #: the CTAs with the most K/V tiles first: KV heads vary fastest over the launch order and token ranges run
+    #: from the last (the longest causal rows) to the first, so the grid's last wave holds its shortest CTAs
+    heavy_first: bool = False
+    #: the causal / window / context mask only on the tiles it can change (the rest skip its compares and selects)
+    #: and, without softcap, the scale folded into the exponent (one FFMA per score instead of FMUL + FADD)
+    lean_mask: bool = False
+    #: FlashAttention-3's inter-warpgroup ping-pong (with a producer and two consumers): named barriers let the
+    #: consumers issue their MMAs in turn, so one's softmax runs under the other's O += P V and next S = Q K^T
+    pingpong: bool = False
 
     @property
     def rows(self) -> int:
@@ -88,6 +97,8 @@ def supported(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: in
         return False
     if cfg.overlap and cfg.stages < 3:
         return False
+    if cfg.pingpong and not (cfg.producer and cfg.warpgroups == 2):
+        return False
     return num_heads // num_kv_heads <= cfg.rows and smem_bytes(head_dim, cfg) <= MAX_SMEM
 
 
@@ -107,14 +118,19 @@ def wgmma_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: i
     group = num_heads // num_kv_heads
     values = {"HEAD_DIM": head_dim, "KV_HEADS": num_kv_heads, "GROUP": group, "BLOCK_SIZE": block_size,
               "WGS": cfg.warpgroups, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages, "OVERLAP": cfg.overlap,
-              "PRODUCER": cfg.producer, "Q_STRIDE": num_heads * head_dim, "SCALE": float(scale),
+              "PRODUCER": cfg.producer, "HEAVY_FIRST": cfg.heavy_first, "LEAN_MASK": cfg.lean_mask,
+              "PINGPONG": cfg.pingpong, "Q_STRIDE": num_heads * head_dim, "SCALE": float(scale),
               "SOFTCAP": float(softcap), "SLIDING_WINDOW": int(sliding_window)}
     tag = (f"{dtype.value}_{num_heads}x{num_kv_heads}x{head_dim}_b{block_size}_wg{cfg.warpgroups}_n{cfg.block_n}"
-           f"_s{cfg.stages}{'_ov' if cfg.overlap else ''}{'_ws' if cfg.producer else ''}")
+           f"_s{cfg.stages}{'_ov' if cfg.overlap else ''}{'_ws' if cfg.producer else ''}"
+           f"{'_hf' if cfg.heavy_first else ''}{'_lm' if cfg.lean_mask else ''}{'_pp' if cfg.pingpong else ''}")
     tpt = tokens_per_cta(num_heads, num_kv_heads, cfg)
     return KernelSpec.make("attention", "prefill_wgmma.cu", f"paged_attention_prefill_wgmma_{tag}",
                            target.arch or "", values, ATTEND_PARAMS, cfg.threads,
                            [GridDim("num_tokens", tpt), GridDim(const=num_kv_heads)], smem_bytes(head_dim, cfg),
                            doc=f"wgmma prefill attention, {cfg.rows} rows ({tpt} tokens) x {cfg.block_n} positions, "
                                f"{cfg.stages} stages{', softmax overlapping O += P V' if cfg.overlap else ''}"
-                               f"{', a producer warpgroup' if cfg.producer else ''}")
+                               f"{', a producer warpgroup' if cfg.producer else ''}"
+                               f"{', heaviest CTAs first' if cfg.heavy_first else ''}"
+                               f"{', masks only boundary tiles' if cfg.lean_mask else ''}"
+                               f"{', ping-pong consumers' if cfg.pingpong else ''}")

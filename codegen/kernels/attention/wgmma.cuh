@@ -115,6 +115,14 @@ template <int N> __device__ __forceinline__ void pw_rs(float* d, const unsigned*
   if constexpr (N == 64) pw_rs_n64(d, a, db, 1);
   else pw_rs_n128(d, a, db, 1);
 }
+// named barrier `id` (1 .. 15; 0 is __syncthreads) of `threads` threads: wait for all of them, or only count this
+// warp's arrival (prefill_wgmma.cu's PINGPONG turns: a consumer waits for its turn, gives the other theirs)
+template <int THREADS> __device__ __forceinline__ void pw_bar_sync(int id) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(THREADS) : "memory");
+}
+template <int THREADS> __device__ __forceinline__ void pw_bar_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(THREADS) : "memory");
+}
 // mbarriers (prefill_wgmma.cu's PRODUCER pipeline: full[stage] completes when the producer's cp.asyncs into it have
 // landed, empty[stage] when every consumer thread is done with it)
 __device__ __forceinline__ void pw_mbar_init(unsigned bar, unsigned count) {
