@@ -50,26 +50,19 @@ DEFAULT_WGMMA_CONFIGS = ("default", "2x128x2", "2x128x3", "2x64x3", "1x128x2", "
                          "2x128x3wshf", "2x64x3wshf", "2x128x3wslm", "2x64x3wslm", "2x128x3wspp", "2x64x3wspp",
                          "2x128x3ovwspp", "2x64x3ovwspp", "2x128x3ovwslmpp", "2x128x3wshflm", "2x64x3wshflm",
                          "2x128x3wshflmpp", "2x64x3wshflmpp", "2x128x3ovwshflmpp", "2x64x3ovwshflmpp")
-#: a config name's flags and the WgmmaConfig fields they set
-WGMMA_FLAGS = {"ov": "overlap", "ws": "producer", "hf": "heavy_first", "lm": "lean_mask", "pp": "pingpong"}
-
-
 def parse_wgmma_config(name: str, head_dim: int):
-    """``WxNxS`` then any of ``WGMMA_FLAGS`` (``2x128x3ovwspp``), or ``default`` (the rule's config)."""
-    from ingot.codegen.kernels.attention.prefill_wgmma_rule import WgmmaConfig, default_config
+    """``WxNxS`` then any of the rule's flags (``2x128x3ovwspp``, ``prefill_wgmma_rule.parse_config``), or
+    ``default`` (the rule's config, ``INGOT_PREFILL_WGMMA_CONFIG`` included)."""
+    from ingot.codegen.kernels.attention.prefill_wgmma_rule import default_config, parse_config
 
-    if name == "default":
-        return default_config(head_dim)
-    rest, flags = name, {}
-    while rest[-2:] in WGMMA_FLAGS:
-        rest, flags = rest[:-2], {**flags, WGMMA_FLAGS[rest[-2:]]: True}
-    return WgmmaConfig(*(int(x) for x in rest.split("x")), **flags)
+    return default_config(head_dim) if name == "default" else parse_config(name)
 
 
 def wgmma_label(cfg) -> str:
-    """The bench label of a config: ``wgmma_WxNxS`` and its flags in ``WGMMA_FLAGS``'s order."""
-    flags = "".join(f for f, field in WGMMA_FLAGS.items() if getattr(cfg, field))
-    return f"wgmma_{cfg.warpgroups}x{cfg.block_n}x{cfg.stages}{flags}"
+    """The bench label of a config: ``wgmma_WxNxS`` and its flags in the rule's order."""
+    from ingot.codegen.kernels.attention.prefill_wgmma_rule import config_name
+
+    return f"wgmma_{config_name(cfg)}"
 
 
 def ingot_kernels(shape: str, block_size: int, wgmma_configs: list[str]) -> list[tuple[str, object]]:

@@ -460,3 +460,23 @@ def test_layout_model_reproduces_a_tile(D, BN, WGS):
             np.testing.assert_array_equal(b, v[16 * kk:16 * kk + 16])
             o += p[:, 16 * kk:16 * kk + 16] @ bits_f32(b)
         np.testing.assert_allclose(o, s @ vf, rtol=1e-4, atol=1e-3)
+
+
+def test_config_names_and_the_environment_override(monkeypatch):
+    from ingot.codegen.kernels.attention.prefill_wgmma_rule import CONFIG_ENV, config_name, parse_config
+
+    cfg = parse_config("2x128x3ovwspp")
+    assert cfg == WgmmaConfig(2, 128, 3, overlap=True, producer=True, pingpong=True)
+    assert config_name(cfg) == "2x128x3ovwspp" and parse_config("2x64x3lmwshf") == parse_config("2x64x3wshflm")
+    for bad in ("2x128", "2x128x3zz", "fast"):
+        with pytest.raises(ValueError, match="WxNxS"):
+            parse_config(bad)
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    plain = default_config(64), default_config(128)
+    monkeypatch.setenv(CONFIG_ENV, "2x64x2ws")
+    assert default_config(64) == default_config(128) == WgmmaConfig(2, 64, 2, producer=True)
+    monkeypatch.setenv(CONFIG_ENV, "128:2x128x3wspp")
+    assert (default_config(64), default_config(128)) == (plain[0], WgmmaConfig(2, 128, 3, producer=True, pingpong=True))
+    monkeypatch.setenv(CONFIG_ENV, "64:2x64x3wshf, 128:1x128x2")
+    assert (default_config(64), default_config(128)) == (WgmmaConfig(2, 64, 3, producer=True, heavy_first=True),
+                                                         WgmmaConfig(1, 128, 2))

@@ -20,6 +20,7 @@ holds, unless ``INGOT_PREFILL_ATTENTION=flash`` (``prefill_rule.prefill_kernel``
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ....ir.types import DType
@@ -68,10 +69,42 @@ class WgmmaConfig:
         return 128 * (self.warpgroups + self.producer)
 
 
+#: overrides ``default_config`` at compile time: a config name (``parse_config``) for every head_dim, or
+#: ``HEAD_DIM:NAME`` items separated by commas (``64:2x64x3wshf,128:2x128x3wspp``)
+CONFIG_ENV = "INGOT_PREFILL_WGMMA_CONFIG"
+#: a config name's flags (two letters each, after ``WxNxS``) and the WgmmaConfig fields they set
+CONFIG_FLAGS = {"ov": "overlap", "ws": "producer", "hf": "heavy_first", "lm": "lean_mask", "pp": "pingpong"}
+
+
+def parse_config(name: str) -> WgmmaConfig:
+    """``WxNxS`` (consumer warpgroups x K/V positions per tile x stages) then any of ``CONFIG_FLAGS`` in any order,
+    e.g. ``2x128x3ovwspp``."""
+    rest, flags = name.strip(), {}
+    while rest[-2:] in CONFIG_FLAGS:
+        rest, flags = rest[:-2], {**flags, CONFIG_FLAGS[rest[-2:]]: True}
+    parts = rest.split("x")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"wgmma config {name!r}: expected WxNxS plus flags {'/'.join(CONFIG_FLAGS)}, "
+                         f"e.g. 2x128x3wspp")
+    return WgmmaConfig(*(int(p) for p in parts), **flags)
+
+
+def config_name(cfg: WgmmaConfig) -> str:
+    """``parse_config``'s inverse (flags in ``CONFIG_FLAGS``' order)."""
+    flags = "".join(f for f, field in CONFIG_FLAGS.items() if getattr(cfg, field))
+    return f"{cfg.warpgroups}x{cfg.block_n}x{cfg.stages}{flags}"
+
+
 def default_config(head_dim: int) -> WgmmaConfig:
     """The fastest config measured on the H200 (``bench/bench_prefill_attention.py``, docs/PERF.md "The wgmma
     kernel"): a producer warpgroup and two consumers, three stages; 128-position K/V tiles at head_dim 128 (225 KB
-    of shared memory; 336 TFLOP/s on 4k causal MHA), 64 at head_dim 64 (245 TFLOP/s on 8 x 2048 causal GQA 32/8)."""
+    of shared memory; 336 TFLOP/s on 4k causal MHA), 64 at head_dim 64 (245 TFLOP/s on 8 x 2048 causal GQA 32/8).
+    ``INGOT_PREFILL_WGMMA_CONFIG`` (``CONFIG_ENV``) overrides it."""
+    env = os.environ.get(CONFIG_ENV, "").strip()
+    for item in filter(None, (i.strip() for i in env.split(","))):
+        dim, sep, name = item.rpartition(":")
+        if not sep or int(dim) == head_dim:
+            return parse_config(name)
     return WgmmaConfig(2, 128 if head_dim == 128 else 64, 3, producer=True)
 
 
