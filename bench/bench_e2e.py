@@ -285,10 +285,13 @@ def engine_decode(engine: Any, batch: int, context: int, warmup: int, steps: int
                   probe_steps: int = 0) -> dict[str, Any]:
     """``batch`` requests of ``context`` random tokens: prefill, ``warmup`` decode steps, ``steps`` timed steps,
     then ``probe_steps`` steps under a ``StepProbe`` (the per-step breakdown). With ``engine.decode_steps`` = K > 1
-    each engine step makes K tokens per request (the requests' ``max_tokens`` leave room for all of them)."""
+    each engine step makes K tokens per request (the requests' ``max_tokens`` leave room for all of them), and the
+    step counts are divided by K (rounded up), so every K decodes about as many tokens over the same context
+    lengths: K = 8 over 64 steps' contexts, not 512."""
     from bench.bench_tp import decode_rate
 
     k = getattr(engine, "decode_steps", 1)
+    warmup, steps, probe_steps = (-(-n // k) for n in (warmup, steps, probe_steps))
 
     def probe() -> dict[str, Any]:
         step_s: list[float] = []

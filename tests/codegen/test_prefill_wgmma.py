@@ -83,9 +83,10 @@ def test_spec_shares_the_flash_parameters():
     assert tokens_per_cta(32, 8, cfg) == 32 and tokens_per_cta(32, 32, cfg) == 128 and tokens_per_cta(9, 3, cfg) == 42
     assert spec.grid == (GridDim("num_tokens", 32), GridDim(const=8), GridDim())
     assert spec.grid_dims({"num_tokens": 4096, "num_seqs": 1, "max_blocks": 256}) == (128, 8, 1)
-    # the default: a producer warpgroup beside the two consumers, three stages of 64-position tiles at head_dim 64
-    assert cfg == WgmmaConfig(2, 64, 3, producer=True) and default_config(128) == WgmmaConfig(2, 128, 3, producer=True)
-    assert spec.block == (384, 1, 1) and spec.smem == smem_bytes(64, cfg) == 1024 + 2 * 64 * (128 + 6 * 64) + 3 * 16
+    # the default at both head dims (2x128x3wshflm): a producer warpgroup beside the two consumers, three stages of
+    # 128-position tiles, the heaviest CTAs first, the mask only where it cuts
+    assert cfg == default_config(128) == WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True)
+    assert spec.block == (384, 1, 1) and spec.smem == smem_bytes(64, cfg) == 1024 + 2 * 64 * (128 + 6 * 128) + 3 * 16
     one = wgmma_spec(bf16, bf16, 8, 8, 128, 32, 0.088, h200, cfg=WgmmaConfig(1, 64, 3))
     assert one.block == (128, 1, 1) and one.smem == 1024 + 2 * 128 * (64 + 6 * 64)
     ws = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=WgmmaConfig(2, 128, 2, producer=True))
@@ -99,11 +100,12 @@ def test_spec_shares_the_flash_parameters():
 
 
 def test_knobs_are_opt_in_and_tagged():
-    """heavy_first, lean_mask and pingpong are off by default (the default config's kernel and name unchanged), each
-    reaches the template as a value and tags the kernel name; none changes shared memory or the launch."""
+    """heavy_first, lean_mask and pingpong are off in a plain WgmmaConfig (default_config turns the first two on,
+    as measured), each reaches the template as a value and tags the kernel name; none changes shared memory or the
+    launch."""
+    assert not (WgmmaConfig().heavy_first or WgmmaConfig().lean_mask or WgmmaConfig().pingpong)
     for d in (64, 128):
-        cfg = default_config(d)
-        assert not (cfg.heavy_first or cfg.lean_mask or cfg.pingpong)
+        assert not default_config(d).pingpong
     base = WgmmaConfig(2, 128, 3, producer=True)
     plain = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=base)
 

@@ -97,15 +97,16 @@ def config_name(cfg: WgmmaConfig) -> str:
 
 def default_config(head_dim: int) -> WgmmaConfig:
     """The fastest config measured on the H200 (``bench/bench_prefill_attention.py``, docs/PERF.md "The wgmma
-    kernel"): a producer warpgroup and two consumers, three stages; 128-position K/V tiles at head_dim 128 (225 KB
-    of shared memory; 336 TFLOP/s on 4k causal MHA), 64 at head_dim 64 (245 TFLOP/s on 8 x 2048 causal GQA 32/8).
+    kernel"), ``2x128x3wshflm`` at both head dims: a producer warpgroup and two consumers, three stages of
+    128-position K/V tiles, the heaviest CTAs first and the mask only on the tiles that cross it (410 TFLOP/s on 4k
+    causal MHA d 128, 290 on 8 x 2048 causal GQA 32/8 d 64; ping-pong and overlap measured slower on top of it).
     ``INGOT_PREFILL_WGMMA_CONFIG`` (``CONFIG_ENV``) overrides it."""
     env = os.environ.get(CONFIG_ENV, "").strip()
     for item in filter(None, (i.strip() for i in env.split(","))):
         dim, sep, name = item.rpartition(":")
         if not sep or int(dim) == head_dim:
             return parse_config(name)
-    return WgmmaConfig(2, 128 if head_dim == 128 else 64, 3, producer=True)
+    return WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True)
 
 
 def smem_bytes(head_dim: int, cfg: WgmmaConfig) -> int:
