@@ -4,17 +4,27 @@ At batch 1 a decode step's small launches (a few microseconds each, on the criti
 work. Two of them per layer only prepare the next ``linear``'s input, so the GEMV variant of that linear
 (``codegen/kernels/gemv``) computes it itself while staging x (a *prologue*, ``rule.Prologue``):
 
-- ``rms_norm -> linear``: the variant reads the norm's input and weight, sums each token's squares in the norm
-  kernel's own order and stages the normalized x, rounded to bf16 as the norm kernel rounds it;
+- ``rms_norm -> linear``: the variant reads the norm's input and weight, stages ``x * weight`` and sums ``x^2``
+  over its K slice; its epilogue scales each token's f32 sums by ``1 / rms`` (the slices' sums of squares added
+  through the split-K workspace), so no CTA reads a whole row before it stages x;
 - packed ``swiglu -> linear`` (``bind_args``: one gate_up buffer): the variant reads gate_up and stages
-  silu(gate) * up, rounded as the activation kernel rounds it.
+  silu(gate) * up (``ex2.approx`` / ``rcp.approx``).
 
-The staged x is bit-identical to the skipped kernel's output, so a step's results do not change. Runs in
-``lower_for_target`` after the variants are planned and autotuned (a fused variant takes the tuned plain variant's
-configuration). **Off by default** (``INGOT_DECODE_FUSION=1`` turns it on): measured on the H200 (docs/PERF.md,
-"End to end", third run) it does not pay yet: at batch 1 on the 1B shape the fused GEMVs take about as much longer
-(gate_up +4.5 us, down +4.6 us, qkv +3.3 us: every CTA sums its tokens' whole rows before staging) as the skipped
-launches took (843.7 tok/s fused vs 850.3 unfused, GPU 1.080 vs 1.075 ms per step).
+A step's results change within rounding: not bit-identical to the skipped kernel followed by the plain variant
+(the norm factor multiplies the f32 sums instead of being rounded into the bf16 x; the sigmoid's approximate
+instructions), and within the GEMV's tolerance of the numpy reference (``tests/codegen/test_decode_fusion_gpu.py``).
+Runs in ``lower_for_target`` after the variants are planned and autotuned (a fused variant takes the tuned plain
+variant's configuration). **Off by default** (``INGOT_DECODE_FUSION=1`` turns it on): measured on the H200
+(docs/PERF.md, "End to end", third run) the first version did not pay: at batch 1 on the 1B shape the fused GEMVs
+took about as much longer (gate_up +4.5 us, down +4.6 us, qkv +3.3 us) as the skipped launches took (843.7 tok/s
+fused vs 850.3 unfused). Its SASS shows why the rms_norm variants were slow: after the grid-dependency wait one warp
+summed each token's whole row (two dependent rounds of loads, a block reduction, an IEEE 1 / sqrt) before the CTA
+staged x, and the staging loop used each 16-byte load before issuing the next (up to 2 round trips at one token, 16
+at eight), every round trip behind the CTA's weight loads; and in every variant, plain ones included, ptxas had
+hoisted the wait above the first weight stage, so no weights loaded during the previous kernel's tail. The kernel
+now stages with cp.async (one round trip, no registers held), reads only its slice, and loads its first weight stage
+before the wait (``rule.gemv_spec``'s ``weights_first``). ``bench/bench_decode_fusion.py`` times each fused variant
+against the producer + plain variant it replaces. Not yet run on a GPU.
 
 A pair is fused when:
 
@@ -23,7 +33,8 @@ A pair is fused when:
   the ``linear``, as its x;
 - the linear's launch has plain bf16 GEMV variants (``rule.is_plain``) whose K is the producer's width;
 - both launches count the same rows (the producer's ``rows`` / ``num_tokens`` argument and the linear's ``M``
-  are the same dim expression: every step selects the same way for both, CUDA-graph buckets included).
+  are the same dim expression: every step selects the same way for both, CUDA-graph buckets included);
+- the fused variants fit the target's shared memory (the swiglu prologue stages up's slice beside x's).
 
 The variants up to ``MAX_ROWS[op]`` rows get the prologue; the producer's launch is skipped for steps of at most
 the largest of those (``DecodeFusion.skips``). A fused variant has its own arguments (``x`` is the producer's
@@ -45,9 +56,8 @@ from .target import Target
 
 #: set to 1 to lower with decode fusion (unset or 0: the kernel table is as before it existed)
 ENV = "INGOT_DECODE_FUSION"
-#: op -> the largest GEMV bucket fused. rms_norm: every CTA reads its tokens' whole rows of x for the sums of
-#: squares (8 tokens of a 2048-wide row: 32 KB from L2 per CTA, beside its share of the weights), worth a launch
-#: only for few tokens; swiglu reads just the CTA's K slice (twice x's bytes) and an expf per element.
+#: op -> the largest GEMV bucket fused: each CTA of a row block recomputes its slice's x (a product and a square,
+#: or an ex2 and a rcp, per element; swiglu reads twice x's bytes), worth a launch only for few tokens.
 MAX_ROWS = {"rms_norm": 8, "swiglu": 8}
 
 Launch = tuple[int, Node, KernelSpec | None, dict[str, Any]]
@@ -78,7 +88,7 @@ def _prologue(node: Node, spec: KernelSpec, args: Mapping[str, Any]) -> tuple[ge
     if node.op.name == "rms_norm" and spec.family == "norm":
         if v.get("KIND") != 0 or v.get("RESIDUAL") or v.get("BIAS") or v.get("DT") != "bf16" or v.get("WT") != "bf16":
             return None
-        pro = gemv.Prologue("rms_norm", eps=float(v["EPS"]), block=int(v["BLOCK"]), per_thread=int(v["PER_THREAD"]))
+        pro = gemv.Prologue("rms_norm", eps=float(v["EPS"]))
         return pro, "rows", args["x"]["buffer"]
     if node.op.name == "swiglu" and spec.family == "activation" and getattr(node.op, "packed", False):
         width = int(v["WIDTH"])
@@ -129,12 +139,16 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_plans: Mapping[int, S
         own = {**cargs, "x": {"buffer": x_buffer}}
         if prologue.kind == "rms_norm":
             own["norm_weight"] = args["weight"]
+        try:  # the swiglu prologue stages up beside x: a slice too wide for shared memory keeps the pair unfused
+            made = {mr: gemv.fused_spec(s, prologue, target) for mr, s in fused}
+        except ValueError:
+            continue
         variants: list[tuple[int, KernelSpec, dict[str, Any] | None]] = []
         for mr, s in planned:
-            if mr > fused[-1][0]:
+            if mr not in made:
                 variants.append((mr, s, None))
                 continue
-            f = gemv.fused_spec(s, prologue, target)
+            f = made[mr]
             if {p.name for p in f.params} != set(own):  # the binding and the kernel must agree, as in plan_launches
                 raise ValueError(f"decode fusion: {f.entry} takes {sorted(p.name for p in f.params)}, "
                                  f"bound {sorted(own)}")

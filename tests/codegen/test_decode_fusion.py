@@ -1,7 +1,9 @@
 """Decode fusion (``codegen/decode_fusion.py``) without a GPU: which launches pair up in a Llama layer and what the
 kernel table says about them, the memory plan keeping the skipped launches' inputs alive, the fused GEMV compiled
-for sm_90a and sm_100a (tensor cores, no spills, PDL order), and numpy emulations of the prologues: the rms_norm
-prologue's sum of squares in the fused kernel's lane order is bit-identical to the norm kernel's block order."""
+for sm_90a and sm_100a (tensor cores, cp.async staging, no spills; in the SASS the first weight stage loads before
+the grid-dependency wait, x and the residual after it), and numpy models of the prologues' index arithmetic (every
+column of the slice staged once; the 9-shuffle sums of squares) and arithmetic (the norm factor applied to the f32
+sums, the slices' sums of squares added; the swiglu through ex2 / rcp) against the numpy reference ops."""
 
 from __future__ import annotations
 
@@ -16,11 +18,19 @@ import pytest
 import ingot
 from ingot.codegen import decode_fusion
 from ingot.codegen.kernel import PDL_MARKER
-from ingot.codegen.kernels.gemv.rule import BUCKETS, PROLOGUES, Prologue, fused_spec, gemv_spec, is_plain, spec_config
-from ingot.codegen.kernels.norm.rule import norm_spec
+from ingot.codegen.kernels.gemv.rule import (
+    BUCKETS,
+    PROLOGUES,
+    GemvConfig,
+    Prologue,
+    fused_spec,
+    gemv_config,
+    gemv_spec,
+    is_plain,
+    spec_config,
+)
 from ingot.codegen.lower import default_bindings, gemv_variant_plans, plan_launches, to_device_dtypes
 from ingot.codegen.memory_plan import plan_memory
-from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes
 from ingot.codegen.target import get_target
 from ingot.ir.ops.attention import SwiGLU
 from ingot.ir.ops.core import Cast
@@ -30,10 +40,13 @@ from ingot.passes import PassContext, run_passes
 from tests.codegen.common import (  # noqa: F401 (autouse fixture)
     assert_no_local_memory,
     compiled,
+    disassembled,
     module_kernel_cache,
     needs_compiler,
+    sass_opcodes,
 )
 from tests.codegen.test_fuse_split_lower import _graph
+from tests.codegen.test_prefill_wgmma import _registers
 from tests.helpers import rng
 
 H200 = get_target("h200")
@@ -86,10 +99,10 @@ def test_a_llama_layer_fuses_both_norms_the_swiglu_and_the_final_norm(tmp_path):
         assert {p.name for p in fused.params} == set(own)
         assert {k: v for k, v in own.items() if k not in ("x", "norm_weight")} == \
             {k: v for k, v in cargs.items() if k != "x"}
+        assert fused.value("WEIGHTS_FIRST") and not plain.value("WEIGHTS_FIRST")
         if node.op.name == "rms_norm":
             assert own["x"] == args["x"] and own["norm_weight"] == args["weight"]
-            assert (fused.value("NORM_BLOCK"), fused.value("NORM_P"), fused.value("EPS")) == (
-                spec.value("BLOCK"), spec.value("PER_THREAD"), spec.value("EPS"))
+            assert fused.value("EPS") == spec.value("EPS")
         else:
             assert own["x"] == args["a"] == {"buffer": "layers.0.gate_up"} and "norm_weight" not in own
             assert fused.value("ALPHA") == spec.value("ALPHA")
@@ -175,148 +188,228 @@ def test_kernel_table_of_the_tiny_llama(tmp_path, monkeypatch):
 # -- the fused kernels -----------------------------------------------------------------------------------------------
 
 
-def _fused(n: int, k: int, mb: int, kind: str, target: str, residual: bool = False):
+def _fused(n: int, k: int, mb: int, kind: str, target: str, residual: bool = False, weights_first: bool | None = None):
     tgt = get_target(target)
-    if kind == "rms_norm":
-        ns = norm_spec("rms", DType.bf16, DType.bf16, k, 1e-5, tgt)
-        pro = Prologue("rms_norm", eps=1e-5, block=ns.value("BLOCK"), per_thread=ns.value("PER_THREAD"))
-    else:
-        pro = Prologue("swiglu", alpha=1.0)
-    return fused_spec(gemv_spec(n, k, mb, tgt, residual=residual), pro, tgt)
+    pro = Prologue("rms_norm", eps=1e-5) if kind == "rms_norm" else Prologue("swiglu", alpha=1.0)
+    return fused_spec(gemv_spec(n, k, mb, tgt, residual=residual), pro, tgt, weights_first=weights_first)
+
+
+#: SASS: the streaming weight loads (.nc), the first stage's coherent ones (weights first), x's loads after the wait
+#: (coherent; .nc in plain variants), the cp.async copies, the grid-dependency wait, the residual's loads
+W_NC, W_FIRST, X_LOAD, X_NC, CP_ASYNC, WAIT = ("LDG.E.NA.LTC256B.128.CONSTANT", "LDG.E.NA.LTC256B.128",
+                                               "LDG.E.128", "LDG.E.128.CONSTANT", "LDGSTS.E.BYPASS.128", "ACQBULK")
+
+
+def sass_sequence(sass: str) -> list[str]:
+    """The opcodes (with modifiers) of a disassembly in program order, predicates dropped."""
+    out = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_.]*)", line)
+        if m:
+            out.append(m.group(1))
+    return out
+
+
+def check_pdl_order(seq: list[str], first_stage: int, reads_after: tuple[str, ...]) -> None:
+    """The first weight stage's loads (coherent; at least ``first_stage`` of them: predicated ones past K may stay)
+    all come before the one wait; everything in ``reads_after`` (x, the norm weight, gate_up, the residual) after
+    it."""
+    assert seq.count(WAIT) == 1, seq.count(WAIT)
+    wait = seq.index(WAIT)
+    assert seq[:wait].count(W_FIRST) >= first_stage and W_FIRST not in seq[wait:], seq[: wait + 1]
+    assert not any(o in reads_after or o == X_NC for o in seq[:wait]), seq[: wait + 1]
+    for o in reads_after:
+        assert o in seq[wait:], (o, "missing after the wait")
 
 
 @needs_compiler
 @pytest.mark.parametrize("target", ["h200", "b200"])
 @pytest.mark.parametrize("n,k,mb,kind", [
-    (3072, 2048, 8, "rms_norm"),   # Llama-3.2-1B qkv: norm block 256 (one pass)
-    (2048, 8192, 8, "swiglu"),     # its down projection
-    (576, 576, 8, "rms_norm"),     # SmolLM2: norm block 96, 6 per thread
-    (1024, 8192, 16, "rms_norm"),  # norm block 1024: four passes of 256 norm threads
-    (128256, 4096, 8, "rms_norm"),  # a Llama-3-8B lm_head
+    (3072, 2048, 8, "rms_norm"),    # Llama-3.2-1B qkv: split-K 8 x 256, one chunk a slice
+    (16384, 2048, 8, "rms_norm"),   # its gate_up: no split-K, 8 chunks a slice (two a warp)
+    (2048, 8192, 8, "swiglu"),      # its down projection (+ residual)
+    (128256, 2048, 8, "rms_norm"),  # its lm_head
+    (576, 576, 8, "rms_norm"),      # SmolLM2: K not a multiple of the 256-column chunk
+    (1024, 8192, 16, "rms_norm"),   # a 16-token bucket: two groups of 8 tokens
+    (1000, 4128, 8, "swiglu"),      # K past the last slice's end
 ])
 def test_fused_gemv_compiles_without_spills(target, n, k, mb, kind):
     spec = _fused(n, k, mb, kind, target, residual=kind == "swiglu")
-    built = compiled(spec)
-    if find_cuobjdump() is None:
-        pytest.skip("no cuobjdump for the SASS check")
-    ops = opcodes(disassemble(built.cubin))
+    ops = sass_opcodes(spec, "sm_90a" if target == "h200" else "sm_100a")
     assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops), sorted(ops)
-    assert any(o.startswith("LDG") and ".128" in o for o in ops), sorted(ops)
+    assert W_FIRST in ops and CP_ASYNC in ops, sorted(ops)  # (one stage only, 256 columns: no W_NC)
+    assert ("MUFU.EX2" in ops) == (kind == "swiglu") and ("SHFL.BFLY" in ops) == (kind == "rms_norm")
     assert_no_local_memory(ops, "the fused GEMV")
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["h200", "b200"])
+@pytest.mark.parametrize("kind", ["rms_norm", "swiglu"])
+def test_fused_gemv_loads_its_first_weight_stage_before_the_wait(target, kind):
+    """In the SASS, not only the source: the first stage's 16 weight loads (8 steps x rows g, g + 8) are issued before
+    the grid-dependency wait, everything the previous kernel wrote (x by cp.async, the norm weight, the residual)
+    after it. With ``weights_first=False`` ptxas puts the wait first, as in the plain variants."""
+    arch = "sm_90a" if target == "h200" else "sm_100a"
+    spec = _fused(3072, 2048, 8, kind, target, residual=True)
+    assert (spec.value("U"), spec.value("MT")) == (8, 1)
+    reads = (CP_ASYNC, "LDG.E.U16") + ((X_LOAD,) if kind == "rms_norm" else ())
+    check_pdl_order(sass_sequence(disassembled(compiled(spec), arch)), 16, reads)
+    late = sass_sequence(disassembled(compiled(_fused(3072, 2048, 8, kind, target, True, weights_first=False)), arch))
+    assert late.index(WAIT) < late.index(W_NC) and W_FIRST not in late
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["h200", "b200"])
+def test_fused_gemv_registers_keep_four_ctas_a_sm(target):
+    """cp.async stages x without holding registers across the copies: the 1B shapes' fused variants take at most 128
+    registers a thread, 4 CTAs of 128 threads a SM (plain: about 96, 5; the first version's register staging: ~158)."""
+    for n, k, kind, residual in ((3072, 2048, "rms_norm", False), (2048, 8192, "swiglu", True),
+                                 (16384, 2048, "rms_norm", False), (128256, 2048, "rms_norm", False)):
+        assert _registers(compiled(_fused(n, k, 8, kind, target, residual)).cubin) <= 128, (n, k, kind)
 
 
 @pytest.mark.parametrize("kind", ["rms_norm", "swiglu"])
 def test_fused_gemv_reads_its_inputs_after_the_wait(kind):
-    """The first weight stage loads before the grid-dependency wait; x (the skipped launch's input, written by the
-    kernel before it) and the norm weight only after."""
+    """In the source: the first weight stage loads before the grid-dependency wait; x (the skipped launch's input,
+    written by the kernel before it) and the norm weight only after."""
     src = _fused(3072, 2048, 8, kind, "h200").source()
     body = src[src.index('extern "C" __global__'):]
     assert body.count(PDL_MARKER) == 1
     wait = body.index(PDL_MARKER)
-    assert body.index("gemv_ld_stream(") < wait
-    reads = [m.start() for m in re.finditer(r"gemv_ld_x\((x|norm_weight)", body)]
+    assert body.index("gemv_ld_before_wait(") < wait
+    reads = [m.start() for m in re.finditer(r"gemv_(ld_after_wait|cp16)\(", body)]
     assert reads and min(reads) > wait
 
 
-def test_prologue_values_are_checked():
+def test_prologue_specs():
     with pytest.raises(ValueError, match="prologue"):
         Prologue("gelu")
-    with pytest.raises(ValueError, match="norm block"):
-        gemv_spec(512, 2048, 8, H200, prologue=Prologue("rms_norm", block=128, per_thread=8))
     with pytest.raises(ValueError, match="not a plain"):
         fused_spec(_fused(512, 2048, 8, "swiglu", "h200"), Prologue("swiglu"), H200)
+    plain = gemv_spec(2048, 8192, 8, H200, residual=True)
+    swiglu, rms = _fused(2048, 8192, 8, "swiglu", "h200", True), _fused(2048, 8192, 8, "rms_norm", "h200", True)
+    assert swiglu.smem == 2 * plain.smem and rms.smem == plain.smem  # swiglu stages up beside x
+    assert [p.name for p in rms.params] == [p.name for p in plain.params] + ["norm_weight"]
+    assert spec_config(swiglu) == spec_config(plain) and not plain.value("WEIGHTS_FIRST")
+    assert gemv_spec(2048, 8192, 8, H200, weights_first=True).value("WEIGHTS_FIRST")
+    # a slice whose gate and up do not fit shared memory together: no fused variant (decode fusion keeps the pair)
+    wide = gemv_spec(128, 8192, 8, H200, config=GemvConfig(4, 1, 1, 8, 8192))
+    assert wide.smem <= 227 * 1024
+    with pytest.raises(ValueError, match="shared memory"):
+        fused_spec(wide, Prologue("swiglu"), H200)
 
 
-# -- numpy emulations of the prologues ------------------------------------------------------------------------------
+# -- numpy models of the prologues ----------------------------------------------------------------------------------
 
 
-def _butterfly(v: np.ndarray) -> np.ndarray:
-    """common.cuh warp_sum over the last axis (32 lanes): v += shfl_xor(v, o) for o = 16, 8, 4, 2, 1, in f32."""
+def staged_columns(ks: int, warps: int) -> list[int]:
+    """The slice columns gemv/kernel.cu's prologue stages, lane by lane: warp w, chunk j, lane l takes the 8 columns
+    from 8 ((w + j warps) 32 + l) while they are inside the slice."""
+    chunks = -(-(ks // 8) // 32)
+    chw = -(-chunks // warps)
+    return [c for w in range(warps) for j in range(chw) for lane in range(32)
+            if (c := 8 * ((w + j * warps) * 32 + lane)) < ks]
+
+
+@pytest.mark.parametrize("n,k,mb", [(3072, 2048, 8), (16384, 2048, 8), (2048, 8192, 8), (128256, 2048, 8),
+                                    (576, 576, 8), (1000, 4128, 8), (200, 96, 64), (1024, 8192, 16)])
+def test_every_slice_column_is_staged_once(n, k, mb):
+    c = gemv_config(n, k, mb, 132)
+    cols = staged_columns(c.slice_k, c.warps)
+    assert sorted(cols) == list(range(0, c.slice_k, 8))
+
+
+def transposed_warp_sums(ss: np.ndarray) -> np.ndarray:
+    """The rms_norm prologue's reduction, lane by lane: ``ss[lane, token]`` (32 x 8, f32) -> each lane's result
+    (lane L holds token (L >> 2) & 7's sum over the warp)."""
     lanes = np.arange(32)
-    for o in (16, 8, 4, 2, 1):
-        v = (v + v[..., lanes ^ o]).astype(np.float32)
-    return v
+    v = ss.astype(np.float32).copy()
+    n = 4
+    for o in (16, 8, 4):
+        upper = (lanes & o) != 0
+        keep = np.where(upper[:, None], v[:, n:2 * n], v[:, :n])
+        give = np.where(upper[:, None], v[:, :n], v[:, n:2 * n])
+        v = (keep + give[lanes ^ o]).astype(np.float32)
+        n //= 2
+    r = v[:, 0]
+    for o in (2, 1):
+        r = (r + r[lanes ^ o]).astype(np.float32)
+    return r
 
 
-def norm_kernel_sumsq(x: np.ndarray, block: int, per_thread: int) -> np.float32:
-    """norm/kernel.cu: thread j adds x[j + i block]^2 (i = 0, 1, ...; zero past the row), then block_sum: a
-    butterfly per warp, the warps' sums (zeros past the last warp) through one more. a * a of a bf16 value is exact
-    in f32, so the FFMA the compiler makes of ``s += a * a`` rounds as this add does."""
-    h = len(x)
-    s = np.zeros(block, np.float32)
-    for i in range(per_thread):
-        idx = np.arange(block) + i * block
-        a = np.where(idx < h, x[np.minimum(idx, h - 1)], np.float32(0)).astype(np.float32)
-        s = (s + a * a).astype(np.float32)
-    partial = _butterfly(s.reshape(block // 32, 32))[:, 0]
-    v = np.zeros(32, np.float32)
-    v[: len(partial)] = partial
-    return _butterfly(v)[0]
-
-
-def fused_sumsq(x: np.ndarray, block: int, per_thread: int) -> np.float32:
-    """gemv/kernel.cu's rms_norm prologue, lane by lane: lane L holds norm threads 256 p + 8 L + e of pass p as s[L, e];
-    xor 16 / 8 are the shuffles with lanes L ^ 2 / L ^ 1, xor 4, 2, 1 mix e within the lane; lane l then takes norm
-    warp l's sum from lane 4 (l % 8) of pass l // 8, and one butterfly adds them."""
-    h, lanes, es = len(x), np.arange(32), np.arange(8)
-    npass = -(-block // 256)
-    parts = np.zeros((npass, 32), np.float32)
-    for p in range(npass):
-        s = np.zeros((32, 8), np.float32)
-        for lane in range(32):
-            j0 = 256 * p + 8 * lane
-            if j0 >= block:
-                continue
-            for i in range(per_thread):
-                col = j0 + i * block
-                if col < h:
-                    a = x[col : col + 8]
-                    s[lane] = (s[lane] + a * a).astype(np.float32)
-        s = (s + s[lanes ^ 2]).astype(np.float32)
-        s = (s + s[lanes ^ 1]).astype(np.float32)
-        for o in (4, 2, 1):
-            s = (s + s[:, es ^ o]).astype(np.float32)
-        parts[p] = s[:, 0]
-    v = np.array([parts[lane // 8, 4 * (lane % 8)] if lane < block // 32 else 0.0 for lane in range(32)], np.float32)
-    return _butterfly(v)[0]
-
-
-def _normalized(x: np.ndarray, w: np.ndarray, sumsq: np.float32, eps: float) -> np.ndarray:
-    """The norm kernel's (and the prologue's) y = x * inv * w with inv = 1 / sqrtf(s / H + eps), rounded to bf16."""
-    inv = np.float32(1) / np.sqrt(np.float32(sumsq / np.float32(len(x)) + np.float32(eps)))
-    return ((x * inv).astype(np.float32) * w).astype(np.float32).astype(BF16)
-
-
-@pytest.mark.parametrize("hidden", [64, 576, 960, 2048, 3072, 4096, 8192])
-def test_rms_prologue_sums_as_the_norm_kernel(hidden):
-    spec = norm_spec("rms", DType.bf16, DType.bf16, hidden, 1e-5, H200)
-    block, per_thread = spec.value("BLOCK"), spec.value("PER_THREAD")
+def test_the_nine_shuffle_reduction_sums_each_token():
     r = rng()
-    w = (1 + 0.1 * r.standard_normal(hidden)).astype(BF16)
-    for scale in (1.0, 37.0, 1e-3):
-        x = (scale * r.standard_normal((3, hidden))).astype(BF16)
-        for row in x:
-            xf = row.astype(np.float32)
-            ref = norm_kernel_sumsq(xf, block, per_thread)
-            got = fused_sumsq(xf, block, per_thread)
-            assert got.tobytes() == ref.tobytes(), (hidden, scale, got, ref)
-            assert abs(float(got) - float(np.sum(xf.astype(np.float64) ** 2))) <= 1e-5 * float(got)
-        y = np.stack([_normalized(row.astype(np.float32), w.astype(np.float32),
-                                  fused_sumsq(row.astype(np.float32), block, per_thread), 1e-5) for row in x])
-        want = RmsNorm(eps=1e-5).ref(x, w)  # the numpy reference op: within bf16 rounding of it
-        np.testing.assert_allclose(y.astype(np.float32), want.astype(np.float32), rtol=1e-2, atol=1e-2 * scale)
+    ss = (r.standard_normal((32, 8)) ** 2 * r.uniform(0.01, 100)).astype(np.float32)
+    got = transposed_warp_sums(ss)
+    want = ss.astype(np.float64).sum(axis=0)
+    for lane in range(32):
+        t = (lane >> 2) & 7
+        assert abs(float(got[lane]) - want[t]) <= 1e-6 * want[t], (lane, t)
 
 
-def test_swiglu_prologue_stages_gate_times_up():
-    """The staged x of a CTA's K slice: silu(gate_up[:, kb + c]) * gate_up[:, K + kb + c], as the activation kernel
-    computes it (f32, rounded to bf16), against the packed swiglu reference op."""
+def f32(a) -> np.ndarray:
+    return np.asarray(a, np.float32)
+
+
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    return f32(a).astype(BF16).astype(np.float32)
+
+
+def fused_rms_linear(x: np.ndarray, g: np.ndarray, w: np.ndarray, eps: float, slice_k: int,
+                     residual: np.ndarray | None = None) -> np.ndarray:
+    """What the fused GEMV computes: bf16(x * g) staged, f32 products, each slice's sum of x^2 added in slice order,
+    the accumulators times rsqrt(sum / K + eps), (+ residual), rounded to bf16."""
+    k = x.shape[-1]
+    xf, gf = x.astype(np.float32), g.astype(np.float32)
+    staged = bf16_round(xf * gf)
+    acc = staged.astype(np.float64) @ w.astype(np.float64).T
+    ss = np.zeros(x.shape[0], np.float32)
+    for kb in range(0, k, slice_k):
+        ss = f32(ss + f32(np.sum(xf[:, kb:kb + slice_k] ** 2, axis=1)))
+    inv = f32(1 / np.sqrt(f32(ss * f32(1 / k) + f32(eps))))
+    y = acc * inv[:, None]
+    if residual is not None:
+        y = y + residual.astype(np.float64)
+    return y.astype(np.float32).astype(BF16)
+
+
+def fused_swiglu_staged(gate_up: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+    """The swiglu prologue's staged x: a * b / (1 + 2^(-alpha log2(e) a)) in f32, rounded to bf16 (the kernel's
+    ex2.approx / rcp.approx are within a few f32 ulps of this)."""
+    k = gate_up.shape[-1] // 2
+    a, b = gate_up[:, :k].astype(np.float32), gate_up[:, k:].astype(np.float32)
+    with np.errstate(over="ignore"):
+        e = f32(np.exp2(f32(np.float32(-alpha * 1.4426950408889634) * a)))
+    return (a * f32(1 / f32(1 + e)) * b).astype(BF16)
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    return float(np.abs(g - w).max() / np.abs(w).max())
+
+
+@pytest.mark.parametrize("n,k,mb", [(3072, 2048, 8), (16384, 2048, 8), (576, 576, 8), (1024, 8192, 16)])
+def test_rms_prologue_model_matches_the_reference(n, k, mb):
+    """The model of the fused kernel's arithmetic (norm factor on the f32 sums, slices' sums of squares) against
+    rms_norm's and linear's numpy references at the kernel's own split-K slices, within the GEMV tests' tolerance."""
     r = rng()
-    k, ks = 1536, 256
-    gate_up = (2 * r.standard_normal((5, 2 * k))).astype(BF16)
-    staged = np.zeros((5, k), BF16)
-    for kb in range(0, k, ks):
-        g = gate_up[:, kb : kb + ks].astype(np.float32)
-        u = gate_up[:, k + kb : k + kb + ks].astype(np.float32)
-        staged[:, kb : kb + ks] = ((g / (np.float32(1) + np.exp(-g))).astype(np.float32) * u).astype(BF16)
+    cfg = gemv_config(n, k, mb, 132)
+    g = (1 + 0.2 * r.standard_normal(k)).astype(BF16)
+    w = (0.05 * r.standard_normal((n, k))).astype(BF16)
+    for m, scale in ((1, 1.0), (mb, 37.0), (3, 1e-3)):
+        x = (scale * r.standard_normal((m, k))).astype(BF16)
+        res = r.standard_normal((m, n)).astype(BF16)
+        normed = RmsNorm(eps=1e-5).ref(x, g)
+        want = normed.astype(np.float64) @ w.astype(np.float64).T + res.astype(np.float64)
+        got = fused_rms_linear(x, g, w, 1e-5, cfg.slice_k, res)
+        assert relative_error(got, want) < 1e-2, (m, scale)
+
+
+def test_swiglu_prologue_model_matches_the_reference():
+    r = rng()
+    gate_up = (3 * r.standard_normal((5, 2 * 1536))).astype(BF16)
+    gate_up[0, :4] = [-200, 200, 0, -0.0]  # 2^+inf: silu 0; 2^-inf: silu a
+    staged = fused_swiglu_staged(gate_up)
     want = SwiGLU(packed=True).ref(gate_up)
+    assert np.isfinite(staged.astype(np.float32)).all()
     np.testing.assert_allclose(staged.astype(np.float32), want.astype(np.float32), rtol=1e-2, atol=1e-3)

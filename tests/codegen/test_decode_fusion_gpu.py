@@ -1,8 +1,11 @@
-"""The fused decode GEMVs (``codegen/decode_fusion.py``) on the GPU (``-m gpu``; skipped without one): bit-identical
-to the launches they replace, the norm / activation kernel followed by the plain GEMV variant. Norm widths cover one
-to four passes of the prologue (norm blocks of 96 to 1024 threads, rows that end inside a pass), every token count
-at a bucket's edge, the residual epilogue, each fused launch done twice (split-K counters). The norm kernel's output
-also matches the numpy emulation of ``test_decode_fusion.py`` bit for bit."""
+"""The fused decode GEMVs (``codegen/decode_fusion.py``) on the GPU (``-m gpu``; skipped without one): against the
+numpy references of the ops they replace (``rms_norm`` or packed ``swiglu``, then ``linear``) with the GEMV tests'
+tolerance (the largest output's relative error below 1e-2), and against the launches they replace (the norm /
+activation kernel followed by the plain variant) within the same tolerance; they are not bit-identical to them (the
+norm factor multiplies the f32 sums, the sigmoid goes through ex2.approx / rcp.approx). Llama-3.2-1B's shapes (qkv,
+gate_up, lm_head; down with its residual) and awkward ones (norm widths of 576 to 8192, K past the last slice, N off
+the tiles), token counts at the buckets' edges (M = 1, 3, 8; 9, 16), the first weight stage before and after the
+grid-dependency wait, each fused launch done twice (split-K counters and the sums-of-squares workspace reused)."""
 
 from __future__ import annotations
 
@@ -14,70 +17,100 @@ from ingot.codegen.kernels.activation.rule import gated_spec
 from ingot.codegen.kernels.gemv.rule import Prologue, fused_spec, gemv_spec
 from ingot.codegen.kernels.norm.rule import norm_spec
 from ingot.codegen.target import get_target
+from ingot.ir.ops.attention import SwiGLU
+from ingot.ir.ops.norm import RmsNorm
 from ingot.ir.types import DType
-from tests.codegen.test_decode_fusion import _normalized, fused_sumsq
 from tests.helpers import rng
 
 pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
 EPS = 1e-5
+#: the GEMV tests' bound on the largest output's relative error (tests/codegen/test_gemv_gpu.py)
+TOL = 1e-2
 
 
 def _target(gpu):
     return get_target("h200" if gpu.arch == "sm_90a" else "b200")
 
 
-def _gemv(gpu, spec, x, w, res, m, **extra):
+def _gemv(gpu, spec, x, w, res, m, **extra) -> np.ndarray:
     out = gpu.alloc((m, spec.value("N")), BF16)  # poisoned: NaN where nothing is written
     gpu.launch(spec, x=x, weight=w, weight_scale=None, bias=None, residual=res, out=out, M=m, **extra)
-    return gpu.download(out)
+    got = gpu.download(out)
+    assert np.isfinite(got.astype(np.float32)).all(), f"{spec.entry} M={m}: unwritten or non-finite outputs"
+    return got
 
 
-@pytest.mark.parametrize("n,k", [(3072, 2048), (576, 576), (1000, 960), (1024, 4096), (512, 8192)])
-@pytest.mark.parametrize("mb,ms", [(8, (1, 3, 8)), (16, (9, 16))])
-def test_rms_norm_prologue_is_bit_identical(gpu, n, k, mb, ms):
+def _err(got: np.ndarray, want: np.ndarray) -> float:
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    return float(np.abs(g - w).max() / np.abs(w).max())
+
+
+#: (N, K, buckets): the 1B model's qkv, gate_up and lm_head, SmolLM2's 576 (norm block of 96), K off the 256-column
+#: chunk, split-K with a 16-token bucket, a 8192-wide norm
+RMS_SHAPES = [(3072, 2048, (8, 16)), (16384, 2048, (8,)), (128256, 2048, (8,)), (576, 576, (8, 16)),
+              (1000, 960, (8,)), (1024, 4096, (16,)), (512, 8192, (8,))]
+SWIGLU_SHAPES = [(2048, 8192, (8, 16)), (576, 1536, (8,)), (1000, 4128, (8, 16))]
+TOKENS = {8: (1, 3, 8), 16: (9, 16)}
+
+
+def _cases(shapes):
+    return [(n, k, mb) for n, k, mbs in shapes for mb in mbs]
+
+
+@pytest.mark.parametrize("weights_first", [True, False], ids=["weights-first", "wait-first"])
+@pytest.mark.parametrize("n,k,mb", _cases(RMS_SHAPES))
+def test_rms_norm_prologue_matches_numpy(gpu, n, k, mb, weights_first):
     r = rng()
     tgt = _target(gpu)
     norm = norm_spec("rms", DType.bf16, DType.bf16, k, EPS, tgt)
-    plain = gemv_spec(n, k, mb, tgt, residual=True)
-    fused = fused_spec(plain, Prologue("rms_norm", EPS, norm.value("BLOCK"), norm.value("PER_THREAD")), tgt)
-    w = gpu.upload((0.05 * r.standard_normal((n, k))).astype(BF16))
-    nw_host = (1 + 0.2 * r.standard_normal(k)).astype(BF16)
-    nw = gpu.upload(nw_host)
-    for m in ms:
+    residual = n != 128256  # the lm_head has none
+    plain = gemv_spec(n, k, mb, tgt, residual=residual)
+    fused = fused_spec(plain, Prologue("rms_norm", EPS), tgt, weights_first=weights_first)
+    w_host = (0.05 * r.standard_normal((n, k), np.float32)).astype(BF16)
+    w = gpu.upload(w_host)
+    g_host = (1 + 0.2 * r.standard_normal(k)).astype(BF16)
+    g = gpu.upload(g_host)
+    for m in TOKENS[mb]:
         x_host = (r.uniform(0.01, 40.0) * r.standard_normal((m, k))).astype(BF16)
-        x, res = gpu.upload(x_host), gpu.upload(r.standard_normal((m, n)).astype(BF16))
+        res_host = r.standard_normal((m, n)).astype(BF16) if residual else None
+        want = RmsNorm(eps=EPS).ref(x_host, g_host).astype(np.float64) @ w_host.astype(np.float64).T
+        if residual:
+            want = want + res_host.astype(np.float64)
+        x = gpu.upload(x_host)
+        res = gpu.upload(res_host) if residual else None
         normed = gpu.alloc((m, k), BF16)
-        gpu.launch(norm, x=x, weight=nw, bias=None, residual=None, residual_out=None, out=normed, rows=m)
-        emulated = np.stack([_normalized(row.astype(np.float32), nw_host.astype(np.float32),
-                                         fused_sumsq(row.astype(np.float32), norm.value("BLOCK"),
-                                                     norm.value("PER_THREAD")), EPS) for row in x_host])
-        assert gpu.download(normed).tobytes() == emulated.tobytes(), f"K={k} M={m}: norm kernel vs its emulation"
-        want = _gemv(gpu, plain, normed, w, res, m)
-        assert np.isfinite(want.astype(np.float32)).all()
+        gpu.launch(norm, x=x, weight=g, bias=None, residual=None, residual_out=None, out=normed, rows=m)
+        unfused = _gemv(gpu, plain, normed, w, res, m)
+        assert _err(unfused, want) < TOL, f"{n}x{k} M={m}: the unfused launches vs numpy"
         for attempt in range(2):
-            got = _gemv(gpu, fused, x, w, res, m, norm_weight=nw)
-            diff = np.flatnonzero(got.view(np.uint16) != want.view(np.uint16))
-            assert diff.size == 0, f"{n}x{k} MB={mb} M={m} launch {attempt}: {diff.size} outputs differ"
+            got = _gemv(gpu, fused, x, w, res, m, norm_weight=g)
+            assert _err(got, want) < TOL, f"{n}x{k} MB={mb} M={m} launch {attempt}: {_err(got, want):.2e} vs numpy"
+            assert _err(got, unfused) < TOL, f"{n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"
 
 
-@pytest.mark.parametrize("n,k", [(2048, 8192), (576, 1536), (1000, 4128)])
-@pytest.mark.parametrize("mb,ms", [(8, (1, 5, 8)), (16, (16,))])
-def test_swiglu_prologue_is_bit_identical(gpu, n, k, mb, ms):
+@pytest.mark.parametrize("weights_first", [True, False], ids=["weights-first", "wait-first"])
+@pytest.mark.parametrize("n,k,mb", _cases(SWIGLU_SHAPES))
+def test_swiglu_prologue_matches_numpy(gpu, n, k, mb, weights_first):
     r = rng()
     tgt = _target(gpu)
     act = gated_spec("swiglu", DType.bf16, k, tgt, alpha=1.0, a_stride=2 * k, b_stride=2 * k, b_offset=k)
     plain = gemv_spec(n, k, mb, tgt, residual=True)
-    fused = fused_spec(plain, Prologue("swiglu", alpha=1.0), tgt)
-    w = gpu.upload((0.05 * r.standard_normal((n, k))).astype(BF16))
-    for m in ms:
-        gate_up = gpu.upload((3 * r.standard_normal((m, 2 * k))).astype(BF16))
-        res = gpu.upload(r.standard_normal((m, n)).astype(BF16))
+    fused = fused_spec(plain, Prologue("swiglu", alpha=1.0), tgt, weights_first=weights_first)
+    w_host = (0.05 * r.standard_normal((n, k), np.float32)).astype(BF16)
+    w = gpu.upload(w_host)
+    for m in TOKENS[mb]:
+        gate_up_host = (3 * r.standard_normal((m, 2 * k))).astype(BF16)
+        gate_up_host[0, 0] = -100  # 2^(144) overflows to inf: silu 0
+        res_host = r.standard_normal((m, n)).astype(BF16)
+        want = (SwiGLU(packed=True).ref(gate_up_host).astype(np.float64) @ w_host.astype(np.float64).T
+                + res_host.astype(np.float64))
+        gate_up, res = gpu.upload(gate_up_host), gpu.upload(res_host)
         a = gpu.alloc((m, k), BF16)
         gpu.launch(act, a=gate_up, b=gate_up, out=a, num_tokens=m)
-        want = _gemv(gpu, plain, a, w, res, m)
-        assert np.isfinite(want.astype(np.float32)).all()
+        unfused = _gemv(gpu, plain, a, w, res, m)
+        assert _err(unfused, want) < TOL, f"{n}x{k} M={m}: the unfused launches vs numpy"
         for attempt in range(2):
             got = _gemv(gpu, fused, gate_up, w, res, m)
-            diff = np.flatnonzero(got.view(np.uint16) != want.view(np.uint16))
-            assert diff.size == 0, f"{n}x{k} MB={mb} M={m} launch {attempt}: {diff.size} outputs differ"
+            assert _err(got, want) < TOL, f"{n}x{k} MB={mb} M={m} launch {attempt}: {_err(got, want):.2e} vs numpy"
+            assert _err(got, unfused) < TOL, f"{n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"

@@ -13,11 +13,14 @@ from ingot.ir.ops.llm import Linear
 from ingot.ir.types import DType, TensorType
 from tests.codegen.common import (  # noqa: F401 (autouse fixture)
     assert_no_local_memory,
+    compiled,
+    disassembled,
     module_kernel_cache,
     needs_compiler,
     needs_cuobjdump,
     sass_opcodes,
 )
+from tests.codegen.test_decode_fusion import W_FIRST, W_NC, WAIT, X_LOAD, X_NC, check_pdl_order, sass_sequence
 
 #: the Llama-3.2-1B layer shapes of bench/bench_gemv.py, and awkward ones (N, K not multiples of the tiles)
 SHAPES = [(3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (576, 576), (200, 96), (1000, 4128)]
@@ -75,3 +78,23 @@ def test_compiles_with_tensor_cores_and_wide_loads(target, n, k, mb):
     assert any(o.startswith("LDG.E") and o.endswith(".128") or ".128." in o for o in ops if o.startswith("LDG")), \
         sorted(ops)
     assert_no_local_memory(ops, "the GEMV")
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["h200", "b200"])
+@pytest.mark.parametrize("n,k,mb", [(16384, 2048, 8), (2048, 8192, 32), (200, 96, 64)])
+def test_where_the_weights_load_against_the_pdl_wait(target, n, k, mb):
+    """The SASS of a plain variant waits for the previous grid (ACQBULK) before its first weight load (ptxas moves
+    the .nc loads past the wait: what docs/PERF.md measured); with ``weights_first`` the first stage's U x MT x 2
+    loads (fewer where K is shorter than a stage) come before the wait, x's and the residual's after it (coherent
+    loads: ptxas keeps them on their side). Not yet timed on a GPU (bench/bench_decode_fusion.py)."""
+    tgt = get_target(target)
+    plain = gemv_spec(n, k, mb, tgt, residual=True)
+    seq = sass_sequence(disassembled(compiled(plain), tgt.arch))
+    assert seq.index(WAIT) < seq.index(W_NC) and seq.index(WAIT) < seq.index(X_NC) and W_FIRST not in seq
+    first = gemv_spec(n, k, mb, tgt, residual=True, weights_first=True)
+    stage = min(first.value("U"), k // 32) * first.value("MT") * 2  # steps past K are never loaded
+    seq = sass_sequence(disassembled(compiled(first), tgt.arch))
+    check_pdl_order(seq, stage, (X_LOAD, "LDG.E.U16"))
+    ops = set(seq)
+    assert_no_local_memory(ops, "the GEMV with its weights first")

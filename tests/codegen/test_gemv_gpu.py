@@ -2,7 +2,8 @@
 
 Fresh random inputs, shapes with N and K off the tile sizes, every token count of a bucket's edge
 (M = 1 .. MB), bias and residual epilogues, outputs poisoned before each launch, each launch done
-twice (the split-K counters must be reset by the first for the second to be right)."""
+twice (the split-K counters must be reset by the first for the second to be right); the first weight stage loaded
+after the grid-dependency wait (as the lowering makes plain variants) and before it (``weights_first``)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ BF16 = ml_dtypes.bfloat16
     (1000, 4128, 16, (5, 16)), (16384, 2048, 8, (1,)), (576, 576, 8, (2,)),
 ])
 @pytest.mark.parametrize("epilogue", ["plain", "bias+residual"])
-def test_gemv_matches_numpy(gpu, n, k, mb, ms, epilogue):
+@pytest.mark.parametrize("weights_first", [False, True], ids=["wait-first", "weights-first"])
+def test_gemv_matches_numpy(gpu, n, k, mb, ms, epilogue, weights_first):
     r = rng()
     tgt = get_target("h200" if gpu.arch == "sm_90a" else "b200")
     has = epilogue != "plain"
-    spec = gemv_spec(n, k, mb, tgt, bias=has, residual=has)
+    spec = gemv_spec(n, k, mb, tgt, bias=has, residual=has, weights_first=weights_first)
     w = r.standard_normal((n, k), np.float32).astype(BF16)
     wd = gpu.upload(w)
     bias = r.standard_normal(n, np.float32).astype(BF16)

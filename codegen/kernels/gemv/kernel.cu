@@ -17,17 +17,27 @@
 //   workspace, and the last CTA of a row block (atomic counter, reset by that CTA for the next launch)
 //   sums the partials in a fixed order (deterministic) and runs the epilogue. One launch at a time per
 //   module (stream order) may use the workspace.
-// - programmatic dependent launch: the weights do not depend on the kernel before this one, so the CTA loads its
-//   first stage of weights into registers *before* waiting for that kernel's grid; only x (its output) is read
-//   after the wait. Launched early (PDL), the weight stream so starts during the previous kernel's tail. (Asking
-//   L2 for the whole K slice there as well was measured slower on the H200: docs/PERF.md, "Decode GEMV ... PDL".)
+// - programmatic dependent launch: the weights do not depend on the kernel before this one, so the CTA may load its
+//   first stage of weights *before* waiting for that kernel's grid; only x (its output) and the residual must be read
+//   after the wait. Launched early (PDL), the weight stream so starts during the previous kernel's tail. ptxas moves
+//   ld.global.nc across the wait (SASS ACQBULK) in both directions: with .nc loads it puts the wait first (the
+//   variants measured so far), and it hoisted a prologue's x loads above it. With weights first (${WEIGHTS_FIRST}),
+//   the first stage and everything read after the wait use coherent ld.global, which ptxas keeps on its side.
+//   (Asking L2 for the whole K slice before the wait was measured slower on the H200: docs/PERF.md, "Decode GEMV
+//   ... PDL".)
 // - prologue (${PROLOGUE}; codegen/decode_fusion.py): x may be computed while it is staged, so that the per-token op
-//   that would have produced it needs no launch of its own in decode steps. 1: rms_norm: x is the norm's input, each
-//   CTA sums its tokens' whole rows (in the order of the norm kernel's ${NORM_BLOCK}-thread block, so the result is
-//   bit-identical to codegen/kernels/norm/kernel.cu's) and stages x * inv_rms * norm_weight rounded to bf16; extra
-//   parameter norm_weight. 2: packed swiglu: x is the [M, 2K] gate_up buffer, staged as silu(gate) * up rounded to
-//   bf16 as codegen/kernels/activation/kernel.cu rounds it. Both read only the previous kernels' outputs, after the
-//   grid-dependency wait.
+//   that would have produced it needs no launch of its own in decode steps. Warp w stages the 256-column chunks w,
+//   w + ${WARPS}, ... of each token's K slice: cp.async copies all of them to shared memory at once (one round trip
+//   to L2, no registers held beside the first weight stage), then each lane turns its own vectors into x in place.
+//   1: rms_norm, y = x * rsqrt(mean(x^2) + eps) * g: x is the norm's input and g its weight (extra parameter
+//   norm_weight); the CTA stages bf16(x * g) and sums x^2 over its slice, and the epilogue multiplies the f32
+//   accumulators by each token's 1 / rms (with split-K the slices' sums go through a workspace beside the partial
+//   tiles; the last CTA adds them in slice order). No pass over the whole row, no wait for it before staging.
+//   2: packed swiglu: x is the [M, 2K] gate_up buffer (up's slice is staged beside gate's), staged as
+//   bf16(silu(gate) * up) with ex2.approx and rcp.approx. Neither is bit-identical to the norm / activation kernel
+//   followed by the plain variant: the norm factor multiplies the f32 sums instead of being rounded into the bf16 x,
+//   the sigmoid rounds as the approximate instructions do; both are within the GEMV's tolerance of the numpy
+//   reference.
 struct u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ u32x4 gemv_ld_stream(const void* p) {
@@ -41,6 +51,24 @@ __device__ __forceinline__ u32x4 gemv_ld_x(const void* p) {
   asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+// Loads on either side of the grid-dependency wait when the weights go first (see the header): coherent, and
+// volatile so that the compiler keeps them in order with the wait too (to it a plain asm is a pure function).
+__device__ __forceinline__ u32x4 gemv_ld_before_wait(const void* p) {
+  u32x4 v;
+  asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ u32x4 gemv_ld_after_wait(const void* p) {
+  u32x4 v;
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float gemv_ld_bf16_after_wait(const bf16* p) {
+  unsigned short u;
+  asm volatile("ld.global.u16 %0, [%1];" : "=h"(u) : "l"(p));
+  return to_f32(bf16{u});
+}
 __device__ __forceinline__ void gemv_mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                          unsigned b1) {
   asm volatile(
@@ -53,8 +81,20 @@ __device__ __forceinline__ float gemv_bf16_at(const u32x4& v, int e) {
   const unsigned u = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
   return __uint_as_float(e & 1 ? u & 0xffff0000u : u << 16);
 }
+__device__ __forceinline__ unsigned gemv_shared_addr(const void* p) {
+  unsigned r;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+  return r;
+}
+// 16 bytes global -> shared (address in the shared window), asynchronously: cp.async.wait_all before reading them
+__device__ __forceinline__ void gemv_cp16(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+// two f32 -> bf16x2 (nearest even; lo in the low half)
 __device__ __forceinline__ unsigned gemv_pack(float lo, float hi) {
-  return (unsigned)from_f32<bf16>(lo).bits | ((unsigned)from_f32<bf16>(hi).bits << 16);
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
 }
 
 namespace {
@@ -65,14 +105,23 @@ constexpr int GX = (N + BN - 1) / BN;
 static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
 static_assert(KS % (32 * U) == 0 && K % 32 == 0, "K slices are whole stages of 32-column steps");
 static_assert(SPLITK * KS >= K && (SPLITK - 1) * KS < K, "SPLITK slices cover K");
-// prologue 1 (rms_norm): the norm kernel's block (NB threads, NP elements each: thread j holds x[j + i NB]); a lane
-// here plays 8 of its threads (one 16-byte load), a warp 256 of them per pass
-constexpr int PROLOGUE = ${PROLOGUE}, NB = ${NORM_BLOCK}, NP = ${NORM_P}, NVW = NB / 32, NPASS = (NB + 255) / 256;
-static_assert(PROLOGUE != 1 || (NB % 32 == 0 && NB <= 1024 && NB * NP >= K), "rms_norm prologue: the norm's block");
+// prologues: a token's K slice in chunks of 32 16-byte vectors (one a lane), CHW chunks a warp
+constexpr int PROLOGUE = ${PROLOGUE}, VPT = KS / 8, CH = (VPT + 31) / 32, CHW = (CH + WARPS - 1) / WARPS;
+constexpr bool WEIGHTS_FIRST = ${WEIGHTS_FIRST};
+constexpr float SWIGLU_K = -(${ALPHA}) * 1.4426950408889634f;  // silu's exponent in log2 units
+
+// a * sigmoid(alpha a) * b = a * b / (1 + 2^(SWIGLU_K a)); 2^+inf = inf gives 0
+__device__ __forceinline__ float gemv_swiglu(float a, float b) {
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(SWIGLU_K * a));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  return a * r * b;
+}
 }  // namespace
 
 __device__ float ${KERNEL}_ws[SPLITK > 1 ? SPLITK * GX * BN * MB : 1];
 __device__ unsigned ${KERNEL}_cnt[GX];
+__device__ float ${KERNEL}_ss[PROLOGUE == 1 && SPLITK > 1 ? SPLITK * GX * MB : 1];  // [split][row block][token]
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
     const bf16* __restrict__ x, const bf16* __restrict__ w, const float* __restrict__ w_scale,
@@ -86,7 +135,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
 #endif
   extern __shared__ __align__(16) unsigned short xs[];  // [MB][LDX]
   __shared__ unsigned is_last;
-  __shared__ float inv_rms[PROLOGUE == 1 ? MB : 1];
+  __shared__ float ssq[PROLOGUE == 1 ? MB * WARPS : 1];  // rms_norm: [token][warp] sums of x^2 over the warp's chunks
   if (M > MB) __trap();  // the executor launches this variant only for M <= MB
   const int rows = (int)M;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
@@ -110,92 +159,100 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) buf[0][u][mt][h] = ok ? gemv_ld_stream(p[mt][h] + 32 * u) : u32x4{0, 0, 0, 0};
+      for (int h = 0; h < 2; ++h) {
+        const unsigned short* a = p[mt][h] + 32 * u;
+        buf[0][u][mt][h] = ok ? (WEIGHTS_FIRST ? gemv_ld_before_wait(a) : gemv_ld_stream(a)) : u32x4{0, 0, 0, 0};
+      }
   }
   // the previous kernel's outputs (x, residual) are read only from here on
 ${PDL_WAIT}
   const unsigned short* xbits = reinterpret_cast<const unsigned short*>(x);
-  if (PROLOGUE == 1) {
-    // 1 / rms of each token's row, one warp per token, summed exactly as the norm kernel sums: its thread j adds
-    // x[j + i NB]^2 for i = 0, 1, ... in turn; block_sum then runs a butterfly (xor 16, 8, 4, 2, 1) in each of its
-    // warps and one more over the warps' sums (zeros past NVW). Lane L holds norm threads 256 p + 8 L + e (e < 8)
-    // in pass p: norm lane 8 (L & 3) + e of norm warp 8 p + L / 4, so xor 16 and 8 are shuffles with lanes L ^ 2
-    // and L ^ 1, and xor 4, 2, 1 stay in the lane. f32 additions are commutative, so every pair sums alike.
-    for (int t = warp; t < rows; t += WARPS) {
-      const unsigned short* xr = xbits + (i64)t * K;
-      float part[NPASS];
+  if (PROLOGUE == 0) {
+    // x[0:M, kb:kb+KS] -> shared memory (tokens >= M and columns >= K are zeros)
+    for (int i = threadIdx.x; i < MB * (KS / 8); i += WARPS * 32) {
+      const int t = i / (KS / 8), c = (i % (KS / 8)) * 8;
+      u32x4 v = {0, 0, 0, 0};
+      if (t < rows && kb + c < K)
+        v = WEIGHTS_FIRST ? gemv_ld_after_wait(xbits + (i64)t * K + kb + c) : gemv_ld_x(xbits + (i64)t * K + kb + c);
+      *reinterpret_cast<u32x4*>(&xs[t * LDX + c]) = v;
+    }
+  } else {
+    // the prologue's x (see the header). Each lane copies its 16-byte vectors of x (gate and up for swiglu) into
+    // shared memory with cp.async, all in flight at once and no registers held, then turns them into the staged x
+    // in place; columns past K and tokens >= M stage zeros.
+    constexpr int XS = PROLOGUE == 2 ? 2 * K : K;  // x's row stride: gate_up rows hold gate, then up
+    constexpr int UP = MB * LDX;                   // swiglu: up's slice, [MB][LDX] after x's
+    const unsigned xs_addr = gemv_shared_addr(xs);
+    const u32x4 zero = {0, 0, 0, 0};
+    u32x4 gw[CHW];  // rms_norm: the norm weight's 8 columns of each chunk
 #pragma unroll
-      for (int p = 0; p < NPASS; ++p) {
-        const int j0 = 256 * p + 8 * lane;
-        float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        if (j0 < NB) {
-#pragma unroll 4
-          for (int i = 0; i < NP; ++i) {
-            const int h = j0 + i * NB;  // K and NB are multiples of 8: all 8 columns are in the row or none
-            if (h < K) {
-              const u32x4 v = gemv_ld_x(xr + h);
+    for (int j = 0; j < CHW; ++j) {
+      const int c = 8 * ((warp + j * WARPS) * 32 + lane);  // this lane's column in the slice
+      if (c < KS) {
+        const bool col = kb + c < K;
+        if (PROLOGUE == 1) gw[j] = col ? gemv_ld_after_wait(norm_weight + kb + c) : zero;
+        const unsigned short* const xc = xbits + kb + c;
+        const unsigned sc = xs_addr + 2 * c;
 #pragma unroll
-              for (int e = 0; e < 8; ++e) {
-                const float a = gemv_bf16_at(v, e);
-                s[e] += a * a;
+        for (int t = 0; t < MB; ++t) {
+          if (t < rows && col) {
+            gemv_cp16(sc + 2 * t * LDX, xc + (i64)t * XS);
+            if (PROLOGUE == 2) gemv_cp16(sc + 2 * (UP + t * LDX), xc + (i64)t * XS + K);
+          } else {
+            *reinterpret_cast<u32x4*>(&xs[t * LDX + c]) = zero;
+          }
+        }
+      }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#pragma unroll 1
+    for (int t0 = 0; t0 < rows; t0 += 8) {
+      float ss[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // rms_norm: this lane's sums of x^2
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (t0 + e < rows) {  // the same for the whole warp
+#pragma unroll
+          for (int j = 0; j < CHW; ++j) {
+            const int c = 8 * ((warp + j * WARPS) * 32 + lane), i0 = (t0 + e) * LDX + c;
+            if (c < KS && kb + c < K) {
+              const u32x4 a = *reinterpret_cast<const u32x4*>(&xs[i0]);
+              u32x4 b = zero;
+              if (PROLOGUE == 2) b = *reinterpret_cast<const u32x4*>(&xs[UP + i0]);
+              float y[8];
+#pragma unroll
+              for (int i = 0; i < 8; ++i) {
+                const float av = gemv_bf16_at(a, i);
+                if (PROLOGUE == 1) {
+                  ss[e] += av * av;
+                  y[i] = av * gemv_bf16_at(gw[j], i);
+                } else {
+                  y[i] = gemv_swiglu(av, gemv_bf16_at(b, i));
+                }
               }
+              *reinterpret_cast<u32x4*>(&xs[i0]) =
+                  {gemv_pack(y[0], y[1]), gemv_pack(y[2], y[3]), gemv_pack(y[4], y[5]), gemv_pack(y[6], y[7])};
             }
           }
         }
-#pragma unroll
-        for (int e = 0; e < 8; ++e) s[e] += __shfl_xor_sync(0xffffffffu, s[e], 2);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) s[e] += __shfl_xor_sync(0xffffffffu, s[e], 1);
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) {
-          float n[8];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) n[e] = s[e] + s[e ^ o];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) s[e] = n[e];
-        }
-        part[p] = s[0];
       }
-      float v = 0.0f;  // block_sum's second stage: lane l holds norm warp l's sum
+      if (PROLOGUE == 1) {
+        // the warp's sums of the 8 tokens in 9 shuffles: each xor step over 16, 8, 4 halves the values a lane
+        // keeps (lane bit 4, 3, 2 picks the upper half), so lane L ends with token (L >> 2) & 7's; xor 2, 1 finish
 #pragma unroll
-      for (int p = 0; p < NPASS; ++p) {
-        const float o = __shfl_sync(0xffffffffu, part[p], 4 * (lane & 7));
-        if (lane < NVW && lane / 8 == p) v = o;
-      }
-      v = warp_sum(v);
-      if (lane == 0) inv_rms[t] = 1.0f / sqrtf(v / K + ${EPS});
-    }
-    __syncthreads();
-  }
-  // x[0:M, kb:kb+KS] -> shared memory (tokens >= M and columns >= K are zeros), through the prologue
-  for (int i = threadIdx.x; i < MB * (KS / 8); i += WARPS * 32) {
-    const int t = i / (KS / 8), c = (i % (KS / 8)) * 8;
-    u32x4 v = {0, 0, 0, 0};
-    if (t < rows && kb + c < K) {
-      if (PROLOGUE == 1) {  // the norm kernel's y = x * inv * w, rounded to bf16
-        const u32x4 a = gemv_ld_x(xbits + (i64)t * K + kb + c);
-        const u32x4 nw = gemv_ld_x(norm_weight + kb + c);
-        const float inv = inv_rms[t];
-        float y[8];
+        for (int o = 16, n = 4; o >= 4; o >>= 1, n >>= 1) {
+          const bool upper = lane & o;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) y[e] = gemv_bf16_at(a, e) * inv * gemv_bf16_at(nw, e);
-        v = {gemv_pack(y[0], y[1]), gemv_pack(y[2], y[3]), gemv_pack(y[4], y[5]), gemv_pack(y[6], y[7])};
-      } else if (PROLOGUE == 2) {  // the activation kernel's silu(gate) * up, rounded to bf16
-        const u32x4 ga = gemv_ld_x(xbits + (i64)t * 2 * K + kb + c);
-        const u32x4 up = gemv_ld_x(xbits + (i64)t * 2 * K + K + kb + c);
-        float y[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float av = gemv_bf16_at(ga, e), bv = gemv_bf16_at(up, e);
-          const float g = av / (1.0f + expf(-(${ALPHA}) * av));
-          y[e] = g * bv;
+          for (int i = 0; i < n; ++i) {
+            const float keep = upper ? ss[n + i] : ss[i], give = upper ? ss[i] : ss[n + i];
+            ss[i] = keep + __shfl_xor_sync(0xffffffffu, give, o);
+          }
         }
-        v = {gemv_pack(y[0], y[1]), gemv_pack(y[2], y[3]), gemv_pack(y[4], y[5]), gemv_pack(y[6], y[7])};
-      } else {
-        v = gemv_ld_x(xbits + (i64)t * K + kb + c);
+        ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], 2);
+        ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], 1);
+        const int t = t0 + ((lane >> 2) & 7);
+        if ((lane & 3) == 0 && t < rows) ssq[t * WARPS + warp] = ss[0];
       }
     }
-    *reinterpret_cast<u32x4*>(&xs[t * LDX + c]) = v;
   }
   __syncthreads();
 
@@ -248,6 +305,12 @@ ${PDL_WAIT}
             float* pw = ws + (i64)blockIdx.y * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
             asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(acc[mt][j][r]) : "memory");
           }
+    if (PROLOGUE == 1 && threadIdx.x < rows) {  // this slice's sum of x^2 for token threadIdx.x, warps in order
+      float v = 0.0f;
+      for (int w = 0; w < WARPS; ++w) v += ssq[threadIdx.x * WARPS + w];
+      float* pw = ${KERNEL}_ss + ((i64)blockIdx.y * GX + blockIdx.x) * MB + threadIdx.x;
+      asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(v) : "memory");
+    }
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -277,6 +340,30 @@ ${PDL_WAIT}
     if (threadIdx.x == 0) ${KERNEL}_cnt[blockIdx.x] = 0u;  // ready for the next launch
   }
 
+  // rms_norm: 1 / rms of tokens 8 j + 2 q + h, from the sums of x^2 over the slices (in slice order) or the warps;
+  // tokens >= M too (never stored), so that all loads issue at once
+  float inv[NT][2];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = 8 * j + 2 * q + h;
+      float v = 0.0f;
+      if (PROLOGUE == 1) {
+        if (SPLITK > 1) {
+          for (int sk = 0; sk < SPLITK; ++sk) {
+            const float* pw = ${KERNEL}_ss + ((i64)sk * GX + blockIdx.x) * MB + t;
+            float s;
+            asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s) : "l"(pw) : "memory");
+            v += s;
+          }
+        } else {
+          for (int w = 0; w < WARPS; ++w) v += ssq[t * WARPS + w];
+        }
+      }
+      inv[j][h] = rsqrtf(v * (1.0f / K) + ${EPS});
+    }
+
   // epilogue: c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = (row g+8, same tokens) of each tile
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -287,8 +374,10 @@ ${PDL_WAIT}
         const int t = 8 * j + 2 * q + (r & 1), n = row0 + 16 * mt + (r < 2 ? 0 : 8);
         if (t < rows && n < N) {
           float y = acc[mt][j][r];
+          if (PROLOGUE == 1) y *= inv[j][r & 1];
           if (${HAS_BIAS}) y += to_f32(bias[n]);
-          if (${HAS_RESIDUAL}) y += to_f32(residual[(i64)t * N + n]);
+          if (${HAS_RESIDUAL})
+            y += WEIGHTS_FIRST ? gemv_ld_bf16_after_wait(residual + (i64)t * N + n) : to_f32(residual[(i64)t * N + n]);
           out[(i64)t * N + n] = from_f32<bf16>(y);
         }
       }

@@ -21,11 +21,20 @@ columns and the CTA's x slice in at most ``SMEM_BUDGET`` bytes of shared memory.
 split-K reduction costs more (its partials grow with M), so those buckets split less.
 
 **Prologues** (``Prologue``, ``fused_spec``): a variant may compute its x from the output's producer's input while
-staging it (the template's ``PROLOGUE``): ``rms_norm`` (x is the norm's input; an extra ``norm_weight`` parameter)
-or packed ``swiglu`` (x is the ``[M, 2K]`` gate_up buffer), bit-identical to the norm / activation kernel followed by
-the plain variant. ``codegen/decode_fusion.py`` pairs them in the lowering and skips the producer's launch for those
-steps; a fused variant keeps the configuration of the plain variant it replaces (tuned or not), and autotuning
-never sees it (``tune.py``).
+staging it (the template's ``PROLOGUE``): ``rms_norm`` (x is the norm's input; an extra ``norm_weight`` parameter;
+the CTA stages ``x * norm_weight`` and sums ``x^2`` over its K slice, the epilogue scales the accumulators by each
+token's ``1 / rms``) or packed ``swiglu`` (x is the ``[M, 2K]`` gate_up buffer). Not bit-identical to the norm /
+activation kernel followed by the plain variant (the norm factor is applied to the f32 sums instead of inside the
+bf16 x; the sigmoid uses ``ex2.approx`` / ``rcp.approx``): both match the numpy reference within the GEMV's
+tolerance. ``codegen/decode_fusion.py`` pairs them in the lowering and skips the producer's launch for those steps;
+a fused variant keeps the configuration of the plain variant it replaces (tuned or not), and autotuning never sees
+it (``tune.py``).
+
+**Weights before the grid-dependency wait** (``weights_first``): ptxas moves ``ld.global.nc`` across the PDL wait,
+so the variants measured so far wait first and only then load weights (their SASS: ``ACQBULK`` at the top).
+``weights_first`` loads the first weight stage, and reads what the previous kernel wrote, with coherent loads, which
+ptxas keeps on their side of the wait (the template's header). On by default for fused variants, off for plain ones
+(their code stays as measured, docs/PERF.md); ``bench/bench_decode_fusion.py`` times both ways. Not yet run on a GPU.
 
 **Quantized weights** (``quant.cu``, ``quant_rule.py``): ``quantized_linear`` with FP8 (per-channel) or NVFP4
 weights, bf16 or per-token FP8 activations, through the same two entry points (``variants`` per bucket, ``plan``
@@ -51,6 +60,8 @@ PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("bias", "pt
 BUCKETS = (8, 16, 32, 64)
 #: shared memory a CTA's x slice may take (bytes); above 48 KB the launcher raises the function's limit
 SMEM_BUDGET = 140 * 1024
+#: the template's static shared memory, at most (the rms_norm prologue's sums of squares, the split-K flag)
+STATIC_SMEM = 1024 + 16
 MIN_SLICE = 256
 #: token bucket -> (warps per CTA, 16-row tiles per warp, 32-column steps per load stage)
 SHAPE_BY_BUCKET = {8: (4, 1, 8), 16: (4, 1, 8), 32: (8, 1, 4), 64: (8, 1, 4)}
@@ -75,14 +86,11 @@ PROLOGUES = {"none": 0, "rms_norm": 1, "swiglu": 2}
 
 @dataclass(frozen=True)
 class Prologue:
-    """What a fused variant computes while staging x (see the module docstring). ``rms_norm``: the norm's ``eps`` and
-    its kernel's ``block`` and ``per_thread`` (``codegen/kernels/norm``: the sums of squares are added in that block's
-    order); ``swiglu``: ``alpha``. Values are copied from the producer's own spec, so the literals match."""
+    """What a fused variant computes while staging x (see the module docstring): ``rms_norm`` with the norm's
+    ``eps``, ``swiglu`` with ``alpha``. Values are copied from the producer's own spec, so the literals match."""
 
     kind: str = "none"
     eps: float = 0.0
-    block: int = 32
-    per_thread: int = 1
     alpha: float = 1.0
 
     def __post_init__(self) -> None:
@@ -94,8 +102,9 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def smem_bytes(mb: int, slice_k: int) -> int:
-    return mb * (slice_k + 32) * 2
+def smem_bytes(mb: int, slice_k: int, prologue: str = "none") -> int:
+    """Dynamic shared memory of a variant: x's slice (and up's beside it for the swiglu prologue)."""
+    return mb * (slice_k + 32) * 2 * (2 if prologue == "swiglu" else 1)
 
 
 def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None, stage_steps: int | None = None,
@@ -126,25 +135,29 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
 
 
 def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
-              config: GemvConfig | None = None, prologue: Prologue | None = None) -> KernelSpec:
+              config: GemvConfig | None = None, prologue: Prologue | None = None,
+              weights_first: bool | None = None) -> KernelSpec:
     """The variant for ``M <= mb`` of ``linear`` with bf16 ``x[M, k]``, ``w[n, k]``; params as the GEMM's (and
-    ``norm_weight`` after them with an ``rms_norm`` prologue)."""
+    ``norm_weight`` after them with an ``rms_norm`` prologue). ``weights_first``: load the first weight stage before
+    the PDL wait (default: with a prologue only, see the module docstring)."""
     if k % 32 or mb not in BUCKETS:
         raise ValueError(f"gemv: K must be a multiple of 32 (got {k}) and mb one of {BUCKETS} (got {mb})")
     pro = prologue or Prologue()
-    if pro.kind == "rms_norm" and (pro.block % 32 or pro.block > 1024 or pro.block * pro.per_thread < k):
-        raise ValueError(f"gemv: rms_norm prologue with a norm block of {pro.block} x {pro.per_thread} for K = {k}")
+    first = pro.kind != "none" if weights_first is None else weights_first
     cfg = config or gemv_config(n, k, mb, target.num_sms or 132)
+    smem, limit = smem_bytes(mb, cfg.slice_k, pro.kind), target.smem_per_block or 227 * 1024
+    if smem + STATIC_SMEM > limit:
+        raise ValueError(f"gemv: {smem} bytes of shared memory for M <= {mb}, a slice of {cfg.slice_k}, {pro.kind} "
+                         f"prologue: more than the target's {limit}")
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
-              "U": cfg.stage_steps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual,
-              "PROLOGUE": PROLOGUES[pro.kind], "NORM_BLOCK": pro.block, "NORM_P": pro.per_thread,
-              "EPS": float(pro.eps), "ALPHA": float(pro.alpha)}
+              "U": cfg.stage_steps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual, "PROLOGUE": PROLOGUES[pro.kind],
+              "EPS": float(pro.eps), "ALPHA": float(pro.alpha), "WEIGHTS_FIRST": first}
     tag = f"gemv_bf16_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
     params = PARAMS + [("norm_weight", "ptr")] if pro.kind == "rms_norm" else PARAMS
     what = "" if pro.kind == "none" else f", {pro.kind} prologue"
     return KernelSpec.make("gemv", "kernel.cu", tag, target.arch or "", values, params, 32 * cfg.warps,
                            [GridDim(const=-(-n // (16 * cfg.warps * cfg.tiles))), GridDim(const=cfg.splitk)],
-                           smem=smem_bytes(mb, cfg.slice_k),
+                           smem=smem,
                            doc=f"decode GEMV, M <= {mb}, split-K {cfg.splitk} x {cfg.slice_k}{what}")
 
 
@@ -159,14 +172,14 @@ def is_plain(spec: KernelSpec) -> bool:
     return spec.family == "gemv" and spec.template == "kernel.cu" and not dict(spec.values).get("PROLOGUE", 0)
 
 
-def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> KernelSpec:
+def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target, weights_first: bool | None = None) -> KernelSpec:
     """``plain`` (a bf16 variant, see ``is_plain``) with ``prologue``: the same N, K, bucket, epilogue and
     configuration, so it streams the weights exactly as ``plain`` does."""
     if not is_plain(plain):
         raise ValueError(f"gemv: {plain.entry} is not a plain bf16 GEMV variant")
     v = dict(plain.values)
     return gemv_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]),
-                     config=spec_config(plain), prologue=prologue)
+                     config=spec_config(plain), prologue=prologue, weights_first=weights_first)
 
 
 def applies(inputs: Sequence[TensorType | None], target: Target) -> tuple[int, int, bool, bool] | None:
