@@ -78,7 +78,7 @@ def test_launch_choice_skips_and_packs_variant_arguments(monkeypatch):
                  "rows": {"dim": "T"}}
     skipped = cl.Launch("norm", norm, norm_args, address, "rms_norm", rows_arg="rows", skip_rows=8)
     plain8, plain16 = gemv_spec(512, 2048, 8, h200), gemv_spec(512, 2048, 16, h200)
-    fused = fused_spec(plain8, Prologue("rms_norm", 1e-5, norm.value("BLOCK"), norm.value("PER_THREAD")), h200)
+    fused = fused_spec(plain8, Prologue("rms_norm", 1e-5), h200)
     args = {"x": {"buffer": "n"}, "weight": {"buffer": "w"}, "weight_scale": {"null": True}, "bias": {"null": True},
             "residual": {"null": True}, "out": {"buffer": "y"}, "M": {"dim": "T"}}
     own = cl.Arguments(fused, {**args, "x": {"buffer": "h"}, "norm_weight": {"buffer": "nw"}}, address)
@@ -260,10 +260,12 @@ def test_pdl_launches_give_the_same_logits(gpu_target, tmp_path, monkeypatch):
 @pytest.mark.gpu
 def test_decode_fusion_changes_no_logit(gpu_target, tmp_path, monkeypatch):
     """Decode fusion (codegen/decode_fusion.py: rms_norm and swiglu computed in the next linear's GEMV, their
-    launches skipped for steps of <= 8 rows) changes no bit of any step's logits, with and without CUDA graphs:
-    prefill, mixed and decode steps of 3 sequences (the final norm is skipped in the prefill steps too: S <= 8), 20
-    more decode steps of 3 (graph bucket 4) and 10 of one (bucket 1), against the same model compiled with
-    decode fusion off (it is opt-in: INGOT_DECODE_FUSION=1)."""
+    launches skipped for steps of <= 8 rows) gives the unfused logits up to rounding, the same bits with and without
+    CUDA graphs: prefill, mixed and decode steps of 3 sequences (the final norm is skipped in the prefill steps too:
+    S <= 8), 20 more decode steps of 3 (graph bucket 4) and 10 of one (bucket 1), against the same model compiled
+    with decode fusion off (it is opt-in: INGOT_DECODE_FUSION=1). Not bit-identical across: the fused GEMV applies
+    the norm's 1/rms to its f32 sums and stages x * g (and silu(gate) * up with ex2/rcp.approx) in bf16, where the
+    unfused kernels round the normalized x and the activation to bf16 first."""
     from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
 
     ckpt = smollm2_like(tmp_path, 2)
@@ -288,7 +290,15 @@ def test_decode_fusion_changes_no_logit(gpu_target, tmp_path, monkeypatch):
             if graphs:
                 assert ex.stats["graph_steps"] == 3 + 20 + 10
             ex.close()
-    assert_same_steps(runs, ("off", False), "the unfused launches")
+    for name in ("on", "off"):
+        assert_same_steps({k: v for k, v in runs.items() if k[0] == name}, (name, False), f"{name} without graphs")
+    agree = rows = 0
+    for i, (got, ref) in enumerate(zip(runs["on", False], runs["off", False])):
+        err = float(np.abs(got.astype(np.float32) - ref).max() / np.abs(ref).max())
+        assert err <= 2e-2, (i, err)
+        agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
+        rows += ref.shape[0]
+    assert agree >= 0.9 * rows, (agree, rows)  # the greedy tokens: rounding flips only near-ties
 
 
 @pytest.mark.gpu
