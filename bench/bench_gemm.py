@@ -18,8 +18,10 @@ down 2048x8192), for
   ingot's kernel has vector scales in its epilogue only, so it reads the scalar broadcast into
   [M] and [N] vectors: slightly more work than the reference, never less.
 
-Every candidate configuration of ``gemm_cutlass/rule.py`` (``SM90_CANDIDATES``: tile, cluster, schedule)
-is one shape-generic build (the shim's ``_prepare_nk``). Each is first checked against an f32 matmul of
+Every candidate configuration of ``gemm_cutlass/rule.py`` (``SM90_CANDIDATES``, then ``SM90_EXPLORE``: tile,
+cluster, schedule; FP8 promotion overlapped or not, scheduler swizzle) is one shape-generic build (the shim's
+``_prepare_nk``): 21 on h200, about 4-6 minutes with ``INGOT_CUTLASS_JOBS=12`` on 16 cores (each nvcc job
+takes one core and 3-5 GB). Each is first checked against an f32 matmul of
 the same (dequantized) operands on fresh random inputs, output poisoned with NaN before the run; a
 candidate that fails the check is reported and not timed. Timing: ``--iters`` back-to-back launches
 captured in one CUDA graph, replayed ``--reps`` times between CUDA events, median per launch. The
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -61,8 +64,10 @@ def _kind(mode: str) -> str:
 
 def _fits(mode: str, config: str) -> bool:
     """FP8 modes ending in ``-fast`` compare the FastAccum candidates with ``use_fast_accum=True``, the others the
-    candidates that promote partial sums to f32 (CUTLASS's default) with ``use_fast_accum=False``."""
-    return _kind(mode) == "bf16" or (("fa" in config.split("1")[0]) == mode.endswith("-fast"))
+    candidates that promote partial sums to f32 (CUTLASS's default, or ingot's overlapped promotion: ``ov``) with
+    ``use_fast_accum=False``. ``config`` is the tag (``rule.config_tag``): schedule letters, then the tile."""
+    schedule = re.match(r"[a-z]*", config).group(0)  # e.g. "coop", "coopfa", "ppov"
+    return _kind(mode) == "bf16" or (schedule.endswith("fa") == mode.endswith("-fast"))
 
 
 # -- build (CPU machine) ----------------------------------------------------------------------------
@@ -71,12 +76,12 @@ def _fits(mode: str, config: str) -> bool:
 def build(out_dir: Path, target_name: str = "h200", kinds: tuple[str, ...] = ("bf16", "fp8")) -> dict[str, Any]:
     """Build every candidate's cubin and host shim into ``out_dir`` with a ``manifest.json``."""
     from ingot.codegen.kernels.gemm_cutlass.build import build_shim, compile_cutlass
-    from ingot.codegen.kernels.gemm_cutlass.rule import candidate_configs, config_tag, linear_cutlass_spec
+    from ingot.codegen.kernels.gemm_cutlass.rule import bench_configs, config_tag, linear_cutlass_spec
     from ingot.codegen.target import get_target
 
     target = get_target(target_name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [(kind, cfg) for kind in kinds for cfg in candidate_configs(kind, target)]
+    jobs = [(kind, cfg) for kind in kinds for cfg in bench_configs(kind, target)]
 
     def one(job: tuple[str, Any]) -> dict[str, Any]:
         kind, cfg = job

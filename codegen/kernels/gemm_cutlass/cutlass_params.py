@@ -312,6 +312,11 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
         "scheduler": {"kind": kind, "offset": sched, "tile": list(cfg_tile),
                       "atom_m": 2 if spec.value("TWO_SM") else 1, "cluster": list(cluster)},
     }
+    values = dict(spec.values)
+    if int(values.get("MAX_SWIZZLE", 1)) != 1:  # sm90.cu's scheduler knobs (recorded where not CUTLASS's defaults)
+        layout["scheduler"]["max_swizzle"] = int(values["MAX_SWIZZLE"])
+    if values.get("RASTER", "Heuristic") != "Heuristic":
+        layout["scheduler"]["raster_option"] = str(values["RASTER"])
     # padding: bytes that differ between any shape's runs (all shapes: a byte left unset is unset in every run);
     # variable: everything build_params fills
     padding = {i for _, run, *others in runs for o in others for i in range(size) if run["blob"][i] != o["blob"][i]}
@@ -482,14 +487,29 @@ def _max_cta_occupancy(max_sm_per_gpc: int, cluster_size: int, sm_count: int) ->
     return min(sm_count, cta)
 
 
+def _log_swizzle(blocks_m: int, blocks_n: int, max_swizzle: int) -> int:
+    """CUTLASS's ``get_log_swizzle_size`` (``tile_scheduler_params.h``)."""
+    least = min(blocks_m, blocks_n)
+    for log, (size, needs) in ((3, (8, 6)), (2, (4, 3)), (1, (2, 2))):
+        if max_swizzle >= size and least >= needs:
+            return log
+    return 0
+
+
 def _sm90_schedule(s: Mapping[str, Any], m: int, n: int, sm_count: int, blob: bytearray) -> tuple[int, int, int]:
-    """Writes PersistentTileSchedulerSm90Params into ``blob`` (max swizzle 1, Heuristic rasterization, the
-    defaults of the scheduler's Arguments) and returns its launch grid (``get_grid_shape``)."""
+    """Writes PersistentTileSchedulerSm90Params into ``blob`` and returns its launch grid (``get_grid_shape``). The
+    scheduler's Arguments are the layout's ``max_swizzle`` and ``raster_option`` (``sm90.cu`` sets them at compile
+    time), else CUTLASS's defaults: max swizzle 1, Heuristic rasterization."""
     tm, tn = s["tile"]
     cm, cn = s["cluster"]
     blocks_m = _round_up(_ceil(m, tm), cm)
     blocks_n = _round_up(_ceil(n, tn), cn)
-    raster = 0 if blocks_n > blocks_m else 1  # AlongM : AlongN
+    log_swizzle = _log_swizzle(blocks_m, blocks_n, int(s.get("max_swizzle", 1)))
+    blocks_m = _round_up(blocks_m, (1 << log_swizzle) * cm)
+    blocks_n = _round_up(blocks_n, (1 << log_swizzle) * cn)
+    option = s.get("raster_option", "Heuristic")
+    along_m = blocks_n > blocks_m if option == "Heuristic" else option == "AlongM"
+    raster = 0 if along_m else 1  # AlongM : AlongN
     total = blocks_m * blocks_n
     base, f = s["offset"], _SM90_SCHED
     major, minor = (cn, cm) if raster == 1 else (cm, cn)
@@ -498,7 +518,7 @@ def _sm90_schedule(s: Mapping[str, Any], m: int, n: int, sm_count: int, blob: by
     blob[base + f["batch"]:base + f["batch"] + 24] = _fast_divmod_u64(total)
     blk_major = blocks_n // cn if raster == 1 else blocks_m // cm
     blob[base + f["blk_major"]:base + f["blk_major"] + 24] = _fast_divmod_u64(blk_major)
-    struct.pack_into("<Qii", blob, base + f["blocks"], total, 0, raster)
+    struct.pack_into("<Qii", blob, base + f["blocks"], total, log_swizzle, raster)
     struct.pack_into("<5I", blob, base + f["tiles_m"], blocks_m // cm, blocks_n // cn, 1, cm, cn)
     if cm * cn == 1:
         ctas = min(sm_count, total)

@@ -6,7 +6,9 @@ the ``nvidia-cutlass`` wheel, built with nvcc; ``build.py`` says how and how a r
 - ``sm100.cu``: sm_100a tcgen05 (UMMA) BF16 and FP8 e4m3, 1-SM or 2-SM MMA, CLC persistent scheduler;
 - ``sm100_blockscaled.cu``: sm_100a block-scaled tcgen05 NVFP4 (e2m1, ue4m3 scale per 16) and
   MXFP4 (e2m1, ue8m0 scale per 32);
-- ``sm90.cu``: sm_90a warp-specialized wgmma + TMA BF16 and FP8 e4m3 (cooperative or ping-pong).
+- ``sm90.cu``: sm_90a warp-specialized wgmma + TMA BF16 and FP8 e4m3 (cooperative or ping-pong), the persistent
+  tile scheduler's swizzle and raster order, FP8's f32 promotion CUTLASS's or overlapped with the next k-tile's
+  MMAs (``sm90_fp8_mainloop.cuh``).
 
 Every variant has the same epilogue (``common.cuh``): ``out = w_scale[n] * (acc * x_scale[m]) +
 bias[n] (+ residual[m, n])``, the vectors optional at run time (FP8: per-token x per-channel
@@ -50,7 +52,10 @@ KIND_DTYPES = {"bf16": DType.bf16, "fp8": DType.f8e4m3fn, "nvfp4": DType.f4e2m1f
 
 @dataclass(frozen=True)
 class Config:
-    """One CUTLASS instantiation: template, MMA tile (M x N x K), cluster, threads per block."""
+    """One CUTLASS instantiation: template, MMA tile (M x N x K), cluster, threads per block; on ``sm90.cu``
+    ``overlap``: FP8 promotion overlapped with the next k-tile's MMAs, ``swizzle``: the persistent tile scheduler's
+    max swizzle (1, 2, 4, 8), ``raster``: its raster order (Heuristic, AlongM, AlongN); the defaults are
+    CUTLASS's."""
 
     template: str
     tile: tuple[int, int, int]
@@ -58,6 +63,9 @@ class Config:
     two_sm: bool = False
     schedule: str = ""
     threads: int = 256
+    overlap: bool = False
+    swizzle: int = 1
+    raster: str = "Heuristic"
 
 
 def variant_config(kind: str, target: Target) -> Config:
@@ -97,15 +105,45 @@ SM90_CANDIDATES: dict[str, tuple[Config, ...]] = {
         Config("sm90.cu", (128, 256, 128), (2, 1), schedule="CooperativeFP8FastAccum", threads=384),
         Config("sm90.cu", (256, 128, 128), (1, 2), schedule="CooperativeFP8FastAccum", threads=384),
         Config("sm90.cu", (128, 128, 128), (2, 1), schedule="PingpongFP8FastAccum", threads=384),
+        # f32 promotion again (added 2026-11-30, not yet timed): CUTLASS's promotion drains a warpgroup's wgmmas
+        # every k-tile; the ``ov`` mainloop keeps the next k-tile's in flight (sm90_fp8_mainloop.cuh), for one more
+        # accumulator set (3 x 64 floats a thread: 64x128 per warpgroup is the widest that fits without spills).
+        # 256-wide tiles with promotion hold 2 x 128 and spill (coop256x128x128: 904 bytes); 128x192 holds 2 x 96
+        # and does not. ``s4``: the scheduler visits tiles in groups of 4 along the minor mode, which then share
+        # their operands in L2 (8192^3's x and w are 64 MB each, past the 50 MB L2).
+        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True),
+        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True),
+        Config("sm90.cu", (64, 128, 128), (2, 1), schedule="Pingpong", threads=384, overlap=True),
+        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True,
+               swizzle=4),
+        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, swizzle=4),
+        Config("sm90.cu", (128, 192, 128), (1, 2), schedule="Cooperative", threads=384),
     ),
 }
+#: further sm_90a configurations ``bench/bench_gemm.py`` builds and times beside ``SM90_CANDIDATES`` but the
+#: autotuner does not (it times at most ``autotune.MAX_CANDIDATES`` = 8 per spec: the FP8 promotion candidates above
+#: are 8); one that wins a shape there moves into ``SM90_CANDIDATES`` (in place of one that never wins).
+SM90_EXPLORE: dict[str, tuple[Config, ...]] = {
+    "fp8": (
+        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True,
+               swizzle=8),
+        Config("sm90.cu", (64, 128, 128), (1, 2), schedule="Pingpong", threads=384, overlap=True),
+        # ping-pong with CUTLASS's promotion: each warpgroup's epilogue overlaps the other's MMAs
+        Config("sm90.cu", (64, 128, 128), (2, 1), schedule="Pingpong", threads=384),
+    ),
+}
+#: the tile scheduler's raster orders (RasterOrderOptions) -> their config_tag suffix (Heuristic: none)
+RASTER_TAGS = {"Heuristic": "", "AlongM": "rm", "AlongN": "rn"}
 
 
 def config_tag(cfg: Config) -> str:
-    """A short name for a configuration, e.g. ``coop128x256x64c2x1``."""
+    """A short name for a configuration, e.g. ``coop128x256x64c2x1``; the sm90 knobs where not CUTLASS's defaults:
+    ``ov`` after the schedule (overlapped promotion), ``s4`` (max swizzle 4), ``rm`` / ``rn`` (raster along M / N)
+    at the end, e.g. ``coopov128x128x128c1x2s4``."""
     sched = cfg.schedule.replace("Cooperative", "coop").replace("Pingpong", "pp").replace("FP8FastAccum", "fa")
-    return (f"{sched}{'2sm' if cfg.two_sm else ''}{'x'.join(map(str, cfg.tile))}"
-            f"c{cfg.cluster[0]}x{cfg.cluster[1]}")
+    knobs = f"{'s' + str(cfg.swizzle) if cfg.swizzle != 1 else ''}{RASTER_TAGS[cfg.raster]}"
+    return (f"{sched}{'ov' if cfg.overlap else ''}{'2sm' if cfg.two_sm else ''}{'x'.join(map(str, cfg.tile))}"
+            f"c{cfg.cluster[0]}x{cfg.cluster[1]}{knobs}")
 
 
 def _candidate(kind: str, tag: str) -> Config:
@@ -178,6 +216,13 @@ def candidate_configs(kind: str, target: Target) -> tuple[Config, ...]:
     return (variant_config(kind, target),)
 
 
+def bench_configs(kind: str, target: Target) -> tuple[Config, ...]:
+    """What ``bench/bench_gemm.py`` builds and times for ``kind`` on ``target``: the candidates, then (h100/h200)
+    ``SM90_EXPLORE``'s."""
+    explore = SM90_EXPLORE.get(kind, ()) if target.wgmma and not target.tcgen05 else ()
+    return (*candidate_configs(kind, target), *explore)
+
+
 def supports(kind: str, target: Target) -> bool:
     try:
         variant_config(kind, target)
@@ -209,6 +254,7 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
     if cfg.template == "sm90.cu":
         values["SCHEDULE"] = cfg.schedule
         values["EPILOGUE_SCHEDULE"] = "Cooperative" if cfg.schedule.startswith("Cooperative") else ""
+        values |= {"OVERLAP_PROMOTION": cfg.overlap, "MAX_SWIZZLE": cfg.swizzle, "RASTER": cfg.raster}
     if cfg.template == "sm100_blockscaled.cu":
         values["SF_VECTOR"] = 16 if kind == "nvfp4" else 32
     cluster = cfg.cluster[0] * cfg.cluster[1]

@@ -1,9 +1,12 @@
 #include "common.cuh"
+#include "sm90_fp8_mainloop.cuh"
 
 // out[M, N] = x[M, K] @ w[N, K]^T with the epilogue in common.cuh, on sm_90a warp-specialized
 // wgmma + TMA: ${A_TYPE} x ${B_TYPE} -> f32 accumulators -> ${OUT_TYPE}; CTA tile
 // ${TILE_M}x${TILE_N}x${TILE_K}, cluster ${CLUSTER_M}x${CLUSTER_N}, schedule ${SCHEDULE}. x and w are
-// K-major (row-major x, w as stored by linear), out and residual row-major. Persistent.
+// K-major (row-major x, w as stored by linear), out and residual row-major. Persistent, with max swizzle
+// ${MAX_SWIZZLE} and raster order ${RASTER}; FP8 promotion overlapped with the next k-tile's MMAs
+// (sm90_fp8_mainloop.cuh): ${OVERLAP_PROMOTION}.
 using namespace cute;
 using ElementA = ${A_TYPE};
 using ElementB = ${B_TYPE};
@@ -22,7 +25,7 @@ using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBui
     ElementOut, cutlass::layout::RowMajor, kAlignOut,
     EpilogueSchedule, typename Epi::Tree>::CollectiveOp;
 
-using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     ElementA, cutlass::layout::RowMajor, 128 / cutlass::sizeof_bits<ElementA>::value,
     ElementB, cutlass::layout::ColumnMajor, 128 / cutlass::sizeof_bits<ElementB>::value,
@@ -30,9 +33,30 @@ using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder
     cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
         sizeof(typename CollectiveEpilogue::SharedStorage))>,
     MainloopSchedule>::CollectiveOp;
+constexpr bool kOverlapPromotion = ${OVERLAP_PROMOTION};
+static_assert(!kOverlapPromotion || cute::is_same_v<typename CutlassMainloop::DispatchPolicy,
+                                                    cutlass::gemm::MainloopSm90TmaGmmaWarpSpecializedFP8<
+                                                        CutlassMainloop::DispatchPolicy::Stages, ClusterShape,
+                                                        MainloopSchedule>>,
+              "the overlapped promotion replaces CUTLASS's FP8 (promoting) mainloop only");
+static_assert(!kOverlapPromotion || ${TILE_K} == 128,
+              "one promotion per 128-deep k-tile: CUTLASS's default interval (4 wgmmas of K = 32)");
+using CollectiveMainloop =
+    cute::conditional_t<kOverlapPromotion, ingot::Sm90Fp8OverlapMainloop<CutlassMainloop>, CutlassMainloop>;
 
-using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                        CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+using GemmKernelBase = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                            CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+
+// The scheduler's run-time arguments as compile-time values: every caller of to_underlying_arguments (the host
+// shim, the Params probe, hence the layout cutlass_params.py derives) gets the same swizzle and raster order.
+struct GemmKernel : GemmKernelBase {
+  static Params to_underlying_arguments(Arguments const& args, void* workspace) {
+    Arguments with = args;
+    with.scheduler.max_swizzle_size = ${MAX_SWIZZLE};
+    with.scheduler.raster_order = GemmKernelBase::TileScheduler::RasterOrderOptions::${RASTER};
+    return GemmKernelBase::to_underlying_arguments(with, workspace);
+  }
+};
 
 #if defined(INGOT_HOST_SHIM)
 static typename GemmKernel::Arguments make_arguments(const void* x, const void* w, const void*, const void*,

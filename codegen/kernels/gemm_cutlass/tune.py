@@ -7,12 +7,13 @@ on the shape, so tuning is per launch shape: the lowering asks about each launch
 compiles the generic spec of the answer (``cutlass_params.kernel_spec``, this tunable's ``kernel``), so shapes that
 choose the same configuration still share one build. The heuristic is ``rule.shape_config``'s choice.
 
-Candidates: the kind's ``rule.SM90_CANDIDATES`` (at most 6: each is a multi-minute nvcc build of the cubin and its
-Params probe, cached afterwards) with the heuristic's epilogue; for FP8 only those with the heuristic's
-accumulation (``FP8FastAccum`` changes the numerics: not a speed knob). b200 has one configuration per kind:
-nothing to tune. Workload: one, ``M`` = the launch's compiled row count (its row bound from the artifact's
-bindings, e.g. ``T`` = the step token budget, or the static count), random x, weights rotating over copies so that
-each launch reads them from HBM as in a model's step.
+Candidates: the kind's ``rule.SM90_CANDIDATES`` (bf16: 6; FP8: 8 with f32 promotion, 4 FP8FastAccum, as many as
+``autotune.MAX_CANDIDATES`` keeps; each a 1-2 minute nvcc build of the cubin and its Params probe, cached afterwards)
+with the heuristic's epilogue; for FP8 only those with the heuristic's accumulation (``FP8FastAccum`` changes the
+numerics: not a speed knob; the overlapped promotion, swizzle and raster order keep CUTLASS's promotion numerics, so
+they are candidates). b200 has one configuration per kind: nothing to tune. Workload: one, ``M`` = the launch's
+compiled row count (its row bound from the artifact's bindings, e.g. ``T`` = the step token budget, or the static
+count), random x, weights rotating over copies so that each launch reads them from HBM as in a model's step.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from ...target import Target
 from . import cutlass_params as cp
 from .rule import OPERANDS, Config, candidate_configs
 
-KNOBS = ("TILE_M", "TILE_N", "TILE_K", "CLUSTER_M", "CLUSTER_N", "SCHEDULE", "EPILOGUE_SCHEDULE")
+KNOBS = ("TILE_M", "TILE_N", "TILE_K", "CLUSTER_M", "CLUSTER_N", "SCHEDULE", "EPILOGUE_SCHEDULE", "OVERLAP_PROMOTION",
+         "MAX_SWIZZLE", "RASTER")
 #: rows timed where the launch's row bound is not among the bindings (lower.py's default step budget)
 DEFAULT_ROWS = 2048
 #: operand kind -> the numpy dtype name of x and w in the timing buffers
@@ -44,7 +46,8 @@ def config_of(spec: KernelSpec) -> Config:
     v = dict(spec.values)
     return Config(spec.template, (int(v["TILE_M"]), int(v["TILE_N"]), int(v["TILE_K"])),
                   (int(v["CLUSTER_M"]), int(v["CLUSTER_N"])), two_sm=bool(v["TWO_SM"]), schedule=str(v["SCHEDULE"]),
-                  threads=spec.block[0])
+                  threads=spec.block[0], overlap=bool(v["OVERLAP_PROMOTION"]), swizzle=int(v["MAX_SWIZZLE"]),
+                  raster=str(v["RASTER"]))
 
 
 def matches(spec: KernelSpec) -> bool:

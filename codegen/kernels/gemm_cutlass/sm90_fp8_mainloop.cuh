@@ -1,0 +1,119 @@
+// CUTLASS GEMM family, sm_90a FP8: a mainloop that overlaps the f32 promotion with the next k-tile's MMAs.
+//
+// CUTLASS's FP8 mainloop (MainloopSm90TmaGmmaWarpSpecializedFP8, GmmaFP8Accumulation) accumulates each
+// promotion interval's wgmmas into a temporary accumulator set, then waits for *all* of them
+// (warpgroup_wait<0>) and adds the set into the f32 accumulators. With the default interval (4 wgmmas of
+// K = 32) and a 128-deep k-tile that is one drain per k-tile: the warpgroup's tensor-core work stops while
+// its last wgmmas finish and while the FADDs run.
+//
+// Here two temporary sets alternate: k-tile t+1's wgmmas are issued into one set before k-tile t's set is
+// added (warpgroup_wait<1>: only t's batch has to be done), so every warpgroup keeps a batch in flight
+// through its promotions. The sums and their order are CUTLASS's with the default interval when a k-tile is
+// 4 wgmmas deep (TILE_K = 128): a fresh partial per k-tile, added to the f32 accumulators in k order; the
+// numerics are the same. The price is a third accumulator set in registers: 64x128 per warpgroup
+// (cooperative 128x128, ping-pong 64x128) is 3 x 64 floats a thread, within the consumers' 232.
+//
+// Same interface and pipeline contract as the base collective (the kernel calls mma then mma_tail): mma
+// releases every stage but the last k-tile's, which mma_tail releases after its warpgroup_wait<0>.
+#include <cute/tensor.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+
+namespace ingot {
+using namespace cute;
+
+template <class Base>
+struct Sm90Fp8OverlapMainloop : Base {
+  using typename Base::MainloopPipeline;
+  using typename Base::Params;
+  using typename Base::PipelineState;
+  using typename Base::SmemLayoutA;
+  using typename Base::SmemLayoutB;
+  using typename Base::TensorStorage;
+  using typename Base::TiledMma;
+  static_assert(Base::K_PIPE_MMAS == 1, "mma_tail releases exactly one stage (the last k-tile's)");
+
+  // k-tile `read`'s wgmmas into `partial` (zeroed by the first), committed as one batch
+  template <class FragA, class FragB, class Partial>
+  CUTLASS_DEVICE static void issue(TiledMma& tiled_mma, MainloopPipeline& pipeline, PipelineState& read,
+                                   FragA const& tCrA, FragB const& tCrB, Partial& partial) {
+    auto barrier_token = pipeline.consumer_try_wait(read);
+    pipeline.consumer_wait(read, barrier_token);
+    int stage = read.index();
+    warpgroup_fence_operand(partial);
+    warpgroup_arrive();
+    tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+    CUTLASS_PRAGMA_UNROLL
+    for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
+      cute::gemm(tiled_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), partial);
+      tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    warpgroup_fence_operand(partial);
+    ++read;
+  }
+
+  // accum += partial (its batch complete: the caller waited)
+  template <class Accum, class Partial>
+  CUTLASS_DEVICE static void promote(Accum& accum, Partial& partial) {
+    warpgroup_fence_operand(partial);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); ++i) {
+      accum(i) += partial(i);
+    }
+    warpgroup_fence_operand(partial);
+  }
+
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
+                          int k_tile_count, int thread_idx, TensorStorage& shared_tensors,
+                          Params const& mainloop_params) {
+    static_assert(is_rmem<FrgTensorC>::value, "C tensor must be rmem resident.");
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M,BLK_K,PIPE)
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N,BLK_K,PIPE)
+    constexpr int kMmaWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
+    Layout warp_group_thread_layout = make_layout(Int<kMmaWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
+    int warp_group_idx = __shfl_sync(0xFFFFFFFF, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+    TiledMma tiled_mma;
+    auto thread_mma = tiled_mma.get_slice(warp_group_thread_layout(warp_group_idx));
+    Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA,MMA_M,MMA_K,PIPE)
+    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA,MMA_N,MMA_K,PIPE)
+    CUTE_STATIC_ASSERT_V(size<1>(tCrA) == size<1>(accum));
+    CUTE_STATIC_ASSERT_V(size<1>(tCrB) == size<2>(accum));
+
+    clear(accum);
+    if (k_tile_count <= 0) {
+      return;
+    }
+    Tensor even = make_fragment_like(accum);  // partials of k-tiles 0, 2, 4, ...
+    Tensor odd = make_fragment_like(accum);   // and of 1, 3, 5, ...
+    PipelineState smem_pipe_release = smem_pipe_read;
+    issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
+    int remaining = k_tile_count - 1;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; remaining >= 2; remaining -= 2) {
+      issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, odd);
+      warpgroup_wait<1>();
+      promote(accum, even);
+      pipeline.consumer_release(smem_pipe_release);
+      ++smem_pipe_release;
+      issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
+      warpgroup_wait<1>();
+      promote(accum, odd);
+      pipeline.consumer_release(smem_pipe_release);
+      ++smem_pipe_release;
+    }
+    if (remaining == 1) {
+      issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, odd);
+      warpgroup_wait<1>();
+      promote(accum, even);
+      pipeline.consumer_release(smem_pipe_release);
+      warpgroup_wait<0>();
+      promote(accum, odd);
+    } else {
+      warpgroup_wait<0>();
+      promote(accum, even);
+    }
+    warpgroup_fence_operand(accum);
+  }
+};
+}  // namespace ingot
