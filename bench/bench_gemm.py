@@ -268,13 +268,14 @@ def main() -> None:
     ap.add_argument("--target", default="h200")
     ap.add_argument("--shapes", default="all", help="all | square | llama1b | MxNxK[,MxNxK...]")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--kinds", default="bf16,fp8", help="--build: the operand kinds whose candidates to build")
     ap.add_argument("--iters", type=int, default=20, help="launches per CUDA graph")
     ap.add_argument("--reps", type=int, default=7, help="graph replays timed (median)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None, help="write all figures as JSON here")
     a = ap.parse_args()
     if a.build is not None:
-        build(a.build, a.target)
+        build(a.build, a.target, tuple(k for k in a.kinds.split(",") if k))
         return
     kernel_dir = a.kernels
     if kernel_dir is None:
