@@ -83,7 +83,8 @@ def test_candidates_are_well_formed():
     assert bench_configs("fp8", get_target("b200")) == (variant_config("fp8", get_target("b200")),)
     fp8 = _by_tag()
     assert set(NEW_FP8) <= set(fp8)
-    assert variant_config("fp8", H200) == fp8["coop128x128x128c1x2"]  # the default did not move
+    # the default: the overlapped promotion (measured ahead of CUTLASS's own on the H200, docs/PERF.md)
+    assert variant_config("fp8", H200) == fp8["coopov128x128x128c1x2"]
     for tag, cfg in fp8.items():
         assert cfg.template == "sm90.cu" and cfg.threads == 384
         assert cfg.swizzle in (1, 2, 4, 8) and cfg.raster in RASTER_TAGS, tag
@@ -115,7 +116,9 @@ def test_new_candidates_render(tag):
     for residual in (False, True):
         spec = cp.generic_linear_spec("fp8", H200, residual=residual, config=cfg)
         src = spec.source()
-        assert "${" not in src and 'extern "C" __global__' in src and tag in spec.entry
+        # the default configuration's entry carries no tag (linear_cutlass_fp8_<hash>)
+        assert "${" not in src and 'extern "C" __global__' in src
+        assert tag in spec.entry or cfg == variant_config("fp8", H200)
         values = dict(spec.values)
         assert (values["OVERLAP_PROMOTION"], values["MAX_SWIZZLE"], values["RASTER"]) == (
             cfg.overlap, cfg.swizzle, cfg.raster)
