@@ -183,8 +183,9 @@ class ShapeRule:
 #: count: the thresholds between them are a guess (tuning on the target GPU measures the artifact's own shapes).
 #: Rules are few on purpose: each configuration an artifact uses is one more multi-minute nvcc build (cubin and
 #: Params probe) shared by all its linears of that configuration and epilogue. FP8 (f32 promotion) has no rule:
-#: its default, coop128x128x128c1x2, was the fastest FP8 candidate on all six shapes (the FP8FastAccum ones give
-#: other numerics and are not a per-shape choice).
+#: its default, coopov128x128x128c1x2, was the fastest FP8 promotion candidate on 2 of the 3 shapes measured and
+#: within 1% on the third (4096^3: its c2x1 twin; the FP8FastAccum ones give other numerics and are not a
+#: per-shape choice).
 SM90_SHAPE_RULES: tuple[ShapeRule, ...] = (
     # long reductions (a down projection; 8192^3 too, so before "large"): a 256-row tile loads each weight tile
     # once per 256 rows instead of 128, which pays where the main loop dominates
