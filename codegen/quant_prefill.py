@@ -62,6 +62,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.ops.llm import Linear
 from ..ir.types import DType, TensorType
 from .kernel import KernelSpec
+from .kernels.attention.prefill_rule import DECODE_MAX_ROWS
 from .kernels.dequant import rule as dequant
 from .kernels.gemm.rule import linear_spec
 from .kernels.gemm_cutlass import cutlass_params
@@ -74,10 +75,10 @@ ENV = "INGOT_QUANT_PREFILL_GEMM"
 WEIGHT_SUFFIX, SCALE_SUFFIX = ".dequant_weight", ".dequant_scale"
 #: steps of at most this many rows keep the quantized GEMV (its buckets, then the any-M launch as the last variant):
 #: the any-M GEMV reads the weight once per 64 rows, the pair ~5 bytes per weight (dequantize: read 1, write 2; GEMM:
-#: read 2) plus the GEMM, so by bytes they break even near 5 chunks. 256 is the attention's DECODE_MAX_ROWS, so
-#: decode batches up to 256 (their CUDA-graph buckets) run exactly the GEMV kernels. The threshold itself is
-#: not tuned on the H200 (only 310-row and 2048-row steps were measured).
-GEMV_MAX_ROWS = 256
+#: read 2) plus the GEMM, so by bytes they break even near 5 chunks. It is the attention's DECODE_MAX_ROWS (256), so
+#: decode batches up to that (their CUDA-graph buckets) run exactly the GEMV kernels, as they run the decode
+#: attention. The threshold itself is not tuned on the H200 (only 310-row and 2048-row steps were measured).
+GEMV_MAX_ROWS = DECODE_MAX_ROWS
 
 Launch = tuple[int, Node, KernelSpec | None, dict[str, Any]]
 
