@@ -59,7 +59,7 @@ input (``x``: the norm's input or the gate_up buffer; ``norm_weight``: the norm'
 A fused variant's kernel entry carries the autotune record of the plain variant it was made from (its
 configuration) with ``"tuned_as"``: that variant's entry.
 
-**Quantized prefill GEMM** (``codegen/quant_prefill.py``; off unless ``INGOT_QUANT_PREFILL_GEMM=1``): a weight-only
+**Quantized prefill GEMM** (``codegen/quant_prefill.py``; on unless ``INGOT_QUANT_PREFILL_GEMM=0``): a weight-only
 ``quantized_linear`` becomes a dequantize launch (bf16 weight into a memory-plan temporary; ``"skip"`` up to the
 largest GEMV bucket, ``into`` the next launch) and the bf16 GEMM a ``linear`` of that shape gets, reading it, whose
 variants are the quantized GEMV buckets with their own ``"args"``.
@@ -389,7 +389,7 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
     # rope_qkv writes k and v into the KV cache, the attention's cache write dropped (INGOT_ROPE_CACHE_FUSION=1)
     launches = fuse_rope_cache(graph, launches, tgt)
     gemv = os.environ.get("INGOT_NO_GEMV", "") in ("", "0")
-    # prefill steps of weight-only quantized linears: dequantize + the bf16 GEMM (off unless INGOT_QUANT_PREFILL_GEMM=1)
+    # prefill steps of weight-only quantized linears: dequantize + the bf16 GEMM (on unless INGOT_QUANT_PREFILL_GEMM=0)
     prefill = (quant_prefill.plan(graph, launches, tgt, gemv) if quant_prefill.enabled()
                else quant_prefill.QuantPrefill())
     launches = prefill.launches or launches

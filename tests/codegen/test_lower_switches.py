@@ -1,9 +1,10 @@
-"""Every opt-in lowering switch at once, without a GPU: the kernel table stays coherent.
+"""Every lowering switch at once, without a GPU: the kernel table stays coherent.
 
-Four steps change the launch list after ``plan_launches``, each opt-in until measured on the H200 and each tested
-alone beside its module: rope-cache fusion (``INGOT_ROPE_CACHE_FUSION=1``, drops the attention's cache-write launch),
-the quantized prefill GEMM (``INGOT_QUANT_PREFILL_GEMM=1``, one launch becomes two), the wgmma prefill attention
-(``INGOT_PREFILL_ATTENTION=wgmma``) and decode fusion (``INGOT_DECODE_FUSION=1``, skips launches by index). Here
+Four steps change the launch list after ``plan_launches``, each tested alone beside its module: rope-cache fusion
+(opt-in, ``INGOT_ROPE_CACHE_FUSION=1``, drops the attention's cache-write launch), the quantized prefill GEMM (on by
+default, ``INGOT_QUANT_PREFILL_GEMM=0`` turns it off; one launch becomes two), the wgmma prefill attention (the
+default on sm_90a, ``INGOT_PREFILL_ATTENTION=flash`` turns it off) and decode fusion (opt-in,
+``INGOT_DECODE_FUSION=1``, skips launches by index). Here
 they run together on the tiny quantized Llama (FP8 weight-only, and unquantized) for h200, and the table is checked
 as the executor reads it: every launch and variant binds exactly its kernel's parameters to buffers of the memory
 plan (or null / a dim), every ``skip`` points forward at a launch of the right node, every named kernel is in the

@@ -1,4 +1,4 @@
-"""The quantized prefill GEMM (``codegen/quant_prefill.py``, ``INGOT_QUANT_PREFILL_GEMM=1``) without a GPU.
+"""The quantized prefill GEMM (``codegen/quant_prefill.py``, on unless ``INGOT_QUANT_PREFILL_GEMM=0``) without a GPU.
 
 The tiny quantized Llama of ``tests/codegen/test_lower_quant.py`` compiled for h200 / b200 with the switch on: every
 weight-only ``quantized_linear`` is a dequantize launch (skipped up to 256 rows, into the next launch) and the bf16

@@ -1,4 +1,4 @@
-"""Quantized artifacts compiled with the prefill GEMM (``INGOT_QUANT_PREFILL_GEMM=1``, ``codegen/quant_prefill.py``)
+"""Quantized artifacts compiled with the prefill GEMM (the default, ``codegen/quant_prefill.py``)
 on the CUDA backend against the CPU backend running the same quantized graph (``-m gpu``; skipped without one).
 
 The tiny Llama of ``tests/codegen/test_lower_quant.py`` with FP8 weight-only and NVFP4 weight-only weights (h200;

@@ -17,9 +17,9 @@ not taken (``quant_applies`` returns None).
 **Selection**, as for the bf16 GEMV (``rule.py``): ``quant_variants`` gives one variant per token bucket
 (``BUCKETS``, each correct for ``M <= MB``, split-K sized for that bucket); ``quant_plan`` gives the launch for
 any M (``ANY_M``: MB = 64 token chunks on grid.z, no split-K, the weights re-read per chunk), which is the node's
-own kernel: the executor runs the first variant whose ``max_rows`` covers the step's M, else that. With
-``INGOT_QUANT_PREFILL_GEMM=1`` (``codegen/quant_prefill.py``) weight-only linears run a dequantize launch + the bf16
-GEMM above the largest bucket instead, the buckets as that GEMM launch's variants.
+own kernel: the executor runs the first variant whose ``max_rows`` covers the step's M, else that. By default
+(``codegen/quant_prefill.py``; ``INGOT_QUANT_PREFILL_GEMM=0`` turns it off) weight-only linears run a dequantize
+launch + the bf16 GEMM above ``GEMV_MAX_ROWS`` instead, the buckets and this launch as that GEMM launch's variants.
 
 **Configuration** (``quant_config``): a step is 16 bytes of weights per lane (64 FP8 or 128 NVFP4 columns);
 warps, tiles and steps per stage per bucket from the bf16 GEMV's table (same bytes per load); split-K doubles
