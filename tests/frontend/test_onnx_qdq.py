@@ -249,8 +249,14 @@ def test_tiny_llama_fp8(tmp_path: Path) -> None:
         ids = r.integers(0, 256, (2, seq)).astype(np.int64)
         got = run_graph(g, {"input_ids": ids})["logits"]
         want = ort_run(q, {"input_ids": ids})["logits"]
-        # measured over 5 seeds x 3 lengths: bit-identical; the tolerance is the MLP/conv one
-        assert_grid_close(got, want, fp8_ulp(np.abs(want).max(), y_scale), 2.0, f"tiny llama fp8, seq {seq}")
+        # Usually bit-identical (40 of 41 seeds). The two sides' f32 values differ in the last bits (summation
+        # order, onnxruntime's own exp), and an activation value within ~1e-6 of an E4M3 rounding midpoint then
+        # lands one grid step apart; causal attention carries that step to every later position of that sequence
+        # (seed 3017876368: a flip at position 6 of sequence 0 changed 70% of the elements of positions 6-10 by
+        # one step, 84% identical overall). A flip at position 0 of one of the two sequences can so change up to
+        # about 70% of half the elements, hence "half identical"; the grid bound is the accuracy check.
+        assert_grid_close(got, want, fp8_ulp(np.abs(want).max(), y_scale), 2.0, f"tiny llama fp8, seq {seq}",
+                          identical=0.5)
         assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.9
 
 
