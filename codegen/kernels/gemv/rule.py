@@ -36,6 +36,9 @@ so the variants measured so far wait first and only then load weights (their SAS
 ptxas keeps on their side of the wait (the template's header). On by default for fused variants, off for plain ones
 (their code stays as measured, docs/PERF.md); ``bench/bench_decode_fusion.py`` times both ways. Not yet run on a GPU.
 
+**Bulk copies** (opt-in, ``INGOT_GEMV_BULK=1``; ``bulk.cu``, ``bulk_rule.py``): plain variants whose weights go to
+shared memory by ``cp.async.bulk``, the CTA's whole ring issued before the grid-dependency wait. Not yet measured.
+
 **Quantized weights** (``quant.cu``, ``quant_rule.py``): ``quantized_linear`` with FP8 (per-channel) or NVFP4
 weights, bf16 or per-token FP8 activations, through the same two entry points (``variants`` per bucket, ``plan``
 for any M). ``codegen/registry.py`` lists this family in ``FAMILY_NAMES`` after ``gemm`` (so ``plan`` gives a
@@ -168,18 +171,22 @@ def spec_config(spec: KernelSpec) -> GemvConfig:
 
 
 def is_plain(spec: KernelSpec) -> bool:
-    """A bf16 GEMV variant without a prologue (what ``variants`` makes and autotuning tunes)."""
-    return spec.family == "gemv" and spec.template == "kernel.cu" and not dict(spec.values).get("PROLOGUE", 0)
+    """A bf16 GEMV variant without a prologue (what ``variants`` makes and autotuning tunes; with
+    ``INGOT_GEMV_BULK=1`` also ``bulk.cu``'s, which ``fused_spec`` replaces by ``kernel.cu``'s)."""
+    return (spec.family == "gemv" and spec.template in ("kernel.cu", "bulk.cu")
+            and not dict(spec.values).get("PROLOGUE", 0))
 
 
 def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target, weights_first: bool | None = None) -> KernelSpec:
     """``plain`` (a bf16 variant, see ``is_plain``) with ``prologue``: the same N, K, bucket, epilogue and
-    configuration, so it streams the weights exactly as ``plain`` does."""
+    configuration, so it streams the weights exactly as ``plain`` does (a ``bulk.cu`` variant: ``kernel.cu``'s
+    default configuration; prologues exist only there)."""
     if not is_plain(plain):
         raise ValueError(f"gemv: {plain.entry} is not a plain bf16 GEMV variant")
     v = dict(plain.values)
+    config = spec_config(plain) if plain.template == "kernel.cu" else None
     return gemv_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]),
-                     config=spec_config(plain), prologue=prologue, weights_first=weights_first)
+                     config=config, prologue=prologue, weights_first=weights_first)
 
 
 def applies(inputs: Sequence[TensorType | None], target: Target) -> tuple[int, int, bool, bool] | None:
@@ -210,6 +217,11 @@ def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> lis
     if a is None:
         return []
     n, k, bias, residual = a
+    from . import bulk_rule
+
+    if bulk_rule.enabled():  # INGOT_GEMV_BULK=1: bulk.cu where a configuration fits (bulk_rule's docstring)
+        return [(mb, bulk_rule.bulk_spec(n, k, mb, target, bias, residual) or gemv_spec(n, k, mb, target, bias,
+                                                                                       residual)) for mb in BUCKETS]
     return [(mb, gemv_spec(n, k, mb, target, bias, residual)) for mb in BUCKETS]
 
 

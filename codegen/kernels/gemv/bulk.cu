@@ -1,0 +1,231 @@
+#include "../common.cuh"
+
+// Decode GEMV with bulk async copies: out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) (+ residual[M, N]), bf16 in and
+// out, f32 accumulate, M <= ${MB} tokens (one variant per token bucket, codegen/kernels/gemv/bulk_rule.py).
+// Same maths and epilogue as kernel.cu; what differs is how the weights travel:
+//
+// - weights go global -> shared memory with 1-D bulk copies (cp.async.bulk ... mbarrier::complete_tx::bytes,
+//   async proxy, no registers held), never through registers. Each warp owns 16 x ${MT} rows of the CTA's tile
+//   and its own ring of ${S} stages of ${SC} columns: lane r copies row r's piece of a stage (rows are contiguous
+//   in w) into a shared row padded by 16 bytes, so that ldmatrix's 8 row addresses of one 8x8 matrix fall in 8
+//   different 16-byte bank groups (SC is a multiple of 64: rows start 16 bytes apart modulo 128); lane 0 arms the
+//   stage's mbarrier with the bytes to expect. After computing from a stage, the warp refills it with the piece
+//   ${S} stages ahead. No __syncthreads in the loop: every warp is its own producer and consumer.
+// - programmatic dependent launch: the weights never depend on the kernel before this one, so every warp fills its
+//   whole ring *before* griddepcontrol.wait: launched early (PDL), this kernel streams up to ${S} x ${SC} columns of
+//   its rows (all of them when the tile fits) while the previous kernel finishes. The copies are async-proxy
+//   instructions (SASS UBLKCP) issued in program order before the wait (ACQBULK); tests/codegen/test_gemv_bulk.py
+//   checks that ptxas keeps them there. launch_dependents comes first of all, so that the *next* kernel may be
+//   scheduled (and fill its own ring) as soon as every CTA of this one runs; the shared memory (bulk_rule's
+//   SMEM_BUDGET) is kept small enough for two CTAs, this one's and the next kernel's, to share an SM.
+// - after the wait, x's K slice of the M tokens (the previous kernel's output) is bulk-copied too, one copy per
+//   token, into [MB][KS + 8] (the same 16-byte padding); tokens >= M are never copied: their shared rows hold
+//   whatever was there and only feed accumulator columns that are never stored.
+// - tensor cores: mma.sync m16n8k16, w as the A operand (ldmatrix.x4: 16 rows x 16 k), x as B (ldmatrix.x4:
+//   8 tokens x 32 k, the fragments of two k16 steps), natural K order (no permutation needed: ldmatrix shuffles).
+// - split-K over CTAs (grid.y = ${SPLITK}): as kernel.cu, each CTA stores its partial tile in a module-scope f32
+//   workspace and the last CTA of a row block (atomic counter, reset by that CTA) sums the partials in slice order
+//   (deterministic) and runs the epilogue. One launch at a time per module may use the workspace.
+// - K tail: the last slice may be shorter than ${KS}; its last stage copies and computes only its multiple of 32
+//   columns. Rows >= N copy row N - 1 (never stored).
+
+namespace {
+constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, ROWS = 16 * MT;
+constexpr int BN = ROWS * WARPS, KS = ${KS}, SPLITK = ${SPLITK}, SC = ${SC}, S = ${S};
+constexpr int GX = (N + BN - 1) / BN;
+constexpr int RSB = 2 * SC + 16;          // bytes per shared weight row of a stage (16 bytes of padding)
+constexpr int XSB = 2 * KS + 16;          // bytes per shared x row
+constexpr int STAGE_BYTES = ROWS * RSB;   // one warp's stage
+constexpr int X_BYTES = MB * XSB;         // x's slice first, then the warps' rings
+static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
+static_assert(SC % 64 == 0 && KS % SC == 0 && K % 32 == 0, "stages of 64-column multiples; K a multiple of 32");
+static_assert(SPLITK * KS >= K && (SPLITK - 1) * KS < K, "SPLITK slices cover K");
+static_assert(ROWS <= 32 && S >= 1 && X_BYTES % 128 == 0, "a lane per row of a warp's tile");
+
+__device__ __forceinline__ unsigned bk_smem(const void* p) {
+  unsigned r;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+  return r;
+}
+// the residual, read after the wait with a coherent load that ptxas keeps on its side (see kernel.cu's header)
+__device__ __forceinline__ float bk_ld_bf16(const bf16* p) {
+  unsigned short u;
+  asm volatile("ld.global.u16 %0, [%1];" : "=h"(u) : "l"(p));
+  return to_f32(bf16{u});
+}
+__device__ __forceinline__ void bk_expect(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// bytes (a multiple of 16) global -> shared, completing as transaction bytes on mbarrier bar
+__device__ __forceinline__ void bk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void bk_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n BK_WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra BK_WAIT;\n}"
+      ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bk_ldsm4(unsigned* r, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void bk_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+}  // namespace
+
+__device__ float ${KERNEL}_ws[SPLITK > 1 ? SPLITK * GX * BN * MB : 1];
+__device__ unsigned ${KERNEL}_cnt[GX];
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
+    const bf16* __restrict__ x, const bf16* __restrict__ w, const float* __restrict__ w_scale,
+    const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, long long M) {
+  extern __shared__ __align__(128) unsigned char smem[];  // x [MB][XSB], then [WARPS][S] stages [ROWS][RSB]
+  __shared__ __align__(8) unsigned long long full[WARPS * S + 1];  // the warps' stages, then x's
+  __shared__ unsigned is_last;
+  if (M > MB) __trap();  // the executor launches this variant only for M <= MB
+  const int rows = (int)M;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+  const int kb = blockIdx.y * KS, kvalid = K - kb < KS ? K - kb : KS;  // this slice's columns
+  const int nst = (kvalid + SC - 1) / SC;                               // its stages
+  const int wrow0 = blockIdx.x * BN + warp * ROWS;                      // the warp's first row
+  const unsigned xs = bk_smem(smem), ring = xs + X_BYTES + warp * S * STAGE_BYTES;
+  const unsigned bar0 = bk_smem(&full[warp * S]), xbar = bk_smem(&full[WARPS * S]);
+
+  if (lane == 0) {
+    for (int s = 0; s < S; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8 * s));
+    if (warp == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(xbar));
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the next kernel may fill its ring now
+#endif
+
+  // stage i of this warp's rows -> ring slot i % S (lane r copies row r; rows >= N copy row N - 1)
+  const int grow = wrow0 + lane < N ? wrow0 + lane : N - 1;
+  const unsigned short* wrow = reinterpret_cast<const unsigned short*>(w) + (long long)grow * K + kb;
+  auto issue = [&](int i) {
+    const int cols = kvalid - i * SC < SC ? kvalid - i * SC : SC;
+    const unsigned bar = bar0 + 8 * (i % S);
+    if (lane == 0) bk_expect(bar, (unsigned)(ROWS * cols * 2));
+    __syncwarp();
+    if (lane < ROWS) bk_copy(ring + (i % S) * STAGE_BYTES + lane * RSB, wrow + i * SC, (unsigned)(cols * 2), bar);
+  };
+  // the whole ring before the grid-dependency wait: weights never depend on the previous kernel
+  for (int i = 0; i < S && i < nst; ++i) issue(i);
+
+  // the previous kernel's outputs (x, residual) are read only from here on
+${PDL_WAIT}
+  if (warp == 0) {
+    if (lane == 0) bk_expect(xbar, (unsigned)(rows * kvalid * 2));
+    __syncwarp();
+    const unsigned short* xbits = reinterpret_cast<const unsigned short*>(x) + kb;
+    for (int t = lane; t < rows; t += 32) bk_copy(xs + t * XSB, xbits + (long long)t * K, kvalid * 2, xbar);
+  }
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
+
+  // ldmatrix lane addresses: w matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) = a0..a3; x matrices: 8 tokens x k 8m..
+  const unsigned a_lane = ((lane & 7) + 8 * ((lane >> 3) & 1)) * RSB + 16 * (lane >> 4);
+  const unsigned b_lane = xs + (lane & 7) * XSB + 16 * (lane >> 3);
+  bk_wait(xbar, 0);
+#pragma unroll 1
+  for (int i = 0; i < nst; ++i) {
+    const int cols = kvalid - i * SC < SC ? kvalid - i * SC : SC;
+    bk_wait(bar0 + 8 * (i % S), (unsigned)(i / S) & 1u);
+    const unsigned stage = ring + (i % S) * STAGE_BYTES + a_lane;
+#pragma unroll
+    for (int st = 0; st < SC / 32; ++st) {
+      if (32 * st < cols) {  // the same for the whole warp
+        unsigned a[MT][2][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          bk_ldsm4(a[mt][0], stage + mt * 16 * RSB + 64 * st);
+          bk_ldsm4(a[mt][1], stage + mt * 16 * RSB + 64 * st + 32);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (8 * j < rows) {  // token tiles past M: nothing to compute
+            unsigned b[4];
+            bk_ldsm4(b, b_lane + 8 * j * XSB + 2 * (i * SC + 32 * st));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              bk_mma(acc[mt][j], a[mt][0], b[0], b[1]);
+              bk_mma(acc[mt][j], a[mt][1], b[2], b[3]);
+            }
+          }
+        }
+      }
+    }
+    __syncwarp();  // every lane's ldmatrix of this slot is done: refill it
+    if (i + S < nst) issue(i + S);
+  }
+
+  const int row0 = wrow0 + g;  // tile mt: rows row0 + 16 mt (+ 8)
+  if (SPLITK > 1) {
+    // partial tile -> workspace [split][row block][warp][mt][j][reg][lane]; the row block's last CTA sums them
+    float* ws = ${KERNEL}_ws + (long long)blockIdx.x * BN * MB + warp * (MT * NT * 4 * 32) + lane;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if (8 * j + 2 * q + (r & 1) < rows) {
+            float* pw = ws + (long long)blockIdx.y * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
+            asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(acc[mt][j][r]) : "memory");
+          }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned prev;
+      asm volatile("atom.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(&${KERNEL}_cnt[blockIdx.x]) : "memory");
+      is_last = prev == SPLITK - 1;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if (8 * j + 2 * q + (r & 1) < rows) {
+            float sum = 0.0f;
+            for (int sk = 0; sk < SPLITK; ++sk) {
+              const float* pw = ws + (long long)sk * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
+              float v;
+              asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(pw) : "memory");
+              sum += v;
+            }
+            acc[mt][j][r] = sum;
+          }
+    if (threadIdx.x == 0) ${KERNEL}_cnt[blockIdx.x] = 0u;  // ready for the next launch
+  }
+
+  // epilogue: c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = (row g+8, same tokens) of each tile
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int t = 8 * j + 2 * q + (r & 1), n = row0 + 16 * mt + (r < 2 ? 0 : 8);
+        if (t < rows && n < N) {
+          float y = acc[mt][j][r];
+          if (${HAS_BIAS}) y += to_f32(bias[n]);
+          if (${HAS_RESIDUAL}) y += bk_ld_bf16(residual + (long long)t * N + n);
+          out[(long long)t * N + n] = from_f32<bf16>(y);
+        }
+      }
+}

@@ -1,0 +1,136 @@
+"""Bulk-copy decode GEMV (``bulk.cu``): the bf16 ``linear`` variants with weights fetched by ``cp.async.bulk``.
+
+Opt-in (``INGOT_GEMV_BULK=1`` at compile time, ``enabled``): ``rule.variants`` then makes each token bucket's plain
+variant with this template where ``bulk_config`` finds a configuration, and with ``kernel.cu`` otherwise; fused
+variants (``codegen/decode_fusion.py``) stay on ``kernel.cu`` (``rule.fused_spec`` rebuilds them from the bucket's
+N, K and epilogue). Same parameters (``rule.PARAMS``), buckets and numerics as ``kernel.cu``.
+
+**Why.** ``kernel.cu`` streams weights through registers: its bytes in flight per SM are bounded by registers, and
+under programmatic dependent launch only its first register stage may load before the grid-dependency wait. Here
+each warp owns 16 x ``tiles`` rows of the CTA's tile and a ring of ``stages`` shared-memory stages of
+``stage_cols`` columns, filled by 1-D bulk copies (one per row piece) *before* the wait: a small matrix (the 1B
+model's qkv and o: <= ~100 KB per SM) is then read almost whole while the previous kernel finishes. The template's
+header has the details.
+
+**Configuration** (``bulk_config``): the CTA's shared memory (x's K slice for ``mb`` tokens plus the warps' rings)
+stays within ``SMEM_BUDGET`` so that two CTAs (this kernel's and the next one's) fit on one SM of the H200 (228 KB).
+Over warps per CTA (``WARPS``), tiles per warp, split-K and stage widths (``STAGE_COLS``), the configuration with the
+least estimated time wins: bytes per SM on the critical path (waves x the CTA's tile), plus the split-K partials
+and a fixed cost per split, plus a cost per bulk copy, less a share for the part of the tile fetched before the wait.
+A bucket with no configuration (x's slice too large for the budget even when split) keeps ``kernel.cu``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ...kernel import GridDim, KernelSpec
+from ...target import Target
+from .rule import BUCKETS, PARAMS
+
+ENV = "INGOT_GEMV_BULK"
+#: dynamic shared memory per CTA (bytes): two CTAs per SM on the H200 (228 KB, 1 KB reserved per CTA, barriers)
+SMEM_BUDGET = 110 * 1024
+#: stage widths (columns; multiples of 64 keep ldmatrix conflict-free with 16-byte row padding)
+STAGE_COLS = (512, 256, 128)
+#: warps per CTA tried
+WARPS = (2, 3, 4, 6, 8)
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+#: cost model, in bytes of weight traffic per SM: each wave of CTAs past the first (setup, x staging and the
+#: ring's fill no longer overlap anything), a split-K reduction's fixed cost, one bulk copy's issue, x's bytes per
+#: CTA (from L2: a fraction), and the share of the first CTA's tile fetched before the grid-dependency wait that
+#: overlaps the previous kernel
+WAVE_COST, SPLIT_COST, COPY_COST, X_SHARE, PREFETCH_SHARE = 16384, 8192, 32, 0.25, 0.5
+
+
+@dataclass(frozen=True)
+class BulkConfig:
+    warps: int
+    tiles: int  # MT: 16-row tiles per warp (a lane per row: at most 2)
+    splitk: int
+    slice_k: int  # KS
+    stage_cols: int  # SC
+    stages: int  # S: ring slots per warp
+
+    @property
+    def rows(self) -> int:
+        """Rows of w per CTA (BN)."""
+        return 16 * self.tiles * self.warps
+
+
+def enabled() -> bool:
+    """``INGOT_GEMV_BULK`` set (and not 0): plain bf16 GEMV variants use this template."""
+    return os.environ.get(ENV, "").strip() not in ("", "0")
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def smem_bytes(mb: int, cfg: BulkConfig) -> int:
+    """Dynamic shared memory: x's slice ``[mb][KS + 8]`` bf16, then the warps' rings of ``[16 MT][SC + 8]`` stages."""
+    return mb * (2 * cfg.slice_k + 16) + cfg.warps * cfg.stages * 16 * cfg.tiles * (2 * cfg.stage_cols + 16)
+
+
+def _cost(n: int, k: int, mb: int, num_sms: int, c: BulkConfig) -> float:
+    waves = -(-(-(-n // c.rows) * c.splitk) // num_sms)
+    tile = c.rows * c.slice_k * 2
+    split = c.rows * mb * 4 * c.splitk + SPLIT_COST if c.splitk > 1 else 0
+    copies = c.rows * (c.slice_k // c.stage_cols) + mb
+    ring = c.stages * c.stage_cols * c.rows * 2
+    return (waves * (tile + X_SHARE * mb * c.slice_k * 2) + (waves - 1) * WAVE_COST + split + copies * COPY_COST
+            - PREFETCH_SHARE * min(tile, ring))
+
+
+def bulk_config(n: int, k: int, mb: int, num_sms: int, budget: int = SMEM_BUDGET) -> BulkConfig | None:
+    """The configuration for ``w[n, k]`` and ``M <= mb`` (see the module docstring), or None when none fits."""
+    if k % 32 or mb not in BUCKETS:
+        return None
+    best: tuple[float, BulkConfig] | None = None
+    for warps in WARPS:
+        for tiles in (1, 2):
+            if tiles > 1 and -(-n // (16 * warps)) < num_sms:  # two tiles a warp only where rows are plentiful
+                continue
+            for sc in STAGE_COLS:
+                for split in SPLITS:
+                    ks = _round_up(-(-k // split), sc)
+                    splitk = -(-k // ks)
+                    if splitk != split:  # the same slices as a smaller split
+                        continue
+                    x = mb * (2 * ks + 16)
+                    per_stage = warps * 16 * tiles * (2 * sc + 16)
+                    stages = min((budget - x) // per_stage, ks // sc) if budget > x else 0
+                    if stages < min(2, ks // sc):
+                        continue
+                    c = BulkConfig(warps, tiles, splitk, ks, sc, stages)
+                    cost = _cost(n, k, mb, num_sms, c)
+                    if best is None or cost < best[0]:
+                        best = (cost, c)
+    return best[1] if best else None
+
+
+def bulk_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
+              config: BulkConfig | None = None) -> KernelSpec | None:
+    """The bulk-copy variant for ``M <= mb`` of ``linear`` with bf16 ``x[M, k]``, ``w[n, k]`` (params as
+    ``rule.gemv_spec``'s), or None when no configuration fits the shared-memory budget."""
+    if k % 32 or mb not in BUCKETS:
+        raise ValueError(f"gemv bulk: K must be a multiple of 32 (got {k}) and mb one of {BUCKETS} (got {mb})")
+    cfg = config or bulk_config(n, k, mb, target.num_sms or 132)
+    if cfg is None:
+        return None
+    smem, limit = smem_bytes(mb, cfg), target.smem_per_block or 227 * 1024
+    if smem + 1024 > limit:
+        raise ValueError(f"gemv bulk: {smem} bytes of shared memory for M <= {mb}: more than the target's {limit}")
+    values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
+              "SC": cfg.stage_cols, "S": cfg.stages, "HAS_BIAS": bias, "HAS_RESIDUAL": residual}
+    return KernelSpec.make("gemv", "bulk.cu", f"gemv_bulk_bf16_n{n}_k{k}_m{mb}", target.arch or "", values, PARAMS,
+                           32 * cfg.warps, [GridDim(const=-(-n // cfg.rows)), GridDim(const=cfg.splitk)], smem=smem,
+                           doc=f"decode GEMV (bulk copies), M <= {mb}, {cfg.rows} rows x split-K {cfg.splitk} x "
+                               f"{cfg.slice_k}, {cfg.stages} stages of {cfg.stage_cols} columns")
+
+
+def spec_config(spec: KernelSpec) -> BulkConfig:
+    """The configuration a bulk spec was made with (``bulk_spec(..., config=spec_config(s))`` rebuilds ``s``)."""
+    v = dict(spec.values)
+    return BulkConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["KS"]), int(v["SC"]), int(v["S"]))
