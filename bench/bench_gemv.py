@@ -3,6 +3,9 @@
     python bench/bench_gemv.py                    # Llama-3.2-1B layer shapes, M = 1, 8, 32
     python bench/bench_gemv.py --sweep            # also time other split-K / warp / stage configurations
     python bench/bench_gemv.py --json out.json
+    python bench/bench_gemv.py --bulk             # also the bulk-copy variants (bulk.cu, INGOT_GEMV_BULK) per shape
+    python bench/bench_gemv.py --chain --m 1 8 32 # a 16-layer qkv -> o -> gate_up -> down chain: kernel.cu, bulk.cu,
+                                                  # cuBLAS, in one CUDA graph with PDL (cross-kernel overlap)
 
 Both sides are timed the same way: ``--launches`` back-to-back launches captured in one CUDA graph
 (so launch cost is not counted), the graph replayed ``--reps`` times, CUDA events around each replay,
@@ -10,7 +13,13 @@ median. Each launch reads another copy of the weights (copies rotate so that the
 50 MB L2 several times: every launch streams its weights from HBM). Printed per shape and M: weight
 bytes, time per launch, TB/s of weights read, the fraction of the 4.19 TB/s copy ceiling
 (``../shared/GPU.md``), cuBLAS's time and TB/s, and the speedup. Every configuration is first checked
-against a float32 product of the same bf16 values (outputs poisoned first).
+against a float32 product of the same bf16 values (outputs poisoned first). ``--bulk`` adds a row per shape and M
+for the bulk-copy variant (``codegen/kernels/gemv/bulk_rule.py``), timed the same way.
+
+``--chain``: per token count, ``CHAIN_LAYERS`` layers of Llama-3.2-1B's GEMVs (qkv, o + residual, gate_up,
+down + residual), every layer with its own weights (~1.9 GB: nothing stays in L2), launched back to back with PDL
+in one CUDA graph: ``kernel.cu``'s variants, ``bulk.cu``'s, and cuBLAS (``torch.addmm`` / ``torch.matmul``) in the
+same run; printed per layer, with the fraction of 4.19 TB/s. The number that shows the cross-kernel overlap.
 """
 
 from __future__ import annotations
@@ -153,7 +162,7 @@ def configs(n: int, k: int, mb: int, sweep: bool):
 
 
 def bench_shape(n: int, k: int, ms: list[int], sweep: bool, launches: int, reps: int, gen, tgt,
-                pdl: bool = True) -> list[dict]:
+                pdl: bool = True, bulk: bool = False) -> list[dict]:
     import torch
 
     from ingot.codegen.kernels.gemv.rule import BUCKETS, gemv_spec
@@ -173,8 +182,15 @@ def bench_shape(n: int, k: int, ms: list[int], sweep: bool, launches: int, reps:
 
         t_cublas = time_graph(cublas, launches, reps)
         best = None
-        for name, cfg in configs(n, k, mb, sweep):
-            kern = Kernel(gemv_spec(n, k, mb, tgt, config=cfg))
+        todo = [(name, cfg, gemv_spec(n, k, mb, tgt, config=cfg)) for name, cfg in configs(n, k, mb, sweep)]
+        if bulk:
+            from ingot.codegen.kernels.gemv.bulk_rule import bulk_spec, spec_config
+
+            bspec = bulk_spec(n, k, mb, tgt)
+            if bspec is not None:
+                todo.append(("bulk", spec_config(bspec), bspec))
+        for name, cfg, spec in todo:
+            kern = Kernel(spec)
             err = 0.0
             for _ in range(2):  # twice: the split-K counters must have been reset by the first launch
                 out.fill_(float("nan"))
@@ -193,12 +209,13 @@ def bench_shape(n: int, k: int, ms: list[int], sweep: bool, launches: int, reps:
             t = time_graph(ours_pdl, launches, reps) if pdl else t_plain
             tbps = nbytes / t / 1e12
             row = {"n": n, "k": k, "m": m, "mb": mb, "config": name, "splitk": cfg.splitk, "warps": cfg.warps,
-                   "tiles": cfg.tiles, "u": cfg.stage_steps, "us": t * 1e6, "tbps": tbps, "frac": tbps / COPY_TBPS,
+                   "tiles": cfg.tiles, "u": getattr(cfg, "stage_steps", 0), "us": t * 1e6, "tbps": tbps,
+                   "frac": tbps / COPY_TBPS,
                    "pdl": pdl, "plain_us": t_plain * 1e6,
                    "cublas_us": t_cublas * 1e6, "cublas_tbps": nbytes / t_cublas / 1e12,
                    "speedup": t_cublas / t, "rel_err": err, "weight_mb": nbytes / 1e6}
             rows.append(row)
-            if best is None or t < best["us"] / 1e6:
+            if name != "bulk" and (best is None or t < best["us"] / 1e6):
                 best = row
             print(f"{n:>7}x{k:<6} {m:>3} {mb:>6} {name:>16} {t * 1e6:8.2f} {t_plain * 1e6:8.2f} {tbps:6.2f} "
                   f"{tbps / COPY_TBPS:6.1%} {t_cublas * 1e6:9.2f} {row['cublas_tbps']:6.2f} {row['speedup']:6.2f}x "
@@ -207,6 +224,73 @@ def bench_shape(n: int, k: int, ms: list[int], sweep: bool, launches: int, reps:
                 print(f"  ** {n}x{k} M={m} {name}: relative error {err}", flush=True)
         if sweep and best is not None:
             print(f"  best: {best['config']} {best['tbps']:.2f} TB/s", flush=True)
+    return rows
+
+
+#: the chain's layers (distinct weights each) and one layer's GEMVs: (name, N, K, residual)
+CHAIN_LAYERS = 16
+CHAIN = [("qkv", 3072, 2048, False), ("o", 2048, 2048, True), ("gate_up", 16384, 2048, False),
+         ("down", 2048, 8192, True)]
+
+
+def bench_chain(ms: list[int], launches: int, reps: int, gen, tgt) -> list[dict]:
+    """Microseconds per layer of the ``--chain`` measurement (module docstring) for each token count."""
+    import torch
+
+    from ingot.codegen.kernels.gemv.bulk_rule import bulk_spec
+    from ingot.codegen.kernels.gemv.rule import BUCKETS, gemv_spec
+
+    weights = [[(torch.randn(n, k, device="cuda", generator=gen) * 0.05).to(torch.bfloat16) for _, n, k, _ in CHAIN]
+               for _ in range(CHAIN_LAYERS)]
+    nbytes = sum(2 * n * k for _, n, k, _ in CHAIN)
+    rows = []
+    for m in ms:
+        mb = next(b for b in BUCKETS if b >= m)
+        xs = [torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16) for _, _, k, _ in CHAIN]
+        res = [torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16) if r else None
+               for _, n, _, r in CHAIN]
+        outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _, n, _, _ in CHAIN]
+        families = {"kernel.cu": [Kernel(gemv_spec(n, k, mb, tgt, residual=r)) for _, n, k, r in CHAIN]}
+        bulk = [bulk_spec(n, k, mb, tgt, residual=r) for _, n, k, r in CHAIN]
+        families["bulk.cu"] = [Kernel(b) if b is not None else families["kernel.cu"][i] for i, b in enumerate(bulk)]
+        for name, kerns in families.items():  # each GEMV against torch once (twice: split-K counters)
+            for i, (kern, (_, _, _, r)) in enumerate(zip(kerns, CHAIN)):
+                ref = xs[i].float() @ weights[0][i].float().t() + (res[i].float() if r else 0)
+                for _ in range(2):
+                    outs[i].fill_(float("nan"))
+                    kern.launch(xs[i], weights[0][i], outs[i], m, residual=res[i])
+                    torch.cuda.synchronize()
+                    err = float(((outs[i].float() - ref).abs().max() / ref.abs().max()).nan_to_num(1.0))
+                    if not err < 1e-2:
+                        print(f"  ** chain {name} {CHAIN[i][0]} M={m}: relative error {err:.2e}", flush=True)
+
+        def ours(kerns, xs=xs, outs=outs, m=m, res=res):
+            def record(_: int) -> None:
+                for layer in weights:
+                    for i, kern in enumerate(kerns):
+                        kern.launch(xs[i], layer[i], outs[i], m, residual=res[i], pdl=True)
+            return record
+
+        def cublas(_: int, xs=xs, outs=outs, res=res) -> None:
+            for layer in weights:
+                for i, w in enumerate(layer):
+                    if res[i] is None:
+                        torch.matmul(xs[i], w.t(), out=outs[i])
+                    else:
+                        torch.addmm(res[i], xs[i], w.t(), out=outs[i])
+
+        t = {name: time_graph(ours(kerns), launches, reps) / CHAIN_LAYERS for name, kerns in families.items()}
+        t["cuBLAS"] = time_graph(cublas, launches, reps) / CHAIN_LAYERS
+        row = {"chain": "qkv,o,gate_up,down", "m": m, "mb": mb, "layers": CHAIN_LAYERS, "weight_mb": nbytes / 1e6,
+               "bulk_fallbacks": [CHAIN[i][0] for i, b in enumerate(bulk) if b is None],
+               **{f"{name}_us": v * 1e6 for name, v in t.items()},
+               **{f"{name}_frac": nbytes / v / 1e12 / COPY_TBPS for name, v in t.items()}}
+        rows.append(row)
+        print(f"chain M={m:>2} (MB {mb}): " + "  ".join(
+            f"{name} {v * 1e6:7.2f} us/layer {nbytes / v / 1e12:5.2f} TB/s {nbytes / v / 1e12 / COPY_TBPS:6.1%}"
+            for name, v in t.items()) + f"  bulk vs kernel.cu {t['kernel.cu'] / t['bulk.cu']:5.2f}x, "
+            f"vs cuBLAS {t['cuBLAS'] / t['bulk.cu']:5.2f}x"
+            + (f"  (kernel.cu for {row['bulk_fallbacks']})" if row["bulk_fallbacks"] else ""), flush=True)
     return rows
 
 
@@ -220,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pdl", dest="pdl", action="store_false",
                     help="time ingot's kernels with plain launches only (default: with programmatic dependent launch, "
                          "as the runtime launches them, and plain launches in the 'plain us' column)")
+    ap.add_argument("--bulk", action="store_true", help="also time the bulk-copy variants (bulk.cu)")
+    ap.add_argument("--chain", action="store_true", help="only the 16-layer chain (kernel.cu, bulk.cu, cuBLAS)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     import torch
@@ -233,15 +319,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'N x K':>14} {'M':>3} {'MB':>6} {'config':>16} {'us':>8} {'plain us':>8} {'TB/s':>6} {'%4.19':>6} "
           f"{'cuBLAS us':>9} {'TB/s':>6} {'speedup':>7} {'rel err':>8}", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if a.chain:
+        rows = bench_chain(a.m, max(1, a.launches // 10), a.reps, gen, tgt)
+        if a.json:
+            Path(a.json).write_text(json.dumps(rows, indent=1))
+        return 0
     for n, k in shapes:
-        rows += bench_shape(n, k, a.m, a.sweep, a.launches, a.reps, gen, tgt, a.pdl)
+        rows += bench_shape(n, k, a.m, a.sweep, a.launches, a.reps, gen, tgt, a.pdl, a.bulk)
         torch.cuda.empty_cache()
     print("\nsummary (default configuration):")
-    print(f"{'N x K':>14} {'MB':>7} {'M':>3} {'ingot TB/s':>10} {'% of 4.19':>9} {'cuBLAS TB/s':>11} {'vs cuBLAS':>9}")
+    print(f"{'N x K':>14} {'MB':>7} {'M':>3} {'ingot TB/s':>10} {'% of 4.19':>9} {'cuBLAS TB/s':>11} {'vs cuBLAS':>9} "
+          f"{'family':>9}")
     for r in rows:
-        if r["config"] == "default":
+        if r["config"] in ("default", "bulk"):
             print(f"{r['n']:>7}x{r['k']:<6} {r['weight_mb']:7.1f} {r['m']:>3} {r['tbps']:10.2f} {r['frac']:9.1%} "
-                  f"{r['cublas_tbps']:11.2f} {r['speedup']:8.2f}x")
+                  f"{r['cublas_tbps']:11.2f} {r['speedup']:8.2f}x "
+                  f"{'bulk.cu' if r['config'] == 'bulk' else 'kernel.cu':>9}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0
