@@ -109,6 +109,28 @@ def test_a_llama_layer_fuses_both_norms_the_swiglu_and_the_final_norm(tmp_path):
     assert launches[fusion.into[skipped["final_norm"]]][3]["M"] == {"dim": "S"}
 
 
+def test_bulk_variants_get_bulk_fused_variants(tmp_path, monkeypatch):
+    """With ``INGOT_GEMV_BULK=1`` the plain variants are bulk.cu's and so are the fused ones (the same bucket, N, K
+    and epilogue, the same arguments); without it kernel.cu's, as in the test above."""
+    from ingot.codegen.kernels.gemv import bulk_rule
+
+    g = _lowered(tmp_path)
+    monkeypatch.delenv(bulk_rule.ENV, raising=False)
+    _, off = _plan(g)
+    monkeypatch.setenv(bulk_rule.ENV, "1")
+    launches, on = _plan(g)
+    assert on.skips == off.skips and set(on.variants) == set(off.variants)
+    for jc, variants in on.variants.items():
+        (mr, fused, own), *_ = variants
+        plain = on.made_from[fused.key]
+        assert plain.template == fused.template == "bulk.cu" and mr == 8, fused.entry
+        assert fused.value("PROLOGUE") != 0 and {p.name for p in fused.params} == set(own)
+        assert all(fused.value(v) == plain.value(v) for v in ("N", "K", "MB", "HAS_BIAS", "HAS_RESIDUAL"))
+        off_fused = off.variants[jc][0][1]
+        assert off_fused.template == "kernel.cu" and off.variants[jc][0][2] == own
+        assert off_fused.value("PROLOGUE") == fused.value("PROLOGUE") and off_fused.params == fused.params
+
+
 def test_values_with_other_readers_and_graph_outputs_keep_their_launch(tmp_path):
     g = _lowered(tmp_path)
     mlp_norm = next(n.outputs[0] for n in g.nodes if n.outputs[0].name == "layers.0.mlp_norm")

@@ -5,7 +5,9 @@ activation kernel followed by the plain variant) within the same tolerance; they
 norm factor multiplies the f32 sums, the sigmoid goes through ex2.approx / rcp.approx). Llama-3.2-1B's shapes (qkv,
 gate_up, lm_head; down with its residual) and awkward ones (norm widths of 576 to 8192, K past the last slice, N off
 the tiles), token counts at the buckets' edges (M = 1, 3, 8; 9, 16), the first weight stage before and after the
-grid-dependency wait, each fused launch done twice (split-K counters and the sums-of-squares workspace reused)."""
+grid-dependency wait, each fused launch done twice (split-K counters and the sums-of-squares workspace reused).
+The bulk-copy variants' prologues (``bulk.cu``, ``INGOT_GEMV_BULK=1``) the same way, against numpy and against the
+norm / activation kernel followed by the plain bulk variant."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 from ingot.codegen.kernels.activation.rule import gated_spec
+from ingot.codegen.kernels.gemv.bulk_rule import bulk_spec
 from ingot.codegen.kernels.gemv.rule import Prologue, fused_spec, gemv_spec
 from ingot.codegen.kernels.norm.rule import norm_spec
 from ingot.codegen.target import get_target
@@ -114,3 +117,66 @@ def test_swiglu_prologue_matches_numpy(gpu, n, k, mb, weights_first):
             got = _gemv(gpu, fused, gate_up, w, res, m)
             assert _err(got, want) < TOL, f"{n}x{k} MB={mb} M={m} launch {attempt}: {_err(got, want):.2e} vs numpy"
             assert _err(got, unfused) < TOL, f"{n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"
+
+
+def _bulk_pair(tgt, n: int, k: int, mb: int, residual: bool, prologue: Prologue):
+    """(bulk.cu's plain variant, its fused variant): both bulk for these shapes (test_gemv_bulk.py's configs)."""
+    plain = bulk_spec(n, k, mb, tgt, residual=residual)
+    assert plain is not None, (n, k, mb)
+    fused = fused_spec(plain, prologue, tgt)
+    assert fused.template == "bulk.cu", (n, k, mb, fused.doc)
+    return plain, fused
+
+
+@pytest.mark.parametrize("n,k,mb", _cases(RMS_SHAPES))
+def test_bulk_rms_norm_prologue_matches_numpy(gpu, n, k, mb):
+    r = rng()
+    tgt = _target(gpu)
+    norm = norm_spec("rms", DType.bf16, DType.bf16, k, EPS, tgt)
+    residual = n != 128256
+    plain, fused = _bulk_pair(tgt, n, k, mb, residual, Prologue("rms_norm", EPS))
+    w_host = (0.05 * r.standard_normal((n, k), np.float32)).astype(BF16)
+    w = gpu.upload(w_host)
+    g_host = (1 + 0.2 * r.standard_normal(k)).astype(BF16)
+    g = gpu.upload(g_host)
+    for m in TOKENS[mb]:
+        x_host = (r.uniform(0.01, 40.0) * r.standard_normal((m, k))).astype(BF16)
+        res_host = r.standard_normal((m, n)).astype(BF16) if residual else None
+        want = RmsNorm(eps=EPS).ref(x_host, g_host).astype(np.float64) @ w_host.astype(np.float64).T
+        if residual:
+            want = want + res_host.astype(np.float64)
+        x = gpu.upload(x_host)
+        res = gpu.upload(res_host) if residual else None
+        normed = gpu.alloc((m, k), BF16)
+        gpu.launch(norm, x=x, weight=g, bias=None, residual=None, residual_out=None, out=normed, rows=m)
+        unfused = _gemv(gpu, plain, normed, w, res, m)
+        assert _err(unfused, want) < TOL, f"{n}x{k} M={m}: the unfused bulk launches vs numpy"
+        for attempt in range(2):
+            got = _gemv(gpu, fused, x, w, res, m, norm_weight=g)
+            assert _err(got, want) < TOL, f"bulk {n}x{k} MB={mb} M={m} launch {attempt}: {_err(got, want):.2e}"
+            assert _err(got, unfused) < TOL, f"bulk {n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"
+
+
+@pytest.mark.parametrize("n,k,mb", _cases(SWIGLU_SHAPES))
+def test_bulk_swiglu_prologue_matches_numpy(gpu, n, k, mb):
+    r = rng()
+    tgt = _target(gpu)
+    act = gated_spec("swiglu", DType.bf16, k, tgt, alpha=1.0, a_stride=2 * k, b_stride=2 * k, b_offset=k)
+    plain, fused = _bulk_pair(tgt, n, k, mb, True, Prologue("swiglu", alpha=1.0))
+    w_host = (0.05 * r.standard_normal((n, k), np.float32)).astype(BF16)
+    w = gpu.upload(w_host)
+    for m in TOKENS[mb]:
+        gate_up_host = (3 * r.standard_normal((m, 2 * k))).astype(BF16)
+        gate_up_host[0, 0] = -100  # 2^(144) overflows to inf: silu 0
+        res_host = r.standard_normal((m, n)).astype(BF16)
+        want = (SwiGLU(packed=True).ref(gate_up_host).astype(np.float64) @ w_host.astype(np.float64).T
+                + res_host.astype(np.float64))
+        gate_up, res = gpu.upload(gate_up_host), gpu.upload(res_host)
+        a = gpu.alloc((m, k), BF16)
+        gpu.launch(act, a=gate_up, b=gate_up, out=a, num_tokens=m)
+        unfused = _gemv(gpu, plain, a, w, res, m)
+        assert _err(unfused, want) < TOL, f"{n}x{k} M={m}: the unfused bulk launches vs numpy"
+        for attempt in range(2):
+            got = _gemv(gpu, fused, gate_up, w, res, m)
+            assert _err(got, want) < TOL, f"bulk {n}x{k} MB={mb} M={m} launch {attempt}: {_err(got, want):.2e}"
+            assert _err(got, unfused) < TOL, f"bulk {n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"

@@ -1,14 +1,24 @@
 """The bulk-copy decode GEMV (``codegen/kernels/gemv/bulk.cu``, opt-in) without a GPU: configurations, the
-``INGOT_GEMV_BULK`` switch in ``rule.variants``, and compile + SASS checks for sm_90a and sm_100a (the weights' bulk
-copies before the grid-dependency wait, tensor cores, no local memory). The numerics: test_gemv_bulk_gpu.py."""
+``INGOT_GEMV_BULK`` switch in ``rule.variants``, the fused (prologue) bulk variants ``rule.fused_spec`` makes, and
+compile + SASS checks for sm_90a and sm_100a (the weights' bulk copies before the grid-dependency wait, tensor cores,
+no local memory). The numerics: test_gemv_bulk_gpu.py, test_decode_fusion_gpu.py (the prologues)."""
 
 from __future__ import annotations
 
 import pytest
 
+from ingot.codegen.kernel import PDL_MARKER
 from ingot.codegen.kernels.gemv import bulk_rule
-from ingot.codegen.kernels.gemv.bulk_rule import SMEM_BUDGET, bulk_config, bulk_spec, smem_bytes, spec_config
-from ingot.codegen.kernels.gemv.rule import BUCKETS, Prologue, fused_spec, is_plain, variants
+from ingot.codegen.kernels.gemv.bulk_rule import (
+    SMEM_BUDGET,
+    bulk_config,
+    bulk_spec,
+    fused_bulk_spec,
+    smem_bytes,
+    spec_config,
+    x_bytes,
+)
+from ingot.codegen.kernels.gemv.rule import BUCKETS, PARAMS, PROLOGUES, Prologue, fused_spec, is_plain, variants
 from ingot.codegen.target import get_target
 from ingot.ir.ops.llm import Linear
 from ingot.ir.types import DType, TensorType
@@ -57,8 +67,8 @@ def test_switch_picks_the_template(monkeypatch):
     assert all(is_plain(s) and s.params == found[0][1].params for _, s in found)
     plain = found[0][1]
     assert bulk_spec(3072, 2048, 8, h200, config=spec_config(plain)) == plain
-    fused = fused_spec(plain, Prologue("rms_norm", 1e-5), h200)  # prologues stay on kernel.cu
-    assert fused.template == "kernel.cu" and fused.value("MB") == 8
+    fused = fused_spec(plain, Prologue("rms_norm", 1e-5), h200)  # a bulk variant's prologue is a bulk one
+    assert fused.template == "bulk.cu" and fused.value("MB") == 8 and fused.value("PROLOGUE") == 1
     # no configuration fits: that bucket keeps kernel.cu
     wide = TensorType(DType.bf16, (1000, 4128))
     odd = dict(variants(Linear(), [TensorType(DType.bf16, ("T", 4128)), wide], h200))
@@ -91,3 +101,71 @@ def test_sass_bulk_copies_before_the_wait(target, n, k, mb):
     ops = set(seq)
     assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops) and any(o.startswith("LDSM") for o in ops)
     assert_no_local_memory(ops, "the bulk GEMV")
+
+
+def _fused(n: int, k: int, mb: int, kind: str, target: str = "h200", residual: bool = False):
+    """(the plain bulk variant, ``rule.fused_spec`` of it with ``kind``'s prologue)."""
+    tgt = get_target(target)
+    plain = bulk_spec(n, k, mb, tgt, residual=residual)
+    assert plain is not None
+    pro = Prologue("rms_norm", eps=1e-5) if kind == "rms_norm" else Prologue("swiglu", alpha=1.0)
+    return plain, fused_spec(plain, pro, tgt)
+
+
+def test_fused_bulk_specs():
+    """kernel.cu's prologue parameters and literals; the plain variant's configuration, with fewer ring stages where
+    the prologue's x region needs the room (down's swiglu stages gate and up: a configuration of its own), within
+    the budget; kernel.cu's fused variant where no bulk configuration fits."""
+    h200 = get_target("h200")
+    for n, k, kind in ((3072, 2048, "rms_norm"), (16384, 2048, "rms_norm"), (128256, 2048, "rms_norm"),
+                       (576, 576, "rms_norm"), (2048, 8192, "swiglu"), (1000, 4128, "swiglu")):
+        plain, fused = _fused(n, k, 8, kind, residual=kind == "swiglu")
+        assert fused.template == "bulk.cu" and fused.value("PROLOGUE") == PROLOGUES[kind], (n, k, kind)
+        assert [p.name for p in fused.params] == [p for p, _ in PARAMS] + (["norm_weight"] if kind == "rms_norm"
+                                                                             else [])
+        assert fused.value("HAS_RESIDUAL") == plain.value("HAS_RESIDUAL") and not is_plain(fused)
+        c, f = spec_config(plain), spec_config(fused)
+        assert fused.smem == smem_bytes(8, f, kind) <= SMEM_BUDGET
+        if kind == "rms_norm":
+            assert f == c and fused.value("EPS") == 1e-5  # qkv / gate_up / lm_head of the 1B model keep theirs
+        assert f.splitk * f.slice_k >= k > (f.splitk - 1) * f.slice_k
+    assert x_bytes(8, 1024, "swiglu") == 2 * x_bytes(8, 1024)
+    assert x_bytes(8, 1024, "rms_norm") == x_bytes(8, 1024) + 2048  # the norm weight's slice
+    _, down = _fused(2048, 8192, 8, "swiglu", residual=True)
+    assert down.value("ALPHA") == 1.0 and spec_config(down).splitk == 8  # gate and up: half the slice
+    plain, fused = _fused(1000, 4128, 32, "swiglu")
+    assert fused_bulk_spec(plain, Prologue("swiglu"), h200) is None and fused.template == "kernel.cu"
+    assert fused.value("PROLOGUE") == PROLOGUES["swiglu"]
+
+
+@pytest.mark.parametrize("kind", ["rms_norm", "swiglu"])
+def test_fused_source_reads_inputs_after_the_wait(kind):
+    """The ring before the wait, the raw slices (x, gate and up, the norm weight) copied after it."""
+    _, fused = _fused(3072, 2048, 8, kind)
+    body = fused.source()[fused.source().index('extern "C" __global__'):]
+    assert body.count(PDL_MARKER) == 1
+    wait = body.index(PDL_MARKER)
+    assert body.index("issue(i);") < wait < body.index("reinterpret_cast<const unsigned short*>(x)")
+    if kind == "rms_norm":
+        assert body.index("norm_weight) + kb") > wait
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["h200", "b200"])
+@pytest.mark.parametrize("n,k,kind", [(3072, 2048, "rms_norm"), (2048, 8192, "swiglu")])
+def test_sass_fused_bulk_copies_before_the_wait(target, n, k, kind):
+    """The 1B model's qkv (rms_norm, split-K: the sums of squares' workspace) and down (swiglu): the weights' bulk
+    copies before the one wait, nothing read from global or shared memory before it; the prologue's instructions
+    (the 9 shuffles, ex2); no local memory."""
+    tgt = get_target(target)
+    _, fused = _fused(n, k, 8, kind, target, residual=kind == "swiglu")
+    seq = sass_sequence(disassembled(compiled(fused), tgt.arch))
+    assert seq.count(WAIT) == 1
+    wait = seq.index(WAIT)
+    copies = [i for i, o in enumerate(seq) if o.startswith("UBLKCP")]
+    assert copies and copies[0] < wait and "PREEXIT" in seq[:wait], (copies, wait)
+    assert not any(o.startswith(("LDG", "LDS", "HMMA")) for o in seq[:wait]), seq[:wait]
+    ops = set(seq)
+    assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops) and any(o.startswith("LDSM") for o in ops)
+    assert ("MUFU.EX2" in ops) == (kind == "swiglu") and ("SHFL.BFLY" in ops) == (kind == "rms_norm"), sorted(ops)
+    assert_no_local_memory(ops, "the fused bulk GEMV")

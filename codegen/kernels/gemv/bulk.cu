@@ -28,19 +28,38 @@
 //   (deterministic) and runs the epilogue. One launch at a time per module may use the workspace.
 // - K tail: the last slice may be shorter than ${KS}; its last stage copies and computes only its multiple of 32
 //   columns. Rows >= N copy row N - 1 (never stored).
+// - prologue (${PROLOGUE}; codegen/decode_fusion.py, the same semantics and parameters as kernel.cu's): x is computed
+//   from the skipped producer's input while it is staged. After the wait the raw slices are bulk-copied as above,
+//   then the CTA's threads turn them into x in place (16 bytes a thread per token, once per CTA, a __syncthreads
+//   after it); the weights' ring is still filled before the wait.
+//   1: rms_norm, y = x * rsqrt(mean(x^2) + eps) * g: x is the norm's input, g its weight (extra parameter
+//   norm_weight, its slice bulk-copied beside x's); the CTA stages bf16(x * g) and sums x^2 over its slice (per
+//   warp, 9 shuffles per 8 tokens as kernel.cu), and the epilogue multiplies the f32 accumulators by each token's
+//   1 / rms (with split-K the slices' sums go through a workspace, added by the last CTA in slice order).
+//   2: packed swiglu: x is the [M, 2K] gate_up buffer; up's slice is copied into a second [MB][KS + 8] region after
+//   gate's, and x = bf16(silu(gate) * up) with ex2.approx and rcp.approx, written over gate's.
+//   Not bit-identical to the producer's kernel followed by the plain variant (the norm factor multiplies the f32
+//   sums; the approximate sigmoid), within the GEMV's tolerance of the numpy reference.
 
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, ROWS = 16 * MT;
 constexpr int BN = ROWS * WARPS, KS = ${KS}, SPLITK = ${SPLITK}, SC = ${SC}, S = ${S};
+constexpr int PROLOGUE = ${PROLOGUE};
 constexpr int GX = (N + BN - 1) / BN;
 constexpr int RSB = 2 * SC + 16;          // bytes per shared weight row of a stage (16 bytes of padding)
 constexpr int XSB = 2 * KS + 16;          // bytes per shared x row
 constexpr int STAGE_BYTES = ROWS * RSB;   // one warp's stage
-constexpr int X_BYTES = MB * XSB;         // x's slice first, then the warps' rings
+constexpr int XR = PROLOGUE == 2 ? 2 : 1;              // x regions: swiglu copies up's slice after gate's
+constexpr int G_OFF = XR * MB * XSB;                   // rms_norm: the norm weight's slice after x's
+constexpr int X_BYTES = G_OFF + (PROLOGUE == 1 ? 2 * KS : 0);  // x's slice(s) first, then the warps' rings
+constexpr float SWIGLU_K = -(${ALPHA}) * 1.4426950408889634f;  // silu's exponent in log2 units
 static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
 static_assert(SC % 64 == 0 && KS % SC == 0 && K % 32 == 0, "stages of 64-column multiples; K a multiple of 32");
 static_assert(SPLITK * KS >= K && (SPLITK - 1) * KS < K, "SPLITK slices cover K");
 static_assert(ROWS <= 32 && S >= 1 && X_BYTES % 128 == 0, "a lane per row of a warp's tile");
+static_assert(PROLOGUE >= 0 && PROLOGUE <= 2, "prologue: none, rms_norm or swiglu");
+
+struct bk_u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ unsigned bk_smem(const void* p) {
   unsigned r;
@@ -70,6 +89,24 @@ __device__ __forceinline__ void bk_ldsm4(unsigned* r, unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+// element e (0..7) of 8 packed bf16, as f32
+__device__ __forceinline__ float bk_bf16_at(const bk_u32x4& v, int e) {
+  const unsigned u = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+  return __uint_as_float(e & 1 ? u & 0xffff0000u : u << 16);
+}
+// two f32 -> bf16x2 (nearest even; lo in the low half)
+__device__ __forceinline__ unsigned bk_pack(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// a * sigmoid(alpha a) * b = a * b / (1 + 2^(SWIGLU_K a)); 2^+inf = inf gives 0 (kernel.cu's gemv_swiglu)
+__device__ __forceinline__ float bk_swiglu(float a, float b) {
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(SWIGLU_K * a));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  return a * r * b;
+}
 __device__ __forceinline__ void bk_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -80,13 +117,20 @@ __device__ __forceinline__ void bk_mma(float* d, const unsigned* a, unsigned b0,
 
 __device__ float ${KERNEL}_ws[SPLITK > 1 ? SPLITK * GX * BN * MB : 1];
 __device__ unsigned ${KERNEL}_cnt[GX];
+__device__ float ${KERNEL}_ss[PROLOGUE == 1 && SPLITK > 1 ? SPLITK * GX * MB : 1];  // [split][row block][token]
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
     const bf16* __restrict__ x, const bf16* __restrict__ w, const float* __restrict__ w_scale,
-    const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, long long M) {
-  extern __shared__ __align__(128) unsigned char smem[];  // x [MB][XSB], then [WARPS][S] stages [ROWS][RSB]
+    const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, long long M
+#if ${PROLOGUE} == 1
+    , const bf16* __restrict__ norm_weight
+#endif
+    ) {
+  // x [MB][XSB] (swiglu: then up [MB][XSB]; rms_norm: then g [KS]), then [WARPS][S] stages [ROWS][RSB]
+  extern __shared__ __align__(128) unsigned char smem[];
   __shared__ __align__(8) unsigned long long full[WARPS * S + 1];  // the warps' stages, then x's
   __shared__ unsigned is_last;
+  __shared__ float ssq[PROLOGUE == 1 ? MB * WARPS : 1];  // rms_norm: [token][warp] sums of x^2 over the slice
   if (M > MB) __trap();  // the executor launches this variant only for M <= MB
   const int rows = (int)M;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
@@ -122,10 +166,18 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
   // the previous kernel's outputs (x, residual) are read only from here on
 ${PDL_WAIT}
   if (warp == 0) {
-    if (lane == 0) bk_expect(xbar, (unsigned)(rows * kvalid * 2));
+    // x's slice per token (swiglu: gate's and up's; rms_norm: and the norm weight's), all on one mbarrier
+    if (lane == 0) bk_expect(xbar, (unsigned)((XR * rows + (PROLOGUE == 1)) * kvalid * 2));
     __syncwarp();
     const unsigned short* xbits = reinterpret_cast<const unsigned short*>(x) + kb;
-    for (int t = lane; t < rows; t += 32) bk_copy(xs + t * XSB, xbits + (long long)t * K, kvalid * 2, xbar);
+    constexpr long long XROW = PROLOGUE == 2 ? 2LL * K : (long long)K;  // swiglu: gate_up rows, gate then up
+    for (int t = lane; t < rows; t += 32) {
+      bk_copy(xs + t * XSB, xbits + t * XROW, kvalid * 2, xbar);
+      if (PROLOGUE == 2) bk_copy(xs + (MB + t) * XSB, xbits + t * XROW + K, kvalid * 2, xbar);
+    }
+#if ${PROLOGUE} == 1
+    if (lane == 31) bk_copy(xs + G_OFF, reinterpret_cast<const unsigned short*>(norm_weight) + kb, kvalid * 2, xbar);
+#endif
   }
 
   float acc[MT][NT][4];
@@ -138,6 +190,59 @@ ${PDL_WAIT}
   const unsigned a_lane = ((lane & 7) + 8 * ((lane >> 3) & 1)) * RSB + 16 * (lane >> 4);
   const unsigned b_lane = xs + (lane & 7) * XSB + 16 * (lane >> 3);
   bk_wait(xbar, 0);
+  if (PROLOGUE != 0) {
+    // the prologue's x, in place (see the header): thread i takes the 16-byte vectors i, i + 32 WARPS, ... of each
+    // token's slice; tokens >= M and columns past the slice are never read
+    const bk_u32x4 zero = {0u, 0u, 0u, 0u};
+    const int nvec = kvalid / 8;
+#pragma unroll 1
+    for (int t0 = 0; t0 < rows; t0 += 8) {
+      float ss[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // rms_norm: this lane's sums of x^2
+#pragma unroll 1
+      for (int v = threadIdx.x; v < nvec; v += WARPS * 32) {
+        const bk_u32x4 gv = PROLOGUE == 1 ? *reinterpret_cast<const bk_u32x4*>(smem + G_OFF + 16 * v) : zero;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          if (t0 + e < rows) {
+            bk_u32x4* const p = reinterpret_cast<bk_u32x4*>(smem + (t0 + e) * XSB + 16 * v);
+            const bk_u32x4 a = *p;
+            const bk_u32x4 b = PROLOGUE == 2 ? *reinterpret_cast<const bk_u32x4*>(smem + (MB + t0 + e) * XSB + 16 * v)
+                                             : zero;
+            float y[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              const float av = bk_bf16_at(a, i);
+              if (PROLOGUE == 1) {
+                ss[e] += av * av;
+                y[i] = av * bk_bf16_at(gv, i);
+              } else {
+                y[i] = bk_swiglu(av, bk_bf16_at(b, i));
+              }
+            }
+            *p = {bk_pack(y[0], y[1]), bk_pack(y[2], y[3]), bk_pack(y[4], y[5]), bk_pack(y[6], y[7])};
+          }
+        }
+      }
+      if (PROLOGUE == 1) {
+        // the warp's sums of the 8 tokens in 9 shuffles (kernel.cu's): each xor step over 16, 8, 4 halves the values
+        // a lane keeps, so lane L ends with token (L >> 2) & 7's; xor 2, 1 finish
+#pragma unroll
+        for (int o = 16, n = 4; o >= 4; o >>= 1, n >>= 1) {
+          const bool upper = lane & o;
+#pragma unroll
+          for (int i = 0; i < n; ++i) {
+            const float keep = upper ? ss[n + i] : ss[i], give = upper ? ss[i] : ss[n + i];
+            ss[i] = keep + __shfl_xor_sync(0xffffffffu, give, o);
+          }
+        }
+        ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], 2);
+        ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], 1);
+        const int t = t0 + ((lane >> 2) & 7);
+        if ((lane & 3) == 0 && t < rows) ssq[t * WARPS + warp] = ss[0];
+      }
+    }
+    __syncthreads();  // every thread's x (and sums of squares) are in shared memory
+  }
 #pragma unroll 1
   for (int i = 0; i < nst; ++i) {
     const int cols = kvalid - i * SC < SC ? kvalid - i * SC : SC;
@@ -184,6 +289,12 @@ ${PDL_WAIT}
             float* pw = ws + (long long)blockIdx.y * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
             asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(acc[mt][j][r]) : "memory");
           }
+    if (PROLOGUE == 1 && threadIdx.x < rows) {  // this slice's sum of x^2 for token threadIdx.x, warps in order
+      float v = 0.0f;
+      for (int wp = 0; wp < WARPS; ++wp) v += ssq[threadIdx.x * WARPS + wp];
+      float* pw = ${KERNEL}_ss + ((long long)blockIdx.y * GX + blockIdx.x) * MB + threadIdx.x;
+      asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(v) : "memory");
+    }
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -213,6 +324,30 @@ ${PDL_WAIT}
     if (threadIdx.x == 0) ${KERNEL}_cnt[blockIdx.x] = 0u;  // ready for the next launch
   }
 
+  // rms_norm: 1 / rms of tokens 8 j + 2 q + h, from the sums of x^2 over the slices (in slice order) or the warps
+  float inv[NT][2];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      inv[j][h] = 1.0f;
+      const int t = 8 * j + 2 * q + h;
+      if (PROLOGUE == 1 && t < rows) {
+        float v = 0.0f;
+        if (SPLITK > 1) {
+          for (int sk = 0; sk < SPLITK; ++sk) {
+            const float* pw = ${KERNEL}_ss + ((long long)sk * GX + blockIdx.x) * MB + t;
+            float s;
+            asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s) : "l"(pw) : "memory");
+            v += s;
+          }
+        } else {
+          for (int wp = 0; wp < WARPS; ++wp) v += ssq[t * WARPS + wp];
+        }
+        inv[j][h] = rsqrtf(v * (1.0f / K) + ${EPS});
+      }
+    }
+
   // epilogue: c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = (row g+8, same tokens) of each tile
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -223,6 +358,7 @@ ${PDL_WAIT}
         const int t = 8 * j + 2 * q + (r & 1), n = row0 + 16 * mt + (r < 2 ? 0 : 8);
         if (t < rows && n < N) {
           float y = acc[mt][j][r];
+          if (PROLOGUE == 1) y *= inv[j][r & 1];
           if (${HAS_BIAS}) y += to_f32(bias[n]);
           if (${HAS_RESIDUAL}) y += bk_ld_bf16(residual + (long long)t * N + n);
           out[(long long)t * N + n] = from_f32<bf16>(y);

@@ -1,9 +1,16 @@
 """Bulk-copy decode GEMV (``bulk.cu``): the bf16 ``linear`` variants with weights fetched by ``cp.async.bulk``.
 
 Opt-in (``INGOT_GEMV_BULK=1`` at compile time, ``enabled``): ``rule.variants`` then makes each token bucket's plain
-variant with this template where ``bulk_config`` finds a configuration, and with ``kernel.cu`` otherwise; fused
-variants (``codegen/decode_fusion.py``) stay on ``kernel.cu`` (``rule.fused_spec`` rebuilds them from the bucket's
-N, K and epilogue). Same parameters (``rule.PARAMS``), buckets and numerics as ``kernel.cu``.
+variant with this template where ``bulk_config`` finds a configuration, and with ``kernel.cu`` otherwise. Same
+parameters (``rule.PARAMS``), buckets and numerics as ``kernel.cu``.
+
+**Prologues** (``codegen/decode_fusion.py``): ``rule.fused_spec`` makes a bulk variant's fused variants here too
+(``fused_bulk_spec``), with kernel.cu's prologues, semantics and parameters (``rms_norm``: ``norm_weight`` after
+``rule.PARAMS``; packed ``swiglu``: x is the ``[M, 2K]`` gate_up buffer): the raw slices are bulk-copied after the
+wait and turned into x in place (the template's header). The plain variant's configuration is kept, with fewer ring
+stages where the larger x region (swiglu: gate and up, twice x's bytes; rms_norm: the norm weight's slice) needs
+the room; where even two stages do not fit, ``bulk_config`` picks one for the prologue, and where none fits the
+fused variant is ``kernel.cu``'s (``rule.fused_spec``). Not yet run on a GPU.
 
 **Why.** ``kernel.cu`` streams weights through registers: its bytes in flight per SM are bounded by registers, and
 under programmatic dependent launch only its first register stage may load before the grid-dependency wait. Here
@@ -23,11 +30,11 @@ A bucket with no configuration (x's slice too large for the budget even when spl
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...kernel import GridDim, KernelSpec
 from ...target import Target
-from .rule import BUCKETS, PARAMS
+from .rule import BUCKETS, PARAMS, PROLOGUES, Prologue
 
 ENV = "INGOT_GEMV_BULK"
 #: dynamic shared memory per CTA (bytes): two CTAs per SM on the H200 (228 KB, 1 KB reserved per CTA, barriers)
@@ -68,9 +75,21 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def smem_bytes(mb: int, cfg: BulkConfig) -> int:
-    """Dynamic shared memory: x's slice ``[mb][KS + 8]`` bf16, then the warps' rings of ``[16 MT][SC + 8]`` stages."""
-    return mb * (2 * cfg.slice_k + 16) + cfg.warps * cfg.stages * 16 * cfg.tiles * (2 * cfg.stage_cols + 16)
+def x_bytes(mb: int, slice_k: int, prologue: str = "none") -> int:
+    """Shared memory before the rings: x's slice ``[mb][KS + 8]`` bf16 (swiglu: gate's and up's; rms_norm: then the
+    norm weight's ``KS`` columns)."""
+    rows = mb * (2 if prologue == "swiglu" else 1)
+    return rows * (2 * slice_k + 16) + (2 * slice_k if prologue == "rms_norm" else 0)
+
+
+def stage_bytes(cfg: BulkConfig) -> int:
+    """One ring stage of all the CTA's warps: ``[16 MT][SC + 8]`` bf16 each."""
+    return cfg.warps * 16 * cfg.tiles * (2 * cfg.stage_cols + 16)
+
+
+def smem_bytes(mb: int, cfg: BulkConfig, prologue: str = "none") -> int:
+    """Dynamic shared memory: x's region (``x_bytes``), then the warps' rings."""
+    return x_bytes(mb, cfg.slice_k, prologue) + cfg.stages * stage_bytes(cfg)
 
 
 def _cost(n: int, k: int, mb: int, num_sms: int, c: BulkConfig) -> float:
@@ -83,8 +102,10 @@ def _cost(n: int, k: int, mb: int, num_sms: int, c: BulkConfig) -> float:
             - PREFETCH_SHARE * min(tile, ring))
 
 
-def bulk_config(n: int, k: int, mb: int, num_sms: int, budget: int = SMEM_BUDGET) -> BulkConfig | None:
-    """The configuration for ``w[n, k]`` and ``M <= mb`` (see the module docstring), or None when none fits."""
+def bulk_config(n: int, k: int, mb: int, num_sms: int, budget: int = SMEM_BUDGET,
+                prologue: str = "none") -> BulkConfig | None:
+    """The configuration for ``w[n, k]`` and ``M <= mb`` (see the module docstring), or None when none fits
+    (``prologue``: the x region of that prologue, ``x_bytes``)."""
     if k % 32 or mb not in BUCKETS:
         return None
     best: tuple[float, BulkConfig] | None = None
@@ -98,7 +119,7 @@ def bulk_config(n: int, k: int, mb: int, num_sms: int, budget: int = SMEM_BUDGET
                     splitk = -(-k // ks)
                     if splitk != split:  # the same slices as a smaller split
                         continue
-                    x = mb * (2 * ks + 16)
+                    x = x_bytes(mb, ks, prologue)
                     per_stage = warps * 16 * tiles * (2 * sc + 16)
                     stages = min((budget - x) // per_stage, ks // sc) if budget > x else 0
                     if stages < min(2, ks // sc):
@@ -111,23 +132,49 @@ def bulk_config(n: int, k: int, mb: int, num_sms: int, budget: int = SMEM_BUDGET
 
 
 def bulk_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
-              config: BulkConfig | None = None) -> KernelSpec | None:
+              config: BulkConfig | None = None, prologue: Prologue | None = None) -> KernelSpec | None:
     """The bulk-copy variant for ``M <= mb`` of ``linear`` with bf16 ``x[M, k]``, ``w[n, k]`` (params as
-    ``rule.gemv_spec``'s), or None when no configuration fits the shared-memory budget."""
+    ``rule.gemv_spec``'s, and ``norm_weight`` after them with an ``rms_norm`` prologue), or None when no
+    configuration fits the shared-memory budget."""
     if k % 32 or mb not in BUCKETS:
         raise ValueError(f"gemv bulk: K must be a multiple of 32 (got {k}) and mb one of {BUCKETS} (got {mb})")
-    cfg = config or bulk_config(n, k, mb, target.num_sms or 132)
+    pro = prologue or Prologue()
+    cfg = config or bulk_config(n, k, mb, target.num_sms or 132, prologue=pro.kind)
     if cfg is None:
         return None
-    smem, limit = smem_bytes(mb, cfg), target.smem_per_block or 227 * 1024
+    smem, limit = smem_bytes(mb, cfg, pro.kind), target.smem_per_block or 227 * 1024
     if smem + 1024 > limit:
-        raise ValueError(f"gemv bulk: {smem} bytes of shared memory for M <= {mb}: more than the target's {limit}")
+        raise ValueError(f"gemv bulk: {smem} bytes of shared memory for M <= {mb}, {pro.kind} prologue: more than "
+                         f"the target's {limit}")
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
-              "SC": cfg.stage_cols, "S": cfg.stages, "HAS_BIAS": bias, "HAS_RESIDUAL": residual}
-    return KernelSpec.make("gemv", "bulk.cu", f"gemv_bulk_bf16_n{n}_k{k}_m{mb}", target.arch or "", values, PARAMS,
-                           32 * cfg.warps, [GridDim(const=-(-n // cfg.rows)), GridDim(const=cfg.splitk)], smem=smem,
+              "SC": cfg.stage_cols, "S": cfg.stages, "HAS_BIAS": bias, "HAS_RESIDUAL": residual,
+              "PROLOGUE": PROLOGUES[pro.kind], "EPS": float(pro.eps), "ALPHA": float(pro.alpha)}
+    tag = f"gemv_bulk_bf16_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
+    params = PARAMS + [("norm_weight", "ptr")] if pro.kind == "rms_norm" else PARAMS
+    what = "" if pro.kind == "none" else f", {pro.kind} prologue"
+    return KernelSpec.make("gemv", "bulk.cu", tag, target.arch or "", values, params, 32 * cfg.warps,
+                           [GridDim(const=-(-n // cfg.rows)), GridDim(const=cfg.splitk)], smem=smem,
                            doc=f"decode GEMV (bulk copies), M <= {mb}, {cfg.rows} rows x split-K {cfg.splitk} x "
-                               f"{cfg.slice_k}, {cfg.stages} stages of {cfg.stage_cols} columns")
+                               f"{cfg.slice_k}, {cfg.stages} stages of {cfg.stage_cols} columns{what}")
+
+
+def fused_bulk_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> KernelSpec | None:
+    """``plain`` (a plain bulk variant) with ``prologue`` (module docstring, **Prologues**): its configuration with
+    as many ring stages as the budget leaves beside the prologue's x region, else ``bulk_config``'s for the
+    prologue; None when neither fits (the caller falls back to ``kernel.cu``)."""
+    v = dict(plain.values)
+    n, k, mb = int(v["N"]), int(v["K"]), int(v["MB"])
+    cfg: BulkConfig | None = spec_config(plain)
+    assert cfg is not None
+    room = SMEM_BUDGET - x_bytes(mb, cfg.slice_k, prologue.kind)
+    stages = min(cfg.stages, room // stage_bytes(cfg)) if room > 0 else 0
+    if stages >= min(2, cfg.slice_k // cfg.stage_cols):
+        cfg = replace(cfg, stages=stages)
+    else:
+        cfg = bulk_config(n, k, mb, target.num_sms or 132, prologue=prologue.kind)
+    if cfg is None:
+        return None
+    return bulk_spec(n, k, mb, target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]), config=cfg, prologue=prologue)
 
 
 def spec_config(spec: KernelSpec) -> BulkConfig:

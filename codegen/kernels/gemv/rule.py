@@ -36,8 +36,9 @@ so the variants measured so far wait first and only then load weights (their SAS
 ptxas keeps on their side of the wait (the template's header). On by default for fused variants, off for plain ones
 (their code stays as measured, docs/PERF.md); ``bench/bench_decode_fusion.py`` times both ways. Not yet run on a GPU.
 
-**Bulk copies** (opt-in, ``INGOT_GEMV_BULK=1``; ``bulk.cu``, ``bulk_rule.py``): plain variants whose weights go to
-shared memory by ``cp.async.bulk``, the CTA's whole ring issued before the grid-dependency wait. Not yet measured.
+**Bulk copies** (opt-in, ``INGOT_GEMV_BULK=1``; ``bulk.cu``, ``bulk_rule.py``): variants whose weights go to
+shared memory by ``cp.async.bulk``, the CTA's whole ring issued before the grid-dependency wait; a bulk variant's
+fused variants are bulk ones too (``fused_spec``), with the same prologues. Not yet measured.
 
 **Quantized weights** (``quant.cu``, ``quant_rule.py``): ``quantized_linear`` with FP8 (per-channel) or NVFP4
 weights, bf16 or per-token FP8 activations, through the same two entry points (``variants`` per bucket, ``plan``
@@ -172,18 +173,25 @@ def spec_config(spec: KernelSpec) -> GemvConfig:
 
 def is_plain(spec: KernelSpec) -> bool:
     """A bf16 GEMV variant without a prologue (what ``variants`` makes and autotuning tunes; with
-    ``INGOT_GEMV_BULK=1`` also ``bulk.cu``'s, which ``fused_spec`` replaces by ``kernel.cu``'s)."""
+    ``INGOT_GEMV_BULK=1`` also ``bulk.cu``'s bf16 ones)."""
     return (spec.family == "gemv" and spec.template in ("kernel.cu", "bulk.cu")
             and not dict(spec.values).get("PROLOGUE", 0))
 
 
 def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target, weights_first: bool | None = None) -> KernelSpec:
     """``plain`` (a bf16 variant, see ``is_plain``) with ``prologue``: the same N, K, bucket, epilogue and
-    configuration, so it streams the weights exactly as ``plain`` does (a ``bulk.cu`` variant: ``kernel.cu``'s
-    default configuration; prologues exist only there)."""
+    configuration, so it streams the weights exactly as ``plain`` does. A ``bulk.cu`` variant gets a ``bulk.cu``
+    fused variant (``bulk_rule.fused_bulk_spec``: fewer ring stages where the prologue's x needs the room; always
+    weights first), or ``kernel.cu``'s with its default configuration where no bulk configuration fits."""
     if not is_plain(plain):
         raise ValueError(f"gemv: {plain.entry} is not a plain bf16 GEMV variant")
     v = dict(plain.values)
+    if plain.template == "bulk.cu":
+        from .bulk_rule import fused_bulk_spec
+
+        made = fused_bulk_spec(plain, prologue, target)
+        if made is not None:
+            return made
     config = spec_config(plain) if plain.template == "kernel.cu" else None
     return gemv_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]),
                      config=config, prologue=prologue, weights_first=weights_first)
