@@ -2,6 +2,7 @@
 
     python bench/bench_gemv_quant.py                       # Llama-3.2-1B layer shapes, M = 1, 8, 32
     python bench/bench_gemv_quant.py --json out.json       # also one JSON object per line on stdout
+    python bench/bench_gemv_quant.py --bulk                # also the bulk-copy FP8 variants (bulk.cu, INGOT_GEMV_BULK)
 
 Formats: ``fp8-w8a16`` (FP8 weights, per-channel scales, bf16 activations), ``fp8-w8a8`` (plus per-token
 dynamic FP8 activations, quantized inside the kernel), ``nvfp4-w4a16`` (NVFP4 weights, bf16 activations).
@@ -10,7 +11,9 @@ Timing as ``bench_gemv.py``: ``--launches`` back-to-back launches captured in on
 count codes and scales. References measured in the same run and the same way: ``torch._scaled_mm`` (FP8 e4m3,
 per-row activation x per-column weight scales, bf16 out; M padded to 16, cuBLASLt's minimum) and
 ``torch.matmul`` in bf16 on the same [N, K]. Each configuration is checked first against a float32 product of the
-dequantized operands (outputs poisoned, launched twice).
+dequantized operands (outputs poisoned, launched twice). ``--bulk`` adds a ``fp8-w8a16-bulk`` row per shape and M
+beside ``fp8-w8a16``: the bulk-copy variant (``codegen/kernels/gemv/bulk_rule.py``'s ``bulk_quant_spec``) on the
+same weights, timed the same way.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ def quantize_x(x):
 
 
 def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launches: int, reps: int, gen, tgt,
-                emit, pdl: bool = True) -> list[dict]:
+                emit, pdl: bool = True, bulk: bool = False) -> list[dict]:
     import torch
 
     from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec, weight_bytes_per_row
@@ -141,44 +144,51 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
             copies = max(1, -(-ROTATE_BYTES // nbytes))
             wq, wf = make_weights(wfmt, n, k, copies, gen)
             mb = next(b for b in BUCKETS if b >= m)
-            spec = quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token")
-            kern = SpecKernel(spec)
-            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            if act == "fp8":
-                q, s = quantize_x(x)
-                ref = (q.float() * s) @ wf.t()
-            else:
-                ref = x.float() @ wf.t()
-            err = 0.0
-            for _ in range(2):
-                out.fill_(float("nan"))
-                kern.launch(x=x, weight=wq[0]["weight"], weight_scale=wq[0]["weight_scale"],
-                            weight_scale_2=wq[0]["weight_scale_2"], input_scale=None, bias=None, residual=None,
-                            out=out, M=m)
-                torch.cuda.synchronize()
-                err = max(err, float((out.float() - ref).abs().max() / ref.abs().max()))
+            todo = [(label, quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token"))]
+            if bulk and label == "fp8-w8a16":
+                from ingot.codegen.kernels.gemv.bulk_rule import bulk_quant_spec
 
-            def ours(i: int, kern=kern, x=x, out=out, m=m, wq=wq, copies=copies, pdl=False) -> None:
-                c = wq[i % copies]
-                kern.launch(x=x, weight=c["weight"], weight_scale=c["weight_scale"],
-                            weight_scale_2=c["weight_scale_2"], input_scale=None, bias=None, residual=None,
-                            out=out, M=m, pdl=pdl)
+                bspec = bulk_quant_spec(n, k, mb, tgt)
+                if bspec is not None:
+                    todo.append((label + "-bulk", bspec))
+            for variant, spec in todo:
+                kern = SpecKernel(spec)
+                out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                if act == "fp8":
+                    q, s = quantize_x(x)
+                    ref = (q.float() * s) @ wf.t()
+                else:
+                    ref = x.float() @ wf.t()
+                err = 0.0
+                for _ in range(2):
+                    out.fill_(float("nan"))
+                    kern.launch(x=x, weight=wq[0]["weight"], weight_scale=wq[0]["weight_scale"],
+                                weight_scale_2=wq[0]["weight_scale_2"], input_scale=None, bias=None, residual=None,
+                                out=out, M=m)
+                    torch.cuda.synchronize()
+                    err = max(err, float((out.float() - ref).abs().max() / ref.abs().max()))
 
-            # PDL launches as the runtime does (codegen/kernel.py), plain launches beside them
-            t_plain = time_graph(ours, launches, reps)
-            t = time_graph(lambda i: ours(i, pdl=True), launches, reps) if pdl else t_plain
-            tbps = nbytes / t / 1e12
-            row = {"bench": "gemv_quant", "shape": name, "n": n, "k": k, "m": m, "format": label, "mb": mb,
-                   "splitk": spec.value("SPLITK"), "weight_mb": nbytes / 1e6, "us": t * 1e6, "tbps": tbps,
-                   "frac_of_4.19": tbps / COPY_TBPS, "rel_err": err, "pdl": pdl, "plain_us": t_plain * 1e6,
-                   "bf16_matmul_us": t_bf16 * 1e6, "bf16_matmul_tbps": n * k * 2 / t_bf16 / 1e12,
-                   "scaled_mm_m": m16, "scaled_mm_us": None if t_fp8 is None else t_fp8 * 1e6,
-                   "scaled_mm_tbps": None if t_fp8 is None else n * k / t_fp8 / 1e12,
-                   "speedup_vs_scaled_mm": None if t_fp8 is None else t_fp8 / t, "speedup_vs_bf16": t_bf16 / t}
-            rows.append(row)
-            emit(row)
-            if not err < 1e-2:
-                print(f"  ** {label} {n}x{k} M={m}: relative error {err:.3e}", flush=True)
+                def ours(i: int, kern=kern, x=x, out=out, m=m, wq=wq, copies=copies, pdl=False) -> None:
+                    c = wq[i % copies]
+                    kern.launch(x=x, weight=c["weight"], weight_scale=c["weight_scale"],
+                                weight_scale_2=c["weight_scale_2"], input_scale=None, bias=None, residual=None,
+                                out=out, M=m, pdl=pdl)
+
+                # PDL launches as the runtime does (codegen/kernel.py), plain launches beside them
+                t_plain = time_graph(ours, launches, reps)
+                t = time_graph(lambda i: ours(i, pdl=True), launches, reps) if pdl else t_plain
+                tbps = nbytes / t / 1e12
+                row = {"bench": "gemv_quant", "shape": name, "n": n, "k": k, "m": m, "format": variant, "mb": mb,
+                       "splitk": spec.value("SPLITK"), "weight_mb": nbytes / 1e6, "us": t * 1e6, "tbps": tbps,
+                       "frac_of_4.19": tbps / COPY_TBPS, "rel_err": err, "pdl": pdl, "plain_us": t_plain * 1e6,
+                       "bf16_matmul_us": t_bf16 * 1e6, "bf16_matmul_tbps": n * k * 2 / t_bf16 / 1e12,
+                       "scaled_mm_m": m16, "scaled_mm_us": None if t_fp8 is None else t_fp8 * 1e6,
+                       "scaled_mm_tbps": None if t_fp8 is None else n * k / t_fp8 / 1e12,
+                       "speedup_vs_scaled_mm": None if t_fp8 is None else t_fp8 / t, "speedup_vs_bf16": t_bf16 / t}
+                rows.append(row)
+                emit(row)
+                if not err < 1e-2:
+                    print(f"  ** {variant} {n}x{k} M={m}: relative error {err:.3e}", flush=True)
             del wq, wf
             torch.cuda.empty_cache()
     return rows
@@ -192,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--bulk", action="store_true",
+                    help="also the bulk-copy FP8 weight-only variants (bulk.cu), a fp8-w8a16-bulk row each")
     ap.add_argument("--no-pdl", dest="pdl", action="store_false",
                     help="plain launches only (default: programmatic dependent launch as the runtime, plain beside)")
     a = ap.parse_args(argv)
@@ -209,12 +221,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
 
     for n, k, name in shapes:
-        rows += bench_shape(n, k, name, a.m, a.formats, a.launches, a.reps, gen, tgt, emit, a.pdl)
+        rows += bench_shape(n, k, name, a.m, a.formats, a.launches, a.reps, gen, tgt, emit, a.pdl, a.bulk)
         torch.cuda.empty_cache()
     print("\nsummary: ingot TB/s of weight bytes (fraction of 4.19) | _scaled_mm fp8 TB/s | bf16 matmul TB/s")
     for r in rows:
         ref = "n/a" if r["scaled_mm_tbps"] is None else f"{r['scaled_mm_tbps']:.2f}"
-        print(f"{r['shape']:>8} {r['n']:>6}x{r['k']:<5} M={r['m']:<3} {r['format']:<12} {r['tbps']:5.2f} "
+        print(f"{r['shape']:>8} {r['n']:>6}x{r['k']:<5} M={r['m']:<3} {r['format']:<14} {r['tbps']:5.2f} "
               f"({r['frac_of_4.19']:5.1%}) | {ref:>5} | {r['bf16_matmul_tbps']:5.2f}  err {r['rel_err']:.1e}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))

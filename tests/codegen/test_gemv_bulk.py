@@ -1,10 +1,14 @@
 """The bulk-copy decode GEMV (``codegen/kernels/gemv/bulk.cu``, opt-in) without a GPU: configurations, the
-``INGOT_GEMV_BULK`` switch in ``rule.variants``, the fused (prologue) bulk variants ``rule.fused_spec`` makes, and
-compile + SASS checks for sm_90a and sm_100a (the weights' bulk copies before the grid-dependency wait, tensor cores,
-no local memory). The numerics: test_gemv_bulk_gpu.py, test_decode_fusion_gpu.py (the prologues)."""
+``INGOT_GEMV_BULK`` switch in ``rule.variants`` and ``quant_rule.quant_variants``, the fused (prologue) bulk variants
+``rule.fused_spec`` makes, a numpy model of the FP8-weight variant's fragments (ldmatrix on e4m3 bytes, the K
+permutation x follows, the exact e4m3 -> bf16 conversion), and compile + SASS checks for sm_90a and sm_100a (the
+weights' bulk copies before the grid-dependency wait, tensor cores, no local memory). The numerics:
+test_gemv_bulk_gpu.py, test_gemv_bulk_quant_gpu.py, test_decode_fusion_gpu.py (the prologues)."""
 
 from __future__ import annotations
 
+import ml_dtypes
+import numpy as np
 import pytest
 
 from ingot.codegen.kernel import PDL_MARKER
@@ -12,12 +16,15 @@ from ingot.codegen.kernels.gemv import bulk_rule
 from ingot.codegen.kernels.gemv.bulk_rule import (
     SMEM_BUDGET,
     bulk_config,
+    bulk_quant_spec,
     bulk_spec,
     fused_bulk_spec,
     smem_bytes,
     spec_config,
     x_bytes,
 )
+from ingot.codegen.kernels.gemv.quant_rule import PARAMS as QUANT_PARAMS
+from ingot.codegen.kernels.gemv.quant_rule import quant_variants
 from ingot.codegen.kernels.gemv.rule import BUCKETS, PARAMS, PROLOGUES, Prologue, fused_spec, is_plain, variants
 from ingot.codegen.target import get_target
 from ingot.ir.ops.llm import Linear
@@ -30,6 +37,8 @@ from tests.codegen.common import (  # noqa: F401 (autouse fixture)
     needs_compiler,
 )
 from tests.codegen.test_decode_fusion import WAIT, sass_sequence
+from tests.codegen.test_gemv_quant import qtypes
+from tests.helpers import rng
 
 #: the Llama-3.2-1B layer shapes (qkv, o, gate_up, down, lm_head) and awkward ones
 SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (200, 96), (1000, 4128)]
@@ -169,3 +178,116 @@ def test_sass_fused_bulk_copies_before_the_wait(target, n, k, kind):
     assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops) and any(o.startswith("LDSM") for o in ops)
     assert ("MUFU.EX2" in ops) == (kind == "swiglu") and ("SHFL.BFLY" in ops) == (kind == "rms_norm"), sorted(ops)
     assert_no_local_memory(ops, "the fused bulk GEMV")
+
+
+# -- FP8 weights (weight-only quantized_linear) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,k", [(3072, 2048), (2048, 8192), (128256, 2048), (200, 128), (1000, 4160)])
+def test_fp8_configs_cover_k_and_fit(n, k):
+    for mb in BUCKETS:
+        c = bulk_config(n, k, mb, 132, wb=1)
+        assert c is not None, (n, k, mb)
+        assert c.splitk * c.slice_k >= k > (c.splitk - 1) * c.slice_k and c.stage_cols % 128 == 0
+        assert smem_bytes(mb, c, wb=1) <= SMEM_BUDGET and x_bytes(mb, c.slice_k, wb=1) == mb * (2 * c.slice_k + 32)
+        spec = bulk_quant_spec(n, k, mb, get_target("h200"))
+        assert spec is not None and spec.smem == smem_bytes(mb, c, wb=1) and spec.value("WB") == 1
+
+
+def test_fp8_switch_picks_the_template(monkeypatch):
+    """FP8 weight-only buckets are bulk.cu's with the switch on (quant.cu's parameters); FP8 activations and NVFP4
+    weights stay on quant.cu; a bulk FP8 variant is no plain bf16 variant (decode fusion never fuses it)."""
+    h200 = get_target("h200")
+    op, ins = qtypes("fp8", 3072, 2048, residual=True)
+    monkeypatch.delenv(bulk_rule.ENV, raising=False)
+    assert {s.template for _, s in quant_variants(op, ins, h200)} == {"quant.cu"}
+    monkeypatch.setenv(bulk_rule.ENV, "1")
+    found = quant_variants(op, ins, h200)
+    assert [mb for mb, _ in found] == list(BUCKETS) and {s.template for _, s in found} == {"bulk.cu"}
+    assert all([p.name for p in s.params] == [p for p, _ in QUANT_PARAMS] and s.value("WB") == 1 and
+               s.value("HAS_RESIDUAL") and not is_plain(s) for _, s in found)
+    for fmt, act, gran in (("fp8", "fp8", "token"), ("fp8", "fp8", "tensor"), ("nvfp4", "none", "token")):
+        op, ins = qtypes(fmt, 3072, 2048, act, gran)
+        assert {s.template for _, s in quant_variants(op, ins, h200)} == {"quant.cu"}, (fmt, act, gran)
+
+
+def _ldmatrix_x4(rows: np.ndarray, lane_addr) -> np.ndarray:
+    """``ldmatrix.sync.aligned.m8n8.x4.b16`` on ``rows`` (bytes, [row][byte]): lane ``8 m + r`` gives matrix m's row
+    r address as (row, byte); lane l receives, of each matrix, bytes 4 (l % 4) .. + 3 of its row l / 4, as uint32."""
+    out = np.zeros((32, 4), np.uint32)
+    for m in range(4):
+        for lane in range(32):
+            row, byte = lane_addr(8 * m + lane // 4)
+            b = rows[row, byte + 4 * (lane % 4): byte + 4 * (lane % 4) + 4].astype(np.uint32)
+            out[lane, m] = b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24
+    return out
+
+
+def _e4m3x4_bf16(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """bulk.cu's bk_e4m3x4_bf16 on uint32 words: (bytes 0, 1) and (bytes 2, 3) as bf16 pairs (low half first), f32."""
+    def half(b: np.ndarray) -> np.ndarray:  # a code byte placed in the high byte of a bf16, then the bit shuffle
+        a = (b.astype(np.uint32) << 8)
+        bits = (a & 0x8000) | ((a >> 4) & 0x07F0)
+        return (bits << 16).view(np.float32) * np.float32(2.0 ** 120)  # exact (a bf16 times a power of 2)
+
+    def pair(b0, b1):
+        return np.stack([half(b0), half(b1)], axis=-1)
+
+    byte = [(v >> (8 * i)) & 0xFF for i in range(4)]
+    return pair(byte[0], byte[1]), pair(byte[2], byte[3])
+
+
+def test_fp8_conversion_is_exact():
+    codes = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint32)  # all but NaN
+    v = codes | codes << 8 | codes << 16 | codes << 24
+    lo, hi = _e4m3x4_bf16(v)
+    want = codes.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    for got in (lo[:, 0], lo[:, 1], hi[:, 0], hi[:, 1]):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_fp8_fragments_model_the_product():
+    """One 32-column step of 16 weight rows and 8 tokens, lane by lane as bulk.cu computes it: ldmatrix.x4 of the
+    e4m3 bytes (a_lane's addresses), the conversion, x's two 8-byte loads (columns 4q.. and 16 + 4q..) and the two
+    m16n8k16 MMAs (A: a0 = row g, k 2q..2q+1; a1 = row g + 8; a2, a3 = k + 8; B: b0 = k 2q.., b1 = k 2q + 8.., token
+    g) give w @ x^T."""
+    r = rng()
+    codes = r.integers(0, 256, (16, 32), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0  # no NaN
+    w = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    x = r.standard_normal((8, 32)).astype(ml_dtypes.bfloat16).astype(np.float64)
+    regs = _ldmatrix_x4(codes, lambda lane: ((lane & 7) + 8 * ((lane >> 3) & 1), 16 * (lane >> 4)))
+    acc = np.zeros((16, 8))
+    for h in range(2):  # the two MMAs: columns 0-15, 16-31
+        a = np.zeros((16, 16))
+        b = np.zeros((16, 8))
+        for lane in range(32):
+            g, q = lane >> 2, lane & 3
+            lo_g, hi_g = _e4m3x4_bf16(regs[lane, 2 * h])
+            lo_g8, hi_g8 = _e4m3x4_bf16(regs[lane, 2 * h + 1])
+            a[g, 2 * q: 2 * q + 2], a[g + 8, 2 * q: 2 * q + 2] = lo_g, lo_g8  # a0, a1
+            a[g, 2 * q + 8: 2 * q + 10], a[g + 8, 2 * q + 8: 2 * q + 10] = hi_g, hi_g8  # a2, a3
+            xc = x[g, 16 * h + 4 * q: 16 * h + 4 * q + 4]  # the 8-byte load: b0 = xc[0:2], b1 = xc[2:4]
+            b[2 * q: 2 * q + 2, g], b[2 * q + 8: 2 * q + 10, g] = xc[0:2], xc[2:4]
+        acc += a @ b
+    np.testing.assert_allclose(acc, w @ x.T, rtol=1e-12, atol=1e-12)
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["h200", "b200"])
+@pytest.mark.parametrize("n,k,mb", [(3072, 2048, 8), (1000, 4160, 16)])
+def test_sass_fp8_bulk_copies_before_the_wait(target, n, k, mb):
+    """The FP8 variant: weights' bulk copies before the one wait, nothing read before it; ldmatrix for w, 8-byte
+    shared loads for x, bf16 tensor cores; no local memory."""
+    tgt = get_target(target)
+    spec = bulk_quant_spec(n, k, mb, tgt, bias=True, residual=True)
+    assert spec is not None
+    seq = sass_sequence(disassembled(compiled(spec), tgt.arch))
+    assert seq.count(WAIT) == 1
+    wait = seq.index(WAIT)
+    copies = [i for i, o in enumerate(seq) if o.startswith("UBLKCP")]
+    assert copies and copies[0] < wait and "PREEXIT" in seq[:wait], (copies, wait)
+    assert not any(o.startswith(("LDG", "LDS", "HMMA")) for o in seq[:wait]), seq[:wait]
+    ops = set(seq)
+    assert {"LDS.64", "HMMA.16816.F32.BF16"} <= ops and any(o.startswith("LDSM") for o in ops), sorted(ops)
+    assert_no_local_memory(ops, "the FP8 bulk GEMV")

@@ -40,14 +40,23 @@
 //   gate's, and x = bf16(silu(gate) * up) with ex2.approx and rcp.approx, written over gate's.
 //   Not bit-identical to the producer's kernel followed by the plain variant (the norm factor multiplies the f32
 //   sums; the approximate sigmoid), within the GEMV's tolerance of the numpy reference.
+// - FP8 weights (${WB} == 1; quantized_linear weight-only, codegen/kernels/gemv/quant.cu's parameters): w is e4m3
+//   [N, K] with an f32 scale per output channel (weight_scale[N]), x bf16. The ring holds 1 byte a weight (rows
+//   padded by 16 bytes as above: SC is a multiple of 128). ldmatrix.x4 reads the e4m3 bytes as b16 pairs: lane
+//   (g, q) gets 4 consecutive columns 4q..4q+3 of rows g and g + 8 in each 16-column half of a 32-column step,
+//   converted to bf16 in registers exactly (quant.cu's qg_e4m3x4_bf16); each half is one k16 MMA whose logical k
+//   (2q, 2q+1 | 2q+8, 2q+9) are physical columns (4q, 4q+1 | 4q+2, 4q+3). x's fragments follow that permutation:
+//   8 bytes (columns 4q..4q+3) of token g by a plain ld.shared per half, x rows padded by 32 bytes (rows 32 bytes
+//   apart modulo 128: each half-warp's 8-byte loads hit 32 different banks). The channel scale multiplies the f32
+//   sums in the epilogue (after the split-K reduction), before bias and residual. No prologue with FP8 weights.
 
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, ROWS = 16 * MT;
 constexpr int BN = ROWS * WARPS, KS = ${KS}, SPLITK = ${SPLITK}, SC = ${SC}, S = ${S};
-constexpr int PROLOGUE = ${PROLOGUE};
+constexpr int PROLOGUE = ${PROLOGUE}, WB = ${WB};  // WB: bytes per weight (2: bf16, 1: e4m3 + channel scales)
 constexpr int GX = (N + BN - 1) / BN;
-constexpr int RSB = 2 * SC + 16;          // bytes per shared weight row of a stage (16 bytes of padding)
-constexpr int XSB = 2 * KS + 16;          // bytes per shared x row
+constexpr int RSB = WB * SC + 16;                // bytes per shared weight row of a stage (16 bytes of padding)
+constexpr int XSB = 2 * KS + (WB == 1 ? 32 : 16);  // bytes per shared x row (fp8: plain 8-byte fragment loads)
 constexpr int STAGE_BYTES = ROWS * RSB;   // one warp's stage
 constexpr int XR = PROLOGUE == 2 ? 2 : 1;              // x regions: swiglu copies up's slice after gate's
 constexpr int G_OFF = XR * MB * XSB;                   // rms_norm: the norm weight's slice after x's
@@ -58,6 +67,7 @@ static_assert(SC % 64 == 0 && KS % SC == 0 && K % 32 == 0, "stages of 64-column 
 static_assert(SPLITK * KS >= K && (SPLITK - 1) * KS < K, "SPLITK slices cover K");
 static_assert(ROWS <= 32 && S >= 1 && X_BYTES % 128 == 0, "a lane per row of a warp's tile");
 static_assert(PROLOGUE >= 0 && PROLOGUE <= 2, "prologue: none, rms_norm or swiglu");
+static_assert((WB == 2 || WB == 1) && (WB == 2 || PROLOGUE == 0) && (WB * SC) % 128 == 0, "bf16, or fp8 w/o prologue");
 
 struct bk_u32x4 { unsigned x, y, z, w; };
 
@@ -107,6 +117,24 @@ __device__ __forceinline__ float bk_swiglu(float a, float b) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
   return a * r * b;
 }
+// 8 bytes of shared memory (two bf16x2: an mma B fragment); volatile: kept after the mbarrier waits
+__device__ __forceinline__ void bk_lds64(unsigned* r, unsigned addr) {
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+// d = a * b + (-0) per bf16 half (subnormal inputs are kept: fma.bf16x2 does not flush)
+__device__ __forceinline__ unsigned bk_bmul(unsigned a, unsigned b) {
+  unsigned d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+// 4 e4m3 codes (bytes of v) -> bf16x2 (b0, b1) and (b2, b3), exactly (quant.cu's qg_e4m3x4_bf16): the code's 7
+// magnitude bits shifted into a bf16's exponent/mantissa give the value times 2^-120 (subnormals included), then
+// one exact multiply by 2^120
+__device__ __forceinline__ void bk_e4m3x4_bf16(unsigned v, unsigned& lo, unsigned& hi) {
+  const unsigned a = __byte_perm(v, 0u, 0x1404u), b = __byte_perm(v, 0u, 0x3424u);  // (0, b0, 0, b1), (0, b2, 0, b3)
+  lo = bk_bmul((a & 0x80008000u) | ((a >> 4) & 0x07F007F0u), 0x7B807B80u);
+  hi = bk_bmul((b & 0x80008000u) | ((b >> 4) & 0x07F007F0u), 0x7B807B80u);
+}
 __device__ __forceinline__ void bk_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -120,8 +148,14 @@ __device__ unsigned ${KERNEL}_cnt[GX];
 __device__ float ${KERNEL}_ss[PROLOGUE == 1 && SPLITK > 1 ? SPLITK * GX * MB : 1];  // [split][row block][token]
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
+#if ${WB} == 1
+    const bf16* __restrict__ x, const unsigned char* __restrict__ w, const float* __restrict__ w_scale,
+    const float* __restrict__ weight_scale_2, const float* __restrict__ input_scale, const bf16* __restrict__ bias,
+#else
     const bf16* __restrict__ x, const bf16* __restrict__ w, const float* __restrict__ w_scale,
-    const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, long long M
+    const bf16* __restrict__ bias,
+#endif
+    const bf16* __restrict__ residual, bf16* __restrict__ out, long long M
 #if ${PROLOGUE} == 1
     , const bf16* __restrict__ norm_weight
 #endif
@@ -152,13 +186,14 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
 
   // stage i of this warp's rows -> ring slot i % S (lane r copies row r; rows >= N copy row N - 1)
   const int grow = wrow0 + lane < N ? wrow0 + lane : N - 1;
-  const unsigned short* wrow = reinterpret_cast<const unsigned short*>(w) + (long long)grow * K + kb;
+  const unsigned char* wrow = reinterpret_cast<const unsigned char*>(w) + ((long long)grow * K + kb) * WB;
   auto issue = [&](int i) {
     const int cols = kvalid - i * SC < SC ? kvalid - i * SC : SC;
     const unsigned bar = bar0 + 8 * (i % S);
-    if (lane == 0) bk_expect(bar, (unsigned)(ROWS * cols * 2));
+    if (lane == 0) bk_expect(bar, (unsigned)(ROWS * cols * WB));
     __syncwarp();
-    if (lane < ROWS) bk_copy(ring + (i % S) * STAGE_BYTES + lane * RSB, wrow + i * SC, (unsigned)(cols * 2), bar);
+    if (lane < ROWS)
+      bk_copy(ring + (i % S) * STAGE_BYTES + lane * RSB, wrow + i * SC * WB, (unsigned)(cols * WB), bar);
   };
   // the whole ring before the grid-dependency wait: weights never depend on the previous kernel
   for (int i = 0; i < S && i < nst; ++i) issue(i);
@@ -248,24 +283,57 @@ ${PDL_WAIT}
     const int cols = kvalid - i * SC < SC ? kvalid - i * SC : SC;
     bk_wait(bar0 + 8 * (i % S), (unsigned)(i / S) & 1u);
     const unsigned stage = ring + (i % S) * STAGE_BYTES + a_lane;
+    if (WB == 1) {  // e4m3: one ldmatrix.x4 per 16 rows and 32 columns, x by 8-byte loads (see the header)
 #pragma unroll
-    for (int st = 0; st < SC / 32; ++st) {
-      if (32 * st < cols) {  // the same for the whole warp
-        unsigned a[MT][2][4];
+      for (int st = 0; st < SC / 32; ++st) {
+        if (32 * st < cols) {  // the same for the whole warp
+          unsigned a[MT][2][4];  // [mt][half: columns 0-15 | 16-31][mma A fragment]
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          bk_ldsm4(a[mt][0], stage + mt * 16 * RSB + 64 * st);
-          bk_ldsm4(a[mt][1], stage + mt * 16 * RSB + 64 * st + 32);
+          for (int mt = 0; mt < MT; ++mt) {
+            unsigned r[4];  // rows g | g+8 (columns 4q..4q+3), then the same of columns 16..31
+            bk_ldsm4(r, stage + mt * 16 * RSB + 32 * st);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              bk_e4m3x4_bf16(r[2 * h], a[mt][h][0], a[mt][h][2]);
+              bk_e4m3x4_bf16(r[2 * h + 1], a[mt][h][1], a[mt][h][3]);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            if (8 * j < rows) {  // token tiles past M: nothing to compute
+              unsigned b[2][2];
+              const unsigned xa = xs + (8 * j + g) * XSB + 2 * (i * SC + 32 * st + 4 * q);
+              bk_lds64(b[0], xa);
+              bk_lds64(b[1], xa + 32);
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) {
+                bk_mma(acc[mt][j], a[mt][0], b[0][0], b[0][1]);
+                bk_mma(acc[mt][j], a[mt][1], b[1][0], b[1][1]);
+              }
+            }
+          }
         }
+      }
+    } else {
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          if (8 * j < rows) {  // token tiles past M: nothing to compute
-            unsigned b[4];
-            bk_ldsm4(b, b_lane + 8 * j * XSB + 2 * (i * SC + 32 * st));
+      for (int st = 0; st < SC / 32; ++st) {
+        if (32 * st < cols) {  // the same for the whole warp
+          unsigned a[MT][2][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-              bk_mma(acc[mt][j], a[mt][0], b[0], b[1]);
-              bk_mma(acc[mt][j], a[mt][1], b[2], b[3]);
+          for (int mt = 0; mt < MT; ++mt) {
+            bk_ldsm4(a[mt][0], stage + mt * 16 * RSB + 64 * st);
+            bk_ldsm4(a[mt][1], stage + mt * 16 * RSB + 64 * st + 32);
+          }
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            if (8 * j < rows) {  // token tiles past M: nothing to compute
+              unsigned b[4];
+              bk_ldsm4(b, b_lane + 8 * j * XSB + 2 * (i * SC + 32 * st));
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) {
+                bk_mma(acc[mt][j], a[mt][0], b[0], b[1]);
+                bk_mma(acc[mt][j], a[mt][1], b[2], b[3]);
+              }
             }
           }
         }
@@ -359,6 +427,7 @@ ${PDL_WAIT}
         if (t < rows && n < N) {
           float y = acc[mt][j][r];
           if (PROLOGUE == 1) y *= inv[j][r & 1];
+          if (WB == 1) y *= w_scale[n];  // the output channel's scale
           if (${HAS_BIAS}) y += to_f32(bias[n]);
           if (${HAS_RESIDUAL}) y += bk_ld_bf16(residual + (long long)t * N + n);
           out[(long long)t * N + n] = from_f32<bf16>(y);

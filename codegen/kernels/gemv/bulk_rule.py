@@ -12,6 +12,12 @@ stages where the larger x region (swiglu: gate and up, twice x's bytes; rms_norm
 the room; where even two stages do not fit, ``bulk_config`` picks one for the prologue, and where none fits the
 fused variant is ``kernel.cu``'s (``rule.fused_spec``). Not yet run on a GPU.
 
+**FP8 weights** (``bulk_quant_spec``; ``quant_rule.quant_variants`` with the same switch): ``quantized_linear`` with
+e4m3 weights, per-output-channel f32 scales and bf16 activations (weight-only) gets bulk variants too, with
+``quant.cu``'s parameters (``quant_rule.PARAMS``): the ring holds 1 byte a weight, fragments are converted to bf16
+in registers, the channel scale is applied in the epilogue (the template's header). NVFP4 weights and FP8
+activations stay on ``quant.cu``. Not yet run on a GPU.
+
 **Why.** ``kernel.cu`` streams weights through registers: its bytes in flight per SM are bounded by registers, and
 under programmatic dependent launch only its first register stage may load before the grid-dependency wait. Here
 each warp owns 16 x ``tiles`` rows of the CTA's tile and a ring of ``stages`` shared-memory stages of
@@ -34,6 +40,7 @@ from dataclasses import dataclass, replace
 
 from ...kernel import GridDim, KernelSpec
 from ...target import Target
+from .quant_rule import PARAMS as QUANT_PARAMS
 from .rule import BUCKETS, PARAMS, PROLOGUES, Prologue
 
 ENV = "INGOT_GEMV_BULK"
@@ -75,37 +82,37 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def x_bytes(mb: int, slice_k: int, prologue: str = "none") -> int:
-    """Shared memory before the rings: x's slice ``[mb][KS + 8]`` bf16 (swiglu: gate's and up's; rms_norm: then the
-    norm weight's ``KS`` columns)."""
+def x_bytes(mb: int, slice_k: int, prologue: str = "none", wb: int = 2) -> int:
+    """Shared memory before the rings: x's slice ``[mb][KS + 8]`` bf16 (``[mb][KS + 16]`` beside FP8 weights,
+    ``wb`` = 1; swiglu: gate's and up's; rms_norm: then the norm weight's ``KS`` columns)."""
     rows = mb * (2 if prologue == "swiglu" else 1)
-    return rows * (2 * slice_k + 16) + (2 * slice_k if prologue == "rms_norm" else 0)
+    return rows * (2 * slice_k + (16 if wb == 2 else 32)) + (2 * slice_k if prologue == "rms_norm" else 0)
 
 
-def stage_bytes(cfg: BulkConfig) -> int:
-    """One ring stage of all the CTA's warps: ``[16 MT][SC + 8]`` bf16 each."""
-    return cfg.warps * 16 * cfg.tiles * (2 * cfg.stage_cols + 16)
+def stage_bytes(cfg: BulkConfig, wb: int = 2) -> int:
+    """One ring stage of all the CTA's warps: ``[16 MT][SC]`` weights of ``wb`` bytes, rows padded by 16 bytes."""
+    return cfg.warps * 16 * cfg.tiles * (wb * cfg.stage_cols + 16)
 
 
-def smem_bytes(mb: int, cfg: BulkConfig, prologue: str = "none") -> int:
+def smem_bytes(mb: int, cfg: BulkConfig, prologue: str = "none", wb: int = 2) -> int:
     """Dynamic shared memory: x's region (``x_bytes``), then the warps' rings."""
-    return x_bytes(mb, cfg.slice_k, prologue) + cfg.stages * stage_bytes(cfg)
+    return x_bytes(mb, cfg.slice_k, prologue, wb) + cfg.stages * stage_bytes(cfg, wb)
 
 
-def _cost(n: int, k: int, mb: int, num_sms: int, c: BulkConfig) -> float:
+def _cost(n: int, k: int, mb: int, num_sms: int, c: BulkConfig, wb: int = 2) -> float:
     waves = -(-(-(-n // c.rows) * c.splitk) // num_sms)
-    tile = c.rows * c.slice_k * 2
+    tile = c.rows * c.slice_k * wb
     split = c.rows * mb * 4 * c.splitk + SPLIT_COST if c.splitk > 1 else 0
     copies = c.rows * (c.slice_k // c.stage_cols) + mb
-    ring = c.stages * c.stage_cols * c.rows * 2
+    ring = c.stages * c.stage_cols * c.rows * wb
     return (waves * (tile + X_SHARE * mb * c.slice_k * 2) + (waves - 1) * WAVE_COST + split + copies * COPY_COST
             - PREFETCH_SHARE * min(tile, ring))
 
 
 def bulk_config(n: int, k: int, mb: int, num_sms: int, budget: int = SMEM_BUDGET,
-                prologue: str = "none") -> BulkConfig | None:
+                prologue: str = "none", wb: int = 2) -> BulkConfig | None:
     """The configuration for ``w[n, k]`` and ``M <= mb`` (see the module docstring), or None when none fits
-    (``prologue``: the x region of that prologue, ``x_bytes``)."""
+    (``prologue``: the x region of that prologue, ``x_bytes``; ``wb``: bytes per weight, 1 for FP8)."""
     if k % 32 or mb not in BUCKETS:
         return None
     best: tuple[float, BulkConfig] | None = None
@@ -119,13 +126,13 @@ def bulk_config(n: int, k: int, mb: int, num_sms: int, budget: int = SMEM_BUDGET
                     splitk = -(-k // ks)
                     if splitk != split:  # the same slices as a smaller split
                         continue
-                    x = x_bytes(mb, ks, prologue)
-                    per_stage = warps * 16 * tiles * (2 * sc + 16)
+                    x = x_bytes(mb, ks, prologue, wb)
+                    per_stage = warps * 16 * tiles * (wb * sc + 16)
                     stages = min((budget - x) // per_stage, ks // sc) if budget > x else 0
                     if stages < min(2, ks // sc):
                         continue
                     c = BulkConfig(warps, tiles, splitk, ks, sc, stages)
-                    cost = _cost(n, k, mb, num_sms, c)
+                    cost = _cost(n, k, mb, num_sms, c, wb)
                     if best is None or cost < best[0]:
                         best = (cost, c)
     return best[1] if best else None
@@ -148,7 +155,7 @@ def bulk_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
                          f"the target's {limit}")
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
               "SC": cfg.stage_cols, "S": cfg.stages, "HAS_BIAS": bias, "HAS_RESIDUAL": residual,
-              "PROLOGUE": PROLOGUES[pro.kind], "EPS": float(pro.eps), "ALPHA": float(pro.alpha)}
+              "PROLOGUE": PROLOGUES[pro.kind], "EPS": float(pro.eps), "ALPHA": float(pro.alpha), "WB": 2}
     tag = f"gemv_bulk_bf16_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
     params = PARAMS + [("norm_weight", "ptr")] if pro.kind == "rms_norm" else PARAMS
     what = "" if pro.kind == "none" else f", {pro.kind} prologue"
@@ -181,3 +188,25 @@ def spec_config(spec: KernelSpec) -> BulkConfig:
     """The configuration a bulk spec was made with (``bulk_spec(..., config=spec_config(s))`` rebuilds ``s``)."""
     v = dict(spec.values)
     return BulkConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["KS"]), int(v["SC"]), int(v["S"]))
+
+
+def bulk_quant_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
+                    config: BulkConfig | None = None) -> KernelSpec | None:
+    """The bulk-copy variant for ``M <= mb`` of a weight-only ``quantized_linear``: bf16 ``x[M, k]``, e4m3
+    ``w[n, k]`` with f32 ``weight_scale[n]`` (params ``quant_rule.PARAMS``), or None when no configuration fits."""
+    if k % 64 or mb not in BUCKETS:
+        raise ValueError(f"gemv bulk fp8: K must be a multiple of 64 (got {k}) and mb one of {BUCKETS} (got {mb})")
+    cfg = config or bulk_config(n, k, mb, target.num_sms or 132, wb=1)
+    if cfg is None:
+        return None
+    smem, limit = smem_bytes(mb, cfg, wb=1), target.smem_per_block or 227 * 1024
+    if smem + 1024 > limit:
+        raise ValueError(f"gemv bulk fp8: {smem} bytes of shared memory for M <= {mb}: more than the target's {limit}")
+    values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
+              "SC": cfg.stage_cols, "S": cfg.stages, "HAS_BIAS": bias, "HAS_RESIDUAL": residual, "PROLOGUE": 0,
+              "EPS": 0.0, "ALPHA": 1.0, "WB": 1}
+    return KernelSpec.make("gemv", "bulk.cu", f"gemv_bulk_fp8_a16_n{n}_k{k}_m{mb}", target.arch or "", values,
+                           QUANT_PARAMS, 32 * cfg.warps, [GridDim(const=-(-n // cfg.rows)), GridDim(const=cfg.splitk)],
+                           smem=smem, doc=f"fp8 weights, bf16 activations (bulk copies), M <= {mb}, {cfg.rows} rows x "
+                                          f"split-K {cfg.splitk} x {cfg.slice_k}, {cfg.stages} stages of "
+                                          f"{cfg.stage_cols} columns")

@@ -173,9 +173,9 @@ def spec_config(spec: KernelSpec) -> GemvConfig:
 
 def is_plain(spec: KernelSpec) -> bool:
     """A bf16 GEMV variant without a prologue (what ``variants`` makes and autotuning tunes; with
-    ``INGOT_GEMV_BULK=1`` also ``bulk.cu``'s bf16 ones)."""
+    ``INGOT_GEMV_BULK=1`` also ``bulk.cu``'s bf16 ones, not its FP8-weight ones: ``WB`` 1)."""
     return (spec.family == "gemv" and spec.template in ("kernel.cu", "bulk.cu")
-            and not dict(spec.values).get("PROLOGUE", 0))
+            and not dict(spec.values).get("PROLOGUE", 0) and dict(spec.values).get("WB", 2) == 2)
 
 
 def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target, weights_first: bool | None = None) -> KernelSpec:
