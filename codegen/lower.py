@@ -18,7 +18,8 @@
    After autotuning, **decode fusion** (below) gives some linears' small-row variants the preceding norm or
    activation as a prologue and marks that launch to be skipped at those row counts.
 3. **Compile** every unique kernel (cubin for the target's arch + PTX) through the cached driver
-   (``codegen/compile.py``) into ``workdir/kernels/<entry>.{cu,cubin,ptx}``.
+   (``codegen/compile.py``) into ``workdir/kernels/<entry>.{cu,cubin,ptx}``; the shape-generic CUTLASS kernels
+   (nvcc: cubin and Params probe) all start at once, at most ``$INGOT_CUTLASS_JOBS`` nvcc running at a time.
 4. **Memory plan** (``codegen/memory_plan.py``) at the bound dims.
 
 The manifest's ``cuda`` entry (``CUDA_FORMAT`` 1)::
@@ -98,6 +99,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -439,11 +441,20 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
     kernels: dict[str, Any] = {}
     compiler_name = None
 
+    # the shape-generic CUTLASS kernels (cubin and Params probe each: minutes of nvcc cold) are all built side by side
+    # from the start, at most $INGOT_CUTLASS_JOBS nvcc at a time (gemm_cutlass/build.py), not one kernel after the
+    # other; the loops below take their results in the same order as before
+    generic = {s.entry: s for s in (*(s for _, _, s, _ in launches), *alternatives.values(),
+                                    *(v for found in variant_lists.values() for _, v, _ in found))
+               if s is not None and cutlass_params.is_generic(s)}
+    builds = ThreadPoolExecutor(max(1, len(generic)), thread_name_prefix="ingot-cutlass")
+    prebuilt: dict[str, Future] = {entry: builds.submit(cutlass_params.build_linear, s) for entry, s in generic.items()}
+
     def compile_kernel(spec: KernelSpec) -> dict[str, Any]:
         nonlocal compiler_name
         layout = None
         if spec.family == "gemm_cutlass" and spec.value("ABI") == cutlass_params.ABI:
-            built, layout = cutlass_params.build_linear(spec)
+            built, layout = prebuilt[spec.entry].result()  # every generic spec below is in ``generic``
         else:
             built = (compile_source(tvm_rule.source(spec), spec.arch, f"{spec.entry}.cu", compiler=compiler)
                      if spec.family == "tvm" else compile_spec(spec, compiler=compiler))
@@ -462,21 +473,24 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
             **({"pdl": True} if has_pdl(src) else {}),
         }
 
-    for _, _, spec, _ in launches:
-        if spec is not None and spec.entry not in kernels:
-            kernels[spec.entry] = compile_kernel(spec)
-    alternative_kernels: dict[str, Any] = {}
-    for spec in alternatives.values():
-        if spec.entry not in alternative_kernels:
-            alternative_kernels[spec.entry] = compile_kernel(spec)
-    variant_kernels: dict[str, Any] = {}
-    launch_variants: dict[int, list[dict[str, Any]]] = {}
-    for j, found in variant_lists.items():
-        launch_variants[j] = [{"kernel": v.entry, "max_rows": mr, **({"args": a} if a is not None else {})}
-                              for mr, v, a in found]
-        for _, v, _ in found:
-            if v.entry not in variant_kernels:
-                variant_kernels[v.entry] = compile_kernel(v)
+    try:
+        for _, _, spec, _ in launches:
+            if spec is not None and spec.entry not in kernels:
+                kernels[spec.entry] = compile_kernel(spec)
+        alternative_kernels: dict[str, Any] = {}
+        for spec in alternatives.values():
+            if spec.entry not in alternative_kernels:
+                alternative_kernels[spec.entry] = compile_kernel(spec)
+        variant_kernels: dict[str, Any] = {}
+        launch_variants: dict[int, list[dict[str, Any]]] = {}
+        for j, found in variant_lists.items():
+            launch_variants[j] = [{"kernel": v.entry, "max_rows": mr, **({"args": a} if a is not None else {})}
+                                  for mr, v, a in found]
+            for _, v, _ in found:
+                if v.entry not in variant_kernels:
+                    variant_kernels[v.entry] = compile_kernel(v)
+    finally:  # on an error: builds not yet started are dropped, running ones finish
+        builds.shutdown(cancel_futures=True)
     for j, (rows_arg, _) in skips.items():
         rows_args[j] = rows_arg
     table = [{"kernel": spec.entry, "node": i, "op": node.op.name, "source": node.source, "args": args,
