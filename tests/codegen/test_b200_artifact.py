@@ -57,9 +57,10 @@ def test_generic_spec_is_shape_free():
 
 @pytest.mark.slow
 @needs_cutlass
-def test_params_layout_reproduces_cutlass(tmp_path_factory, monkeypatch):
+def test_params_layout_reproduces_cutlass(b200_artifact, tmp_path_factory, monkeypatch):
     """The layout is derived and checked against every probe shape (``derive_layout`` raises otherwise);
-    here: what it holds, and a blob built from it for one more shape."""
+    here: what it holds, and a blob built from it for one more shape. After the artifact (``b200_artifact``), whose
+    lowering runs this probe beside the CUTLASS cubins' nvcc on the other core: here it comes from the cache."""
     monkeypatch.setenv("INGOT_CACHE_DIR", _cache(tmp_path_factory))
     spec = cp.generic_linear_spec("bf16", get_target("b200"))
     layout = cp.params_layout(spec)

@@ -4,6 +4,7 @@ lowering records for ``linear`` launches, and compile + SASS checks for sm_90a a
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -47,11 +48,16 @@ def test_variants_only_for_bf16_linear():
 
 
 @needs_compiler
-def test_lowering_records_variants(tmp_path):
+def test_lowering_records_variants(tmp_path, tmp_path_factory, monkeypatch):
+    """Every linear of the tiny Llama lowered for h200 has its GEMV variants. Compiled through the session's kernel
+    cache (test_lower.py's), not this module's: the lowering also builds the h200 CUTLASS GEMMs, minutes cold, and
+    test_lower.py builds the same ones."""
     from pathlib import Path
 
     import ingot
 
+    monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
+                       or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
     fixtures = Path(__file__).resolve().parent.parent / "fixtures"
     path = ingot.compile(fixtures / "tiny_llama_kv.onnx", target="h200", out=tmp_path / "t.ingot", mode="llm")
     cuda = json.loads((path / "manifest.json").read_text())["cuda"]
