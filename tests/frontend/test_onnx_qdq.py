@@ -170,7 +170,10 @@ def assert_grid_close(got: np.ndarray, want: np.ndarray, step: np.ndarray | floa
     Returns (max error in steps, fraction identical)."""
     assert got.shape == want.shape and got.dtype == want.dtype, what
     err = np.abs(got.astype(np.float64) - want.astype(np.float64))
-    in_steps = float(np.max(err / step)) if err.size else 0.0
+    # Both sides hold scale * code rounded to float32 (relative error <= eps / 2 each), so one step apart can read as
+    # a hair over one step (seed 4262749981: 1.0000006); that rounding is not an error of the quantized arithmetic.
+    f32_slack = np.finfo(got.dtype).eps / 2 * (np.abs(got.astype(np.float64)) + np.abs(want.astype(np.float64)))
+    in_steps = float(np.max(np.maximum(err - f32_slack, 0.0) / step)) if err.size else 0.0
     same = float(np.mean(err == 0))
     assert in_steps <= steps, f"{what}: max error {in_steps:.3f} grid steps (> {steps}); {same:.1%} identical"
     assert same >= identical, f"{what}: only {same:.1%} identical (max error {in_steps:.3f} steps)"
