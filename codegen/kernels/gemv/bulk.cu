@@ -1,4 +1,5 @@
 #include "../common.cuh"
+#include "splitk.cuh"
 
 // Decode GEMV with bulk async copies: out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) (+ residual[M, N]), bf16 in and
 // out, f32 accumulate, M <= ${MB} tokens (one variant per token bucket, codegen/kernels/gemv/bulk_rule.py).
@@ -23,9 +24,9 @@
 //   whatever was there and only feed accumulator columns that are never stored.
 // - tensor cores: mma.sync m16n8k16, w as the A operand (ldmatrix.x4: 16 rows x 16 k), x as B (ldmatrix.x4:
 //   8 tokens x 32 k, the fragments of two k16 steps), natural K order (no permutation needed: ldmatrix shuffles).
-// - split-K over CTAs (grid.y = ${SPLITK}): as kernel.cu, each CTA stores its partial tile in a module-scope f32
-//   workspace and the last CTA of a row block (atomic counter, reset by that CTA) sums the partials in slice order
-//   (deterministic) and runs the epilogue. One launch at a time per module may use the workspace.
+// - split-K over CTAs (grid.y = ${SPLITK}): as kernel.cu (splitk.cuh), each CTA stores its partial tile in a
+//   module-scope f32 workspace and the last CTA of a row block (atomic counter, reset by that CTA) sums the partials
+//   in slice order (deterministic) and runs the epilogue. One launch at a time per module may use the workspace.
 // - K tail: the last slice may be shorter than ${KS}; its last stage copies and computes only its multiple of 32
 //   columns. Rows >= N copy row N - 1 (never stored).
 // - prologue (${PROLOGUE}; codegen/decode_fusion.py, the same semantics and parameters as kernel.cu's): x is computed
@@ -62,6 +63,7 @@ constexpr int XR = PROLOGUE == 2 ? 2 : 1;              // x regions: swiglu copi
 constexpr int G_OFF = XR * MB * XSB;                   // rms_norm: the norm weight's slice after x's
 constexpr int X_BYTES = G_OFF + (PROLOGUE == 1 ? 2 * KS : 0);  // x's slice(s) first, then the warps' rings
 constexpr float SWIGLU_K = -(${ALPHA}) * 1.4426950408889634f;  // silu's exponent in log2 units
+using SK = GemvSplitK<MT, NT, MB, BN, GX, SPLITK>;
 static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
 static_assert(SC % 64 == 0 && KS % SC == 0 && K % 32 == 0, "stages of 64-column multiples; K a multiple of 32");
 static_assert(SPLITK * KS >= K && (SPLITK - 1) * KS < K, "SPLITK slices cover K");
@@ -75,12 +77,6 @@ __device__ __forceinline__ unsigned bk_smem(const void* p) {
   unsigned r;
   asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
   return r;
-}
-// the residual, read after the wait with a coherent load that ptxas keeps on its side (see kernel.cu's header)
-__device__ __forceinline__ float bk_ld_bf16(const bf16* p) {
-  unsigned short u;
-  asm volatile("ld.global.u16 %0, [%1];" : "=h"(u) : "l"(p));
-  return to_f32(bf16{u});
 }
 __device__ __forceinline__ void bk_expect(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
@@ -344,52 +340,12 @@ ${PDL_WAIT}
   }
 
   const int row0 = wrow0 + g;  // tile mt: rows row0 + 16 mt (+ 8)
-  if (SPLITK > 1) {
-    // partial tile -> workspace [split][row block][warp][mt][j][reg][lane]; the row block's last CTA sums them
-    float* ws = ${KERNEL}_ws + (long long)blockIdx.x * BN * MB + warp * (MT * NT * 4 * 32) + lane;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          if (8 * j + 2 * q + (r & 1) < rows) {
-            float* pw = ws + (long long)blockIdx.y * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
-            asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(acc[mt][j][r]) : "memory");
-          }
-    if (PROLOGUE == 1 && threadIdx.x < rows) {  // this slice's sum of x^2 for token threadIdx.x, warps in order
-      float v = 0.0f;
-      for (int wp = 0; wp < WARPS; ++wp) v += ssq[threadIdx.x * WARPS + wp];
-      float* pw = ${KERNEL}_ss + ((long long)blockIdx.y * GX + blockIdx.x) * MB + threadIdx.x;
-      asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(v) : "memory");
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned prev;
-      asm volatile("atom.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(&${KERNEL}_cnt[blockIdx.x]) : "memory");
-      is_last = prev == SPLITK - 1;
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          if (8 * j + 2 * q + (r & 1) < rows) {
-            float sum = 0.0f;
-            for (int sk = 0; sk < SPLITK; ++sk) {
-              const float* pw = ws + (long long)sk * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
-              float v;
-              asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(pw) : "memory");
-              sum += v;
-            }
-            acc[mt][j][r] = sum;
-          }
-    if (threadIdx.x == 0) ${KERNEL}_cnt[blockIdx.x] = 0u;  // ready for the next launch
+  if (SPLITK > 1) {  // the partial tile -> workspace; the row block's last CTA sums them (splitk.cuh)
+    float* ws = SK::slot(${KERNEL}_ws, warp, lane);
+    SK::store(ws, acc, q, rows);
+    if (PROLOGUE == 1) SK::store_ss<WARPS>(${KERNEL}_ss, ssq, rows, threadIdx.x);  // this slice's sums of x^2
+    if (!SK::last(${KERNEL}_cnt, is_last, threadIdx.x)) return;
+    SK::reduce(ws, acc, q, rows, ${KERNEL}_cnt, threadIdx.x);
   }
 
   // rms_norm: 1 / rms of tokens 8 j + 2 q + h, from the sums of x^2 over the slices (in slice order) or the warps
@@ -403,12 +359,7 @@ ${PDL_WAIT}
       if (PROLOGUE == 1 && t < rows) {
         float v = 0.0f;
         if (SPLITK > 1) {
-          for (int sk = 0; sk < SPLITK; ++sk) {
-            const float* pw = ${KERNEL}_ss + ((long long)sk * GX + blockIdx.x) * MB + t;
-            float s;
-            asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s) : "l"(pw) : "memory");
-            v += s;
-          }
+          v = SK::sum_ss(${KERNEL}_ss, t);
         } else {
           for (int wp = 0; wp < WARPS; ++wp) v += ssq[t * WARPS + wp];
         }
@@ -429,7 +380,7 @@ ${PDL_WAIT}
           if (PROLOGUE == 1) y *= inv[j][r & 1];
           if (WB == 1) y *= w_scale[n];  // the output channel's scale
           if (${HAS_BIAS}) y += to_f32(bias[n]);
-          if (${HAS_RESIDUAL}) y += bk_ld_bf16(residual + (long long)t * N + n);
+          if (${HAS_RESIDUAL}) y += gemv_ld_bf16_after_wait(residual + (long long)t * N + n);
           out[(long long)t * N + n] = from_f32<bf16>(y);
         }
       }

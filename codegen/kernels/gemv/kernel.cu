@@ -1,4 +1,5 @@
 #include "../common.cuh"
+#include "splitk.cuh"
 
 // Skinny GEMM / GEMV for decode steps: out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) (+ residual[M, N]),
 // bf16 in and out, f32 accumulate, for M <= ${MB} tokens (one variant per token bucket; the executor picks
@@ -16,7 +17,7 @@
 // - split-K over CTAs (grid.y = ${SPLITK}): each CTA stores its partial tile in a module-scope f32
 //   workspace, and the last CTA of a row block (atomic counter, reset by that CTA for the next launch)
 //   sums the partials in a fixed order (deterministic) and runs the epilogue. One launch at a time per
-//   module (stream order) may use the workspace.
+//   module (stream order) may use the workspace. (splitk.cuh, shared with quant.cu and bulk.cu)
 // - programmatic dependent launch: the weights do not depend on the kernel before this one, so the CTA may load its
 //   first stage of weights *before* waiting for that kernel's grid; only x (its output) and the residual must be read
 //   after the wait. Launched early (PDL), the weight stream so starts during the previous kernel's tail. ptxas moves
@@ -52,7 +53,8 @@ __device__ __forceinline__ u32x4 gemv_ld_x(const void* p) {
   return v;
 }
 // Loads on either side of the grid-dependency wait when the weights go first (see the header): coherent, and
-// volatile so that the compiler keeps them in order with the wait too (to it a plain asm is a pure function).
+// volatile so that the compiler keeps them in order with the wait too (to it a plain asm is a pure function); the
+// residual's: splitk.cuh's gemv_ld_bf16_after_wait.
 __device__ __forceinline__ u32x4 gemv_ld_before_wait(const void* p) {
   u32x4 v;
   asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -63,11 +65,6 @@ __device__ __forceinline__ u32x4 gemv_ld_after_wait(const void* p) {
   u32x4 v;
   asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
-}
-__device__ __forceinline__ float gemv_ld_bf16_after_wait(const bf16* p) {
-  unsigned short u;
-  asm volatile("ld.global.u16 %0, [%1];" : "=h"(u) : "l"(p));
-  return to_f32(bf16{u});
 }
 __device__ __forceinline__ void gemv_mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                          unsigned b1) {
@@ -109,6 +106,7 @@ static_assert(SPLITK * KS >= K && (SPLITK - 1) * KS < K, "SPLITK slices cover K"
 constexpr int PROLOGUE = ${PROLOGUE}, VPT = KS / 8, CH = (VPT + 31) / 32, CHW = (CH + WARPS - 1) / WARPS;
 constexpr bool WEIGHTS_FIRST = ${WEIGHTS_FIRST};
 constexpr float SWIGLU_K = -(${ALPHA}) * 1.4426950408889634f;  // silu's exponent in log2 units
+using SK = GemvSplitK<MT, NT, MB, BN, GX, SPLITK>;
 
 // a * sigmoid(alpha a) * b = a * b / (1 + 2^(SWIGLU_K a)); 2^+inf = inf gives 0
 __device__ __forceinline__ float gemv_swiglu(float a, float b) {
@@ -292,52 +290,12 @@ ${PDL_WAIT}
     }
   }
 
-  if (SPLITK > 1) {
-    // partial tile -> workspace [split][row block][warp][mt][j][reg][lane]; the row block's last CTA sums them
-    float* ws = ${KERNEL}_ws + (i64)blockIdx.x * BN * MB + warp * (MT * NT * 4 * 32) + lane;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          if (8 * j + 2 * q + (r & 1) < rows) {
-            float* pw = ws + (i64)blockIdx.y * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
-            asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(acc[mt][j][r]) : "memory");
-          }
-    if (PROLOGUE == 1 && threadIdx.x < rows) {  // this slice's sum of x^2 for token threadIdx.x, warps in order
-      float v = 0.0f;
-      for (int w = 0; w < WARPS; ++w) v += ssq[threadIdx.x * WARPS + w];
-      float* pw = ${KERNEL}_ss + ((i64)blockIdx.y * GX + blockIdx.x) * MB + threadIdx.x;
-      asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(v) : "memory");
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned prev;
-      asm volatile("atom.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(&${KERNEL}_cnt[blockIdx.x]) : "memory");
-      is_last = prev == SPLITK - 1;
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          if (8 * j + 2 * q + (r & 1) < rows) {
-            float sum = 0.0f;
-            for (int sk = 0; sk < SPLITK; ++sk) {
-              const float* pw = ws + (i64)sk * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
-              float v;
-              asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(pw) : "memory");
-              sum += v;
-            }
-            acc[mt][j][r] = sum;
-          }
-    if (threadIdx.x == 0) ${KERNEL}_cnt[blockIdx.x] = 0u;  // ready for the next launch
+  if (SPLITK > 1) {  // the partial tile -> workspace; the row block's last CTA sums them (splitk.cuh)
+    float* ws = SK::slot(${KERNEL}_ws, warp, lane);
+    SK::store(ws, acc, q, rows);
+    if (PROLOGUE == 1) SK::store_ss<WARPS>(${KERNEL}_ss, ssq, rows, threadIdx.x);  // this slice's sums of x^2
+    if (!SK::last(${KERNEL}_cnt, is_last, threadIdx.x)) return;
+    SK::reduce(ws, acc, q, rows, ${KERNEL}_cnt, threadIdx.x);
   }
 
   // rms_norm: 1 / rms of tokens 8 j + 2 q + h, from the sums of x^2 over the slices (in slice order) or the warps;
@@ -351,12 +309,7 @@ ${PDL_WAIT}
       float v = 0.0f;
       if (PROLOGUE == 1) {
         if (SPLITK > 1) {
-          for (int sk = 0; sk < SPLITK; ++sk) {
-            const float* pw = ${KERNEL}_ss + ((i64)sk * GX + blockIdx.x) * MB + t;
-            float s;
-            asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s) : "l"(pw) : "memory");
-            v += s;
-          }
+          v = SK::sum_ss(${KERNEL}_ss, t);
         } else {
           for (int w = 0; w < WARPS; ++w) v += ssq[t * WARPS + w];
         }

@@ -1,4 +1,5 @@
 #include "../common.cuh"
+#include "splitk.cuh"
 
 // Decode GEMV / skinny GEMM for ``quantized_linear`` (codegen/kernels/gemv/quant_rule.py):
 // out[M, N] = quant(x)[M, K] @ dequant(w)[N, K]^T (+ bias[N]) (+ residual[M, N]), bf16 x and out, f32 accumulate.
@@ -100,6 +101,7 @@ static_assert(KS % (SW * U) == 0 && K % SW == 0, "K slices are whole stages of w
 static_assert(ANY_M || (SPLITK * KS >= K && (SPLITK - 1) * KS < K), "SPLITK slices cover K");
 static_assert(!ANY_M || SPLITK == 1, "the any-M launch walks its K slices in one CTA");
 static_assert(WFMT == 0 || AFMT == 0, "nvfp4 weights take bf16 activations");
+using SK = GemvSplitK<MT, NT, MB, BN, GX, SPLITK>;
 }  // namespace
 
 __device__ float ${KERNEL}_ws[SPLITK > 1 ? SPLITK * GX * BN * MB : 1];
@@ -301,46 +303,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
 
   }
 
-  if (SPLITK > 1) {
-    // partial tile -> workspace [split][row block][warp][mt][j][reg][lane]; the row block's last CTA sums them
-    float* ws = ${KERNEL}_ws + (i64)blockIdx.x * BN * MB + warp * (MT * NT * 4 * 32) + lane;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          if (8 * j + 2 * q + (r & 1) < rows) {
-            float* pw = ws + (i64)blockIdx.y * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
-            asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(acc[mt][j][r]) : "memory");
-          }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned prev;
-      asm volatile("atom.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(&${KERNEL}_cnt[blockIdx.x]) : "memory");
-      is_last = prev == SPLITK - 1;
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          if (8 * j + 2 * q + (r & 1) < rows) {
-            float sum = 0.0f;
-            for (int sk = 0; sk < SPLITK; ++sk) {
-              const float* pw = ws + (i64)sk * GX * BN * MB + ((mt * NT + j) * 4 + r) * 32;
-              float v;
-              asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(pw) : "memory");
-              sum += v;
-            }
-            acc[mt][j][r] = sum;
-          }
-    if (threadIdx.x == 0) ${KERNEL}_cnt[blockIdx.x] = 0u;  // ready for the next launch
+  if (SPLITK > 1) {  // the partial tile -> workspace; the row block's last CTA sums them (splitk.cuh)
+    float* ws = SK::slot(${KERNEL}_ws, warp, lane);
+    SK::store(ws, acc, q, rows);
+    if (!SK::last(${KERNEL}_cnt, is_last, threadIdx.x)) return;
+    SK::reduce(ws, acc, q, rows, ${KERNEL}_cnt, threadIdx.x);
   }
 
   // epilogue: acc * (row scale) * (token scale) (+ bias) (+ residual); c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = row g+8
