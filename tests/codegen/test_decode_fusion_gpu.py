@@ -19,10 +19,10 @@ from ingot.codegen.kernels.activation.rule import gated_spec
 from ingot.codegen.kernels.gemv.bulk_rule import bulk_spec
 from ingot.codegen.kernels.gemv.rule import Prologue, fused_spec, gemv_spec
 from ingot.codegen.kernels.norm.rule import norm_spec
-from ingot.codegen.target import get_target
 from ingot.ir.ops.attention import SwiGLU
 from ingot.ir.ops.norm import RmsNorm
 from ingot.ir.types import DType
+from tests.codegen.common import gpu_target
 from tests.helpers import rng
 
 pytestmark = pytest.mark.gpu
@@ -30,10 +30,6 @@ BF16 = ml_dtypes.bfloat16
 EPS = 1e-5
 #: the GEMV tests' bound on the largest output's relative error (tests/codegen/test_gemv_gpu.py)
 TOL = 1e-2
-
-
-def _target(gpu):
-    return get_target("h200" if gpu.arch == "sm_90a" else "b200")
 
 
 def _gemv(gpu, spec, x, w, res, m, **extra) -> np.ndarray:
@@ -61,15 +57,12 @@ def _cases(shapes):
     return [(n, k, mb) for n, k, mbs in shapes for mb in mbs]
 
 
-@pytest.mark.parametrize("weights_first", [True, False], ids=["weights-first", "wait-first"])
-@pytest.mark.parametrize("n,k,mb", _cases(RMS_SHAPES))
-def test_rms_norm_prologue_matches_numpy(gpu, n, k, mb, weights_first):
+def _check_rms_norm(gpu, plain, fused, residual: bool, what: str) -> None:
+    """``fused`` (``plain`` with the rms_norm prologue) against numpy and against the norm kernel followed by
+    ``plain``, each fused launch twice; ``what`` names the variants in the messages."""
     r = rng()
-    tgt = _target(gpu)
-    norm = norm_spec("rms", DType.bf16, DType.bf16, k, EPS, tgt)
-    residual = n != 128256  # the lm_head has none
-    plain = gemv_spec(n, k, mb, tgt, residual=residual)
-    fused = fused_spec(plain, Prologue("rms_norm", EPS), tgt, weights_first=weights_first)
+    n, k, mb = plain.value("N"), plain.value("K"), plain.value("MB")
+    norm = norm_spec("rms", DType.bf16, DType.bf16, k, EPS, gpu_target(gpu))
     w_host = (0.05 * r.standard_normal((n, k), np.float32)).astype(BF16)
     w = gpu.upload(w_host)
     g_host = (1 + 0.2 * r.standard_normal(k)).astype(BF16)
@@ -85,21 +78,20 @@ def test_rms_norm_prologue_matches_numpy(gpu, n, k, mb, weights_first):
         normed = gpu.alloc((m, k), BF16)
         gpu.launch(norm, x=x, weight=g, bias=None, residual=None, residual_out=None, out=normed, rows=m)
         unfused = _gemv(gpu, plain, normed, w, res, m)
-        assert _err(unfused, want) < TOL, f"{n}x{k} M={m}: the unfused launches vs numpy"
+        assert _err(unfused, want) < TOL, f"{what} {n}x{k} M={m}: the unfused launches vs numpy"
         for attempt in range(2):
             got = _gemv(gpu, fused, x, w, res, m, norm_weight=g)
-            assert _err(got, want) < TOL, f"{n}x{k} MB={mb} M={m} launch {attempt}: {_err(got, want):.2e} vs numpy"
-            assert _err(got, unfused) < TOL, f"{n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"
+            err = _err(got, want)
+            assert err < TOL, f"{what} {n}x{k} MB={mb} M={m} launch {attempt}: {err:.2e} vs numpy"
+            assert _err(got, unfused) < TOL, f"{what} {n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"
 
 
-@pytest.mark.parametrize("weights_first", [True, False], ids=["weights-first", "wait-first"])
-@pytest.mark.parametrize("n,k,mb", _cases(SWIGLU_SHAPES))
-def test_swiglu_prologue_matches_numpy(gpu, n, k, mb, weights_first):
+def _check_swiglu(gpu, plain, fused, what: str) -> None:
+    """``fused`` (``plain``, with a residual, with the packed swiglu prologue) against numpy and against the
+    activation kernel followed by ``plain``, each fused launch twice; ``what`` names the variants in the messages."""
     r = rng()
-    tgt = _target(gpu)
-    act = gated_spec("swiglu", DType.bf16, k, tgt, alpha=1.0, a_stride=2 * k, b_stride=2 * k, b_offset=k)
-    plain = gemv_spec(n, k, mb, tgt, residual=True)
-    fused = fused_spec(plain, Prologue("swiglu", alpha=1.0), tgt, weights_first=weights_first)
+    n, k, mb = plain.value("N"), plain.value("K"), plain.value("MB")
+    act = gated_spec("swiglu", DType.bf16, k, gpu_target(gpu), alpha=1.0, a_stride=2 * k, b_stride=2 * k, b_offset=k)
     w_host = (0.05 * r.standard_normal((n, k), np.float32)).astype(BF16)
     w = gpu.upload(w_host)
     for m in TOKENS[mb]:
@@ -112,11 +104,31 @@ def test_swiglu_prologue_matches_numpy(gpu, n, k, mb, weights_first):
         a = gpu.alloc((m, k), BF16)
         gpu.launch(act, a=gate_up, b=gate_up, out=a, num_tokens=m)
         unfused = _gemv(gpu, plain, a, w, res, m)
-        assert _err(unfused, want) < TOL, f"{n}x{k} M={m}: the unfused launches vs numpy"
+        assert _err(unfused, want) < TOL, f"{what} {n}x{k} M={m}: the unfused launches vs numpy"
         for attempt in range(2):
             got = _gemv(gpu, fused, gate_up, w, res, m)
-            assert _err(got, want) < TOL, f"{n}x{k} MB={mb} M={m} launch {attempt}: {_err(got, want):.2e} vs numpy"
-            assert _err(got, unfused) < TOL, f"{n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"
+            err = _err(got, want)
+            assert err < TOL, f"{what} {n}x{k} MB={mb} M={m} launch {attempt}: {err:.2e} vs numpy"
+            assert _err(got, unfused) < TOL, f"{what} {n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"
+
+
+@pytest.mark.parametrize("weights_first", [True, False], ids=["weights-first", "wait-first"])
+@pytest.mark.parametrize("n,k,mb", _cases(RMS_SHAPES))
+def test_rms_norm_prologue_matches_numpy(gpu, n, k, mb, weights_first):
+    tgt = gpu_target(gpu)
+    residual = n != 128256  # the lm_head has none
+    plain = gemv_spec(n, k, mb, tgt, residual=residual)
+    fused = fused_spec(plain, Prologue("rms_norm", EPS), tgt, weights_first=weights_first)
+    _check_rms_norm(gpu, plain, fused, residual, "kernel.cu")
+
+
+@pytest.mark.parametrize("weights_first", [True, False], ids=["weights-first", "wait-first"])
+@pytest.mark.parametrize("n,k,mb", _cases(SWIGLU_SHAPES))
+def test_swiglu_prologue_matches_numpy(gpu, n, k, mb, weights_first):
+    tgt = gpu_target(gpu)
+    plain = gemv_spec(n, k, mb, tgt, residual=True)
+    fused = fused_spec(plain, Prologue("swiglu", alpha=1.0), tgt, weights_first=weights_first)
+    _check_swiglu(gpu, plain, fused, "kernel.cu")
 
 
 def _bulk_pair(tgt, n: int, k: int, mb: int, residual: bool, prologue: Prologue):
@@ -130,53 +142,12 @@ def _bulk_pair(tgt, n: int, k: int, mb: int, residual: bool, prologue: Prologue)
 
 @pytest.mark.parametrize("n,k,mb", _cases(RMS_SHAPES))
 def test_bulk_rms_norm_prologue_matches_numpy(gpu, n, k, mb):
-    r = rng()
-    tgt = _target(gpu)
-    norm = norm_spec("rms", DType.bf16, DType.bf16, k, EPS, tgt)
     residual = n != 128256
-    plain, fused = _bulk_pair(tgt, n, k, mb, residual, Prologue("rms_norm", EPS))
-    w_host = (0.05 * r.standard_normal((n, k), np.float32)).astype(BF16)
-    w = gpu.upload(w_host)
-    g_host = (1 + 0.2 * r.standard_normal(k)).astype(BF16)
-    g = gpu.upload(g_host)
-    for m in TOKENS[mb]:
-        x_host = (r.uniform(0.01, 40.0) * r.standard_normal((m, k))).astype(BF16)
-        res_host = r.standard_normal((m, n)).astype(BF16) if residual else None
-        want = RmsNorm(eps=EPS).ref(x_host, g_host).astype(np.float64) @ w_host.astype(np.float64).T
-        if residual:
-            want = want + res_host.astype(np.float64)
-        x = gpu.upload(x_host)
-        res = gpu.upload(res_host) if residual else None
-        normed = gpu.alloc((m, k), BF16)
-        gpu.launch(norm, x=x, weight=g, bias=None, residual=None, residual_out=None, out=normed, rows=m)
-        unfused = _gemv(gpu, plain, normed, w, res, m)
-        assert _err(unfused, want) < TOL, f"{n}x{k} M={m}: the unfused bulk launches vs numpy"
-        for attempt in range(2):
-            got = _gemv(gpu, fused, x, w, res, m, norm_weight=g)
-            assert _err(got, want) < TOL, f"bulk {n}x{k} MB={mb} M={m} launch {attempt}: {_err(got, want):.2e}"
-            assert _err(got, unfused) < TOL, f"bulk {n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"
+    plain, fused = _bulk_pair(gpu_target(gpu), n, k, mb, residual, Prologue("rms_norm", EPS))
+    _check_rms_norm(gpu, plain, fused, residual, "bulk.cu")
 
 
 @pytest.mark.parametrize("n,k,mb", _cases(SWIGLU_SHAPES))
 def test_bulk_swiglu_prologue_matches_numpy(gpu, n, k, mb):
-    r = rng()
-    tgt = _target(gpu)
-    act = gated_spec("swiglu", DType.bf16, k, tgt, alpha=1.0, a_stride=2 * k, b_stride=2 * k, b_offset=k)
-    plain, fused = _bulk_pair(tgt, n, k, mb, True, Prologue("swiglu", alpha=1.0))
-    w_host = (0.05 * r.standard_normal((n, k), np.float32)).astype(BF16)
-    w = gpu.upload(w_host)
-    for m in TOKENS[mb]:
-        gate_up_host = (3 * r.standard_normal((m, 2 * k))).astype(BF16)
-        gate_up_host[0, 0] = -100  # 2^(144) overflows to inf: silu 0
-        res_host = r.standard_normal((m, n)).astype(BF16)
-        want = (SwiGLU(packed=True).ref(gate_up_host).astype(np.float64) @ w_host.astype(np.float64).T
-                + res_host.astype(np.float64))
-        gate_up, res = gpu.upload(gate_up_host), gpu.upload(res_host)
-        a = gpu.alloc((m, k), BF16)
-        gpu.launch(act, a=gate_up, b=gate_up, out=a, num_tokens=m)
-        unfused = _gemv(gpu, plain, a, w, res, m)
-        assert _err(unfused, want) < TOL, f"{n}x{k} M={m}: the unfused bulk launches vs numpy"
-        for attempt in range(2):
-            got = _gemv(gpu, fused, gate_up, w, res, m)
-            assert _err(got, want) < TOL, f"bulk {n}x{k} MB={mb} M={m} launch {attempt}: {_err(got, want):.2e}"
-            assert _err(got, unfused) < TOL, f"bulk {n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"
+    plain, fused = _bulk_pair(gpu_target(gpu), n, k, mb, True, Prologue("swiglu", alpha=1.0))
+    _check_swiglu(gpu, plain, fused, "bulk.cu")

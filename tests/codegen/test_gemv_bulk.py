@@ -93,6 +93,19 @@ def test_source_orders_copies_wait_and_launch():
     assert body.index("reinterpret_cast<const unsigned short*>(x)") > wait
 
 
+def _copies_before_the_wait(spec, arch: str, not_before: tuple[str, ...] = ("LDG", "LDS", "HMMA")):
+    """The SASS opcodes of ``spec`` and the positions of its bulk copies (UBLKCP), checked: one grid-dependency wait
+    (ACQBULK), the first bulk copy and launch_dependents (PREEXIT) before it in program order, and no ``not_before``
+    instruction before it (nothing read from global or shared memory, no tensor-core work)."""
+    seq = sass_sequence(disassembled(compiled(spec), arch))
+    assert seq.count(WAIT) == 1
+    wait = seq.index(WAIT)
+    copies = [i for i, o in enumerate(seq) if o.startswith("UBLKCP")]
+    assert copies and copies[0] < wait and "PREEXIT" in seq[:wait], (copies, wait)
+    assert not any(o.startswith(not_before) for o in seq[:wait]), seq[:wait]
+    return set(seq), copies
+
+
 @needs_compiler
 @pytest.mark.parametrize("target", ["h200", "b200"])
 @pytest.mark.parametrize("n,k,mb", [(3072, 2048, 8), (1000, 4128, 32)])
@@ -100,14 +113,9 @@ def test_sass_bulk_copies_before_the_wait(target, n, k, mb):
     """The weights' bulk copies (UBLKCP) and launch_dependents (PREEXIT) come before the one grid-dependency wait
     (ACQBULK) in program order; tensor cores from ldmatrix fragments; no local memory."""
     tgt = get_target(target)
-    seq = sass_sequence(disassembled(compiled(bulk_spec(n, k, mb, tgt, bias=True, residual=True)), tgt.arch))
-    assert seq.count(WAIT) == 1
-    wait = seq.index(WAIT)
-    copies = [i for i, o in enumerate(seq) if o.startswith("UBLKCP")]
-    assert copies and copies[0] < wait and len(copies) >= 3, (copies, wait)  # ring fill; x after; refill
-    assert "PREEXIT" in seq[:wait]
-    assert not any(o.startswith(("LDG", "LDSM", "HMMA")) for o in seq[:wait]), seq[:wait]
-    ops = set(seq)
+    spec = bulk_spec(n, k, mb, tgt, bias=True, residual=True)
+    ops, copies = _copies_before_the_wait(spec, tgt.arch, not_before=("LDG", "LDSM", "HMMA"))
+    assert len(copies) >= 3, copies  # ring fill; x after; refill
     assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops) and any(o.startswith("LDSM") for o in ops)
     assert_no_local_memory(ops, "the bulk GEMV")
 
@@ -168,13 +176,7 @@ def test_sass_fused_bulk_copies_before_the_wait(target, n, k, kind):
     (the 9 shuffles, ex2); no local memory."""
     tgt = get_target(target)
     _, fused = _fused(n, k, 8, kind, target, residual=kind == "swiglu")
-    seq = sass_sequence(disassembled(compiled(fused), tgt.arch))
-    assert seq.count(WAIT) == 1
-    wait = seq.index(WAIT)
-    copies = [i for i, o in enumerate(seq) if o.startswith("UBLKCP")]
-    assert copies and copies[0] < wait and "PREEXIT" in seq[:wait], (copies, wait)
-    assert not any(o.startswith(("LDG", "LDS", "HMMA")) for o in seq[:wait]), seq[:wait]
-    ops = set(seq)
+    ops, _ = _copies_before_the_wait(fused, tgt.arch)
     assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops) and any(o.startswith("LDSM") for o in ops)
     assert ("MUFU.EX2" in ops) == (kind == "swiglu") and ("SHFL.BFLY" in ops) == (kind == "rms_norm"), sorted(ops)
     assert_no_local_memory(ops, "the fused bulk GEMV")
@@ -282,12 +284,6 @@ def test_sass_fp8_bulk_copies_before_the_wait(target, n, k, mb):
     tgt = get_target(target)
     spec = bulk_quant_spec(n, k, mb, tgt, bias=True, residual=True)
     assert spec is not None
-    seq = sass_sequence(disassembled(compiled(spec), tgt.arch))
-    assert seq.count(WAIT) == 1
-    wait = seq.index(WAIT)
-    copies = [i for i, o in enumerate(seq) if o.startswith("UBLKCP")]
-    assert copies and copies[0] < wait and "PREEXIT" in seq[:wait], (copies, wait)
-    assert not any(o.startswith(("LDG", "LDS", "HMMA")) for o in seq[:wait]), seq[:wait]
-    ops = set(seq)
+    ops, _ = _copies_before_the_wait(spec, tgt.arch)
     assert {"LDS.64", "HMMA.16816.F32.BF16"} <= ops and any(o.startswith("LDSM") for o in ops), sorted(ops)
     assert_no_local_memory(ops, "the FP8 bulk GEMV")

@@ -17,15 +17,11 @@ import numpy as np
 import pytest
 
 from ingot.codegen.kernels.gemv.bulk_rule import bulk_config, bulk_spec
-from ingot.codegen.target import get_target
+from tests.codegen.common import bf16_gemv_inputs, check_gemv, gpu_target
 from tests.helpers import rng
 
 pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
-
-
-def _target(gpu):
-    return get_target("h200" if gpu.arch == "sm_90a" else "b200")
 
 
 @pytest.mark.parametrize("n,k,mb,ms", [
@@ -36,30 +32,14 @@ def _target(gpu):
 @pytest.mark.parametrize("epilogue", ["plain", "bias+residual"])
 def test_bulk_gemv_matches_numpy(gpu, n, k, mb, ms, epilogue):
     r = rng()
-    tgt = _target(gpu)
+    tgt = gpu_target(gpu)
     has = epilogue != "plain"
     spec = bulk_spec(n, k, mb, tgt, bias=has, residual=has)
     assert spec is not None, bulk_config(n, k, mb, tgt.num_sms or 132)
     w = r.standard_normal((n, k), np.float32).astype(BF16)
-    wd = gpu.upload(w)
     bias = r.standard_normal(n, np.float32).astype(BF16)
-    bd = gpu.upload(bias) if has else None
-    for m in ms:
-        x = r.standard_normal((m, k), np.float32).astype(BF16)
-        res = r.standard_normal((m, n), np.float32).astype(BF16)
-        ref = x.astype(np.float64) @ w.astype(np.float64).T
-        if has:
-            ref = ref + bias.astype(np.float64) + res.astype(np.float64)
-        xd, rd = gpu.upload(x), gpu.upload(res)
-        for attempt in range(2):
-            out = gpu.alloc((mb, n), BF16)  # poisoned (0xFF: NaN); rows M.. of the bucket must stay so
-            gpu.launch(spec, x=xd, weight=wd, weight_scale=None, bias=bd, residual=rd if has else None, out=out, M=m)
-            full = gpu.download(out)
-            assert (full[m:].view(np.uint16) == 0xFFFF).all(), f"M={m} launch {attempt}: rows past M written"
-            got = full[:m].astype(np.float64)
-            assert np.isfinite(got).all(), f"M={m} launch {attempt}: unwritten or non-finite outputs"
-            err = np.abs(got - ref).max() / np.abs(ref).max()
-            assert err < 1e-2, f"{n}x{k} MB={mb} M={m} launch {attempt}: relative error {err:.2e} ({spec.doc})"
+    check_gemv(gpu, spec, ms, w.astype(np.float64), {"weight": gpu.upload(w), "weight_scale": None},
+               bias if has else None, lambda m: bf16_gemv_inputs(r, m, k, n), whole_bucket=True)
 
 
 def _launch_pdl(gpu, spec, stream, **args) -> list:
@@ -84,7 +64,7 @@ def test_pdl_pair(gpu, m, mb):
     from tests.codegen.cuda_launch import check
 
     r = rng()
-    tgt = _target(gpu)
+    tgt = gpu_target(gpu)
     first, second = bulk_spec(2048, 2048, mb, tgt, residual=True), bulk_spec(8192, 2048, mb, tgt)
     assert first is not None and second is not None
     w1, w2 = (r.standard_normal((n, 2048), np.float32).astype(BF16) * 0.05 for n in (2048, 8192))

@@ -15,17 +15,13 @@ import numpy as np
 import pytest
 
 from ingot.codegen.kernels.gemv.bulk_rule import bulk_config, bulk_quant_spec
-from ingot.codegen.target import get_target
+from tests.codegen.common import check_gemv, gpu_target
 from tests.codegen.test_gemv_quant_gpu import activations, quantized_weight
 from tests.helpers import rng
 
 pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
 TOL = 1e-2  # max |error| / max |reference|, as the other GEMV tests
-
-
-def _target(gpu):
-    return get_target("h200" if gpu.arch == "sm_90a" else "b200")
 
 
 @pytest.mark.parametrize("n,k,mb,ms", [
@@ -36,7 +32,7 @@ def _target(gpu):
 @pytest.mark.parametrize("epilogue", ["plain", "bias+residual"])
 def test_bulk_fp8_gemv_matches_numpy(gpu, n, k, mb, ms, epilogue):
     r = rng()
-    tgt = _target(gpu)
+    tgt = gpu_target(gpu)
     has = epilogue != "plain"
     spec = bulk_quant_spec(n, k, mb, tgt, bias=has, residual=has)
     assert spec is not None, bulk_config(n, k, mb, tgt.num_sms or 132, wb=1)
@@ -44,23 +40,8 @@ def test_bulk_fp8_gemv_matches_numpy(gpu, n, k, mb, ms, epilogue):
     codes, scale = np.ascontiguousarray(wq["weight"]), np.asarray(wq["weight_scale"], np.float32)
     assert codes.dtype == ml_dtypes.float8_e4m3fn and scale.shape == (n,)
     w = codes.astype(np.float64) * scale.astype(np.float64)[:, None]  # exact: every e4m3 value is a float64
-    wd, sd = gpu.upload(codes.view(np.uint8)), gpu.upload(scale)
+    weights = {"weight": gpu.upload(codes.view(np.uint8)), "weight_scale": gpu.upload(scale), "weight_scale_2": None,
+               "input_scale": None}
     bias = (r.standard_normal(n) * 0.1).astype(BF16)
-    bd = gpu.upload(bias) if has else None
-    for m in ms:
-        x = activations(r, m, k)
-        res = r.standard_normal((m, n)).astype(BF16)
-        ref = x.astype(np.float64) @ w.T
-        if has:
-            ref = ref + bias.astype(np.float64) + res.astype(np.float64)
-        xd, rd = gpu.upload(x), gpu.upload(res)
-        for attempt in range(2):
-            out = gpu.alloc((mb, n), BF16)  # poisoned (0xFF: NaN); rows M.. of the bucket must stay so
-            gpu.launch(spec, x=xd, weight=wd, weight_scale=sd, weight_scale_2=None, input_scale=None, bias=bd,
-                       residual=rd if has else None, out=out, M=m)
-            full = gpu.download(out)
-            assert (full[m:].view(np.uint16) == 0xFFFF).all(), f"M={m} launch {attempt}: rows past M written"
-            got = full[:m].astype(np.float64)
-            assert np.isfinite(got).all(), f"M={m} launch {attempt}: unwritten or non-finite outputs"
-            err = np.abs(got - ref).max() / np.abs(ref).max()
-            assert err < TOL, f"{n}x{k} MB={mb} M={m} launch {attempt}: relative error {err:.2e} ({spec.doc})"
+    check_gemv(gpu, spec, ms, w, weights, bias if has else None,
+               lambda m: (activations(r, m, k), r.standard_normal((m, n)).astype(BF16)), whole_bucket=True, tol=TOL)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ingot.codegen.kernels.gemv.rule import gemv_spec
-from ingot.codegen.target import get_target
+from tests.codegen.common import bf16_gemv_inputs, check_gemv, gpu_target
 from tests.helpers import rng
 
 pytestmark = pytest.mark.gpu
@@ -27,25 +27,9 @@ BF16 = ml_dtypes.bfloat16
 @pytest.mark.parametrize("weights_first", [False, True], ids=["wait-first", "weights-first"])
 def test_gemv_matches_numpy(gpu, n, k, mb, ms, epilogue, weights_first):
     r = rng()
-    tgt = get_target("h200" if gpu.arch == "sm_90a" else "b200")
     has = epilogue != "plain"
-    spec = gemv_spec(n, k, mb, tgt, bias=has, residual=has, weights_first=weights_first)
+    spec = gemv_spec(n, k, mb, gpu_target(gpu), bias=has, residual=has, weights_first=weights_first)
     w = r.standard_normal((n, k), np.float32).astype(BF16)
-    wd = gpu.upload(w)
     bias = r.standard_normal(n, np.float32).astype(BF16)
-    bd = gpu.upload(bias) if has else None
-    for m in ms:
-        x = r.standard_normal((m, k), np.float32).astype(BF16)
-        res = r.standard_normal((m, n), np.float32).astype(BF16)
-        ref = x.astype(np.float64) @ w.astype(np.float64).T
-        if has:
-            ref = ref + bias.astype(np.float64) + res.astype(np.float64)
-        xd, rd = gpu.upload(x), gpu.upload(res)
-        for attempt in range(2):
-            out = gpu.alloc((m, n), BF16)  # poisoned (0xFF: NaN)
-            gpu.launch(spec, x=xd, weight=wd, weight_scale=None, bias=bd, residual=rd if has else None, out=out,
-                    M=m)
-            got = gpu.download(out).astype(np.float64)
-            assert np.isfinite(got).all(), f"M={m} launch {attempt}: unwritten or non-finite outputs"
-            err = np.abs(got - ref).max() / np.abs(ref).max()
-            assert err < 1e-2, f"{n}x{k} MB={mb} M={m} launch {attempt}: relative error {err:.2e}"
+    check_gemv(gpu, spec, ms, w.astype(np.float64), {"weight": gpu.upload(w), "weight_scale": None},
+               bias if has else None, lambda m: bf16_gemv_inputs(r, m, k, n), whole_bucket=False)
