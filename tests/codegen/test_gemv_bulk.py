@@ -15,12 +15,14 @@ from ingot.codegen.kernel import PDL_MARKER
 from ingot.codegen.kernels.gemv import bulk_rule
 from ingot.codegen.kernels.gemv.bulk_rule import (
     SMEM_BUDGET,
+    WORKSPACE_BUDGET,
     bulk_config,
     bulk_quant_spec,
     bulk_spec,
     fused_bulk_spec,
     smem_bytes,
     spec_config,
+    workspace_bytes,
     x_bytes,
 )
 from ingot.codegen.kernels.gemv.quant_rule import PARAMS as QUANT_PARAMS
@@ -53,7 +55,7 @@ def test_configs_cover_k_and_fit(n, k):
         assert c.splitk * c.slice_k >= k > (c.splitk - 1) * c.slice_k
         assert c.stage_cols % 64 == 0 and c.slice_k % c.stage_cols == 0 and 16 * c.tiles <= 32
         assert min(2, c.slice_k // c.stage_cols) <= c.stages <= c.slice_k // c.stage_cols
-        assert smem_bytes(mb, c) <= SMEM_BUDGET
+        assert smem_bytes(mb, c) <= SMEM_BUDGET and workspace_bytes(n, mb, c) <= WORKSPACE_BUDGET
 
 
 @pytest.mark.parametrize("n,k", [(3072, 2048), (2048, 2048)])
@@ -189,7 +191,11 @@ def test_sass_fused_bulk_copies_before_the_wait(target, n, k, kind):
 def test_fp8_configs_cover_k_and_fit(n, k):
     for mb in BUCKETS:
         c = bulk_config(n, k, mb, 132, wb=1)
+        if (n, mb) == (128256, 64):  # its split-K workspace would exceed the budget: quant.cu keeps the bucket
+            assert c is None
+            continue
         assert c is not None, (n, k, mb)
+        assert workspace_bytes(n, mb, c) <= WORKSPACE_BUDGET
         assert c.splitk * c.slice_k >= k > (c.splitk - 1) * c.slice_k and c.stage_cols % 128 == 0
         assert smem_bytes(mb, c, wb=1) <= SMEM_BUDGET and x_bytes(mb, c.slice_k, wb=1) == mb * (2 * c.slice_k + 32)
         spec = bulk_quant_spec(n, k, mb, get_target("h200"))
@@ -287,3 +293,25 @@ def test_sass_fp8_bulk_copies_before_the_wait(target, n, k, mb):
     ops, _ = _copies_before_the_wait(spec, tgt.arch)
     assert {"LDS.64", "HMMA.16816.F32.BF16"} <= ops and any(o.startswith("LDSM") for o in ops), sorted(ops)
     assert_no_local_memory(ops, "the FP8 bulk GEMV")
+
+
+@pytest.mark.parametrize("wb", [2, 1])
+def test_workspace_budget_keeps_the_lm_head_at_64_tokens_off_bulk(monkeypatch, wb):
+    """The lm_head at 64 tokens needs split-K >= 4 for x's slice to fit the shared-memory budget, i.e. a >= 131 MB
+    module-scope workspace: over WORKSPACE_BUDGET, so that bucket keeps the register-streaming template; without the
+    budget a configuration would be found (the workspace is the only reason)."""
+    assert bulk_config(128256, 2048, 64, 132, wb=wb) is None
+    monkeypatch.setattr(bulk_rule, "WORKSPACE_BUDGET", 1 << 40)
+    c = bulk_config(128256, 2048, 64, 132, wb=wb)
+    assert c is not None and workspace_bytes(128256, 64, c) > WORKSPACE_BUDGET
+    monkeypatch.undo()
+    monkeypatch.setenv(bulk_rule.ENV, "1")
+    h200 = get_target("h200")
+    if wb == 2:
+        x, w = TensorType(DType.bf16, ("T", 2048)), TensorType(DType.bf16, (128256, 2048))
+        found = dict(variants(Linear(), [x, w], h200))
+        assert found[64].template == "kernel.cu" and found[32].template == "bulk.cu"
+    else:
+        op, ins = qtypes("fp8", 128256, 2048)
+        found = dict(quant_variants(op, ins, h200))
+        assert found[64].template == "quant.cu" and found[32].template == "bulk.cu"

@@ -46,6 +46,10 @@ from .rule import BUCKETS, PARAMS, PROLOGUES, Prologue
 ENV = "INGOT_GEMV_BULK"
 #: dynamic shared memory per CTA (bytes): two CTAs per SM on the H200 (228 KB, 1 KB reserved per CTA, barriers)
 SMEM_BUDGET = 110 * 1024
+#: split-K workspace per variant (bytes): a module-scope device array (``SPLITK x row blocks x BN x MB`` f32) that
+#: lives as long as the artifact's module, one per variant; a configuration over it is not taken (a bucket with none
+#: keeps kernel.cu: the lm_head at 64 tokens would otherwise hold 131-263 MB)
+WORKSPACE_BUDGET = 64 << 20
 #: stage widths (columns; multiples of 64 keep ldmatrix conflict-free with 16-byte row padding)
 STAGE_COLS = (512, 256, 128)
 #: warps per CTA tried
@@ -99,6 +103,11 @@ def smem_bytes(mb: int, cfg: BulkConfig, prologue: str = "none", wb: int = 2) ->
     return x_bytes(mb, cfg.slice_k, prologue, wb) + cfg.stages * stage_bytes(cfg, wb)
 
 
+def workspace_bytes(n: int, mb: int, cfg: BulkConfig) -> int:
+    """The template's split-K workspace for ``w[n, :]`` at ``M <= mb`` (0 without split-K)."""
+    return cfg.splitk * -(-n // cfg.rows) * cfg.rows * mb * 4 if cfg.splitk > 1 else 0
+
+
 def _cost(n: int, k: int, mb: int, num_sms: int, c: BulkConfig, wb: int = 2) -> float:
     waves = -(-(-(-n // c.rows) * c.splitk) // num_sms)
     tile = c.rows * c.slice_k * wb
@@ -132,6 +141,8 @@ def bulk_config(n: int, k: int, mb: int, num_sms: int, budget: int = SMEM_BUDGET
                     if stages < min(2, ks // sc):
                         continue
                     c = BulkConfig(warps, tiles, splitk, ks, sc, stages)
+                    if workspace_bytes(n, mb, c) > WORKSPACE_BUDGET:
+                        continue
                     cost = _cost(n, k, mb, num_sms, c, wb)
                     if best is None or cost < best[0]:
                         best = (cost, c)
