@@ -1,5 +1,6 @@
 #include "../common.cuh"
 #include "splitk.cuh"
+#include "e4m3.cuh"
 
 // Decode GEMV with bulk async copies: out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) (+ residual[M, N]), bf16 in and
 // out, f32 accumulate, M <= ${MB} tokens (one variant per token bucket, codegen/kernels/gemv/bulk_rule.py).
@@ -45,7 +46,7 @@
 //   [N, K] with an f32 scale per output channel (weight_scale[N]), x bf16. The ring holds 1 byte a weight (rows
 //   padded by 16 bytes as above: SC is a multiple of 128). ldmatrix.x4 reads the e4m3 bytes as b16 pairs: lane
 //   (g, q) gets 4 consecutive columns 4q..4q+3 of rows g and g + 8 in each 16-column half of a 32-column step,
-//   converted to bf16 in registers exactly (quant.cu's qg_e4m3x4_bf16); each half is one k16 MMA whose logical k
+//   converted to bf16 in registers exactly (e4m3.cuh's qg_e4m3x4_bf16); each half is one k16 MMA whose logical k
 //   (2q, 2q+1 | 2q+8, 2q+9) are physical columns (4q, 4q+1 | 4q+2, 4q+3). x's fragments follow that permutation:
 //   8 bytes (columns 4q..4q+3) of token g by a plain ld.shared per half, x rows padded by 32 bytes (rows 32 bytes
 //   apart modulo 128: each half-warp's 8-byte loads hit 32 different banks). The channel scale multiplies the f32
@@ -116,20 +117,6 @@ __device__ __forceinline__ float bk_swiglu(float a, float b) {
 // 8 bytes of shared memory (two bf16x2: an mma B fragment); volatile: kept after the mbarrier waits
 __device__ __forceinline__ void bk_lds64(unsigned* r, unsigned addr) {
   asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
-}
-// d = a * b + (-0) per bf16 half (subnormal inputs are kept: fma.bf16x2 does not flush)
-__device__ __forceinline__ unsigned bk_bmul(unsigned a, unsigned b) {
-  unsigned d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-  return d;
-}
-// 4 e4m3 codes (bytes of v) -> bf16x2 (b0, b1) and (b2, b3), exactly (quant.cu's qg_e4m3x4_bf16): the code's 7
-// magnitude bits shifted into a bf16's exponent/mantissa give the value times 2^-120 (subnormals included), then
-// one exact multiply by 2^120
-__device__ __forceinline__ void bk_e4m3x4_bf16(unsigned v, unsigned& lo, unsigned& hi) {
-  const unsigned a = __byte_perm(v, 0u, 0x1404u), b = __byte_perm(v, 0u, 0x3424u);  // (0, b0, 0, b1), (0, b2, 0, b3)
-  lo = bk_bmul((a & 0x80008000u) | ((a >> 4) & 0x07F007F0u), 0x7B807B80u);
-  hi = bk_bmul((b & 0x80008000u) | ((b >> 4) & 0x07F007F0u), 0x7B807B80u);
 }
 __device__ __forceinline__ void bk_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
   asm volatile(
@@ -290,8 +277,8 @@ ${PDL_WAIT}
             bk_ldsm4(r, stage + mt * 16 * RSB + 32 * st);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              bk_e4m3x4_bf16(r[2 * h], a[mt][h][0], a[mt][h][2]);
-              bk_e4m3x4_bf16(r[2 * h + 1], a[mt][h][1], a[mt][h][3]);
+              qg_e4m3x4_bf16(r[2 * h], a[mt][h][0], a[mt][h][2]);
+              qg_e4m3x4_bf16(r[2 * h + 1], a[mt][h][1], a[mt][h][3]);
             }
           }
 #pragma unroll
@@ -348,24 +335,8 @@ ${PDL_WAIT}
     SK::reduce(ws, acc, q, rows, ${KERNEL}_cnt, threadIdx.x);
   }
 
-  // rms_norm: 1 / rms of tokens 8 j + 2 q + h, from the sums of x^2 over the slices (in slice order) or the warps
-  float inv[NT][2];
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      inv[j][h] = 1.0f;
-      const int t = 8 * j + 2 * q + h;
-      if (PROLOGUE == 1 && t < rows) {
-        float v = 0.0f;
-        if (SPLITK > 1) {
-          v = SK::sum_ss(${KERNEL}_ss, t);
-        } else {
-          for (int wp = 0; wp < WARPS; ++wp) v += ssq[t * WARPS + wp];
-        }
-        inv[j][h] = rsqrtf(v * (1.0f / K) + ${EPS});
-      }
-    }
+  float inv[NT][2];  // rms_norm: 1 / rms of tokens 8 j + 2 q + h < M (splitk.cuh)
+  if (PROLOGUE == 1) SK::inv_rms<WARPS, K, false>(inv, ${KERNEL}_ss, ssq, q, ${EPS}, rows);
 
   // epilogue: c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = (row g+8, same tokens) of each tile
 #pragma unroll

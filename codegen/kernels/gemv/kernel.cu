@@ -298,24 +298,8 @@ ${PDL_WAIT}
     SK::reduce(ws, acc, q, rows, ${KERNEL}_cnt, threadIdx.x);
   }
 
-  // rms_norm: 1 / rms of tokens 8 j + 2 q + h, from the sums of x^2 over the slices (in slice order) or the warps;
-  // tokens >= M too (never stored), so that all loads issue at once
-  float inv[NT][2];
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int t = 8 * j + 2 * q + h;
-      float v = 0.0f;
-      if (PROLOGUE == 1) {
-        if (SPLITK > 1) {
-          v = SK::sum_ss(${KERNEL}_ss, t);
-        } else {
-          for (int w = 0; w < WARPS; ++w) v += ssq[t * WARPS + w];
-        }
-      }
-      inv[j][h] = rsqrtf(v * (1.0f / K) + ${EPS});
-    }
+  float inv[NT][2];  // rms_norm: 1 / rms of tokens 8 j + 2 q + h, all MB of them (splitk.cuh)
+  if (PROLOGUE == 1) SK::inv_rms<WARPS, K, true>(inv, ${KERNEL}_ss, ssq, q, ${EPS}, MB);
 
   // epilogue: c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = (row g+8, same tokens) of each tile
 #pragma unroll

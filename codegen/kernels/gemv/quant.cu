@@ -1,5 +1,6 @@
 #include "../common.cuh"
 #include "splitk.cuh"
+#include "e4m3.cuh"
 
 // Decode GEMV / skinny GEMM for ``quantized_linear`` (codegen/kernels/gemv/quant_rule.py):
 // out[M, N] = quant(x)[M, K] @ dequant(w)[N, K]^T (+ bias[N]) (+ residual[M, N]), bf16 x and out, f32 accumulate.
@@ -52,19 +53,6 @@ __device__ __forceinline__ void qg_mma_e4m3(float* d, unsigned a0, unsigned a1, 
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-// d = a * b + (-0) per bf16 half (subnormal inputs are kept: fma.bf16x2 does not flush)
-__device__ __forceinline__ unsigned qg_bmul(unsigned a, unsigned b) {
-  unsigned d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-  return d;
-}
-// 4 e4m3 codes (bytes of v) -> bf16x2 (b0, b1) and (b2, b3), exactly. The code's 7 magnitude bits shifted into a
-// bf16's exponent/mantissa give the value times 2^-120 (subnormals included), then one exact multiply by 2^120.
-__device__ __forceinline__ void qg_e4m3x4_bf16(unsigned v, unsigned& lo, unsigned& hi) {
-  const unsigned a = __byte_perm(v, 0u, 0x1404u), b = __byte_perm(v, 0u, 0x3424u);  // (0, b0, 0, b1), (0, b2, 0, b3)
-  lo = qg_bmul((a & 0x80008000u) | ((a >> 4) & 0x07F007F0u), 0x7B807B80u);
-  hi = qg_bmul((b & 0x80008000u) | ((b >> 4) & 0x07F007F0u), 0x7B807B80u);
 }
 // 8 e2m1 codes (nibbles n0..n7 of v) -> bf16x2 (n0, n4), (n1, n5), (n2, n6), (n3, n7) times 2^-126 each (exact,
 // subnormal for n = 0.5), then times c = {sf * 2^118, sf * 2^118}: the products e2m1 * sf * 2^-8 are exact bf16.

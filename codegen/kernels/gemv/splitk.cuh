@@ -93,6 +93,32 @@ struct GemvSplitK {
     }
     return v;
   }
+
+  // rms_norm prologues: inv[j][h] = 1 / rms of token t = 8 j + 2 q + h (the tokens of this thread's accumulator
+  // columns), from the sums of x^2 over the slices (in slice order) or over the CTA's warps (ssq). ALL (kernel.cu,
+  // whose sums are defined for every token): all MB tokens, so that all loads issue at once; else (bulk.cu, whose
+  // sums of tokens >= M are never written) only t < rows, 1 for the others (their columns are never stored)
+  template <int WARPS, int K, bool ALL>
+  static __device__ __forceinline__ void inv_rms(float (&inv)[NT][2], const float* ss, const float* ssq, int q,
+                                                 float eps, int rows) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int t = 8 * j + 2 * q + h;
+        if (ALL || t < rows) {
+          float v = 0.0f;
+          if (SPLITK > 1) {
+            v = sum_ss(ss, t);
+          } else {
+            for (int w = 0; w < WARPS; ++w) v += ssq[t * WARPS + w];
+          }
+          inv[j][h] = rsqrtf(v * (1.0f / K) + eps);
+        } else {
+          inv[j][h] = 1.0f;
+        }
+      }
+  }
 };
 
 // bf16 at p, read after the grid-dependency wait with a coherent load that ptxas keeps on its side of it (volatile: to
