@@ -72,10 +72,19 @@ def test_switch_picks_the_template(monkeypatch):
     x, w = TensorType(DType.bf16, ("T", 2048)), TensorType(DType.bf16, (3072, 2048))
     monkeypatch.delenv(bulk_rule.ENV, raising=False)
     assert {s.template for _, s in variants(Linear(), [x, w], h200)} == {"kernel.cu"}
-    monkeypatch.setenv(bulk_rule.ENV, "1")
+    monkeypatch.setenv(bulk_rule.ENV, "1")  # the measured buckets (up to MAX_BUCKET) only
+    on = dict(variants(Linear(), [x, w], h200))
+    assert list(on) == list(BUCKETS) and 8 <= bulk_rule.MAX_BUCKET < 32
+    assert all(s.template == ("bulk.cu" if mb <= bulk_rule.MAX_BUCKET else "kernel.cu") for mb, s in on.items())
+    monkeypatch.setenv(bulk_rule.ENV, "all")  # every bucket
     found = variants(Linear(), [x, w], h200)
     assert [mb for mb, _ in found] == list(BUCKETS) and {s.template for _, s in found} == {"bulk.cu"}
     assert all(is_plain(s) and s.params == found[0][1].params for _, s in found)
+    assert found[0][1] == on[8]
+    monkeypatch.setenv(bulk_rule.ENV, "yes")
+    with pytest.raises(ValueError, match="INGOT_GEMV_BULK='yes'"):
+        variants(Linear(), [x, w], h200)
+    monkeypatch.setenv(bulk_rule.ENV, "all")
     plain = found[0][1]
     assert bulk_spec(3072, 2048, 8, h200, config=spec_config(plain)) == plain
     fused = fused_spec(plain, Prologue("rms_norm", 1e-5), h200)  # a bulk variant's prologue is a bulk one
@@ -203,13 +212,15 @@ def test_fp8_configs_cover_k_and_fit(n, k):
 
 
 def test_fp8_switch_picks_the_template(monkeypatch):
-    """FP8 weight-only buckets are bulk.cu's with the switch on (quant.cu's parameters); FP8 activations and NVFP4
-    weights stay on quant.cu; a bulk FP8 variant is no plain bf16 variant (decode fusion never fuses it)."""
+    """FP8 weight-only buckets are bulk.cu's with ``INGOT_GEMV_BULK=all`` (quant.cu's parameters); FP8 activations
+    and NVFP4 weights stay on quant.cu; a bulk FP8 variant is no plain bf16 variant (decode fusion never fuses it)."""
     h200 = get_target("h200")
     op, ins = qtypes("fp8", 3072, 2048, residual=True)
     monkeypatch.delenv(bulk_rule.ENV, raising=False)
     assert {s.template for _, s in quant_variants(op, ins, h200)} == {"quant.cu"}
-    monkeypatch.setenv(bulk_rule.ENV, "1")
+    monkeypatch.setenv(bulk_rule.ENV, "1")  # measured slower than quant.cu: only on request
+    assert {s.template for _, s in quant_variants(op, ins, h200)} == {"quant.cu"}
+    monkeypatch.setenv(bulk_rule.ENV, "all")
     found = quant_variants(op, ins, h200)
     assert [mb for mb, _ in found] == list(BUCKETS) and {s.template for _, s in found} == {"bulk.cu"}
     assert all([p.name for p in s.params] == [p for p, _ in QUANT_PARAMS] and s.value("WB") == 1 and
@@ -305,7 +316,7 @@ def test_workspace_budget_keeps_the_lm_head_at_64_tokens_off_bulk(monkeypatch, w
     c = bulk_config(128256, 2048, 64, 132, wb=wb)
     assert c is not None and workspace_bytes(128256, 64, c) > WORKSPACE_BUDGET
     monkeypatch.undo()
-    monkeypatch.setenv(bulk_rule.ENV, "1")
+    monkeypatch.setenv(bulk_rule.ENV, "all")
     h200 = get_target("h200")
     if wb == 2:
         x, w = TensorType(DType.bf16, ("T", 2048)), TensorType(DType.bf16, (128256, 2048))

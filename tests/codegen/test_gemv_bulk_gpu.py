@@ -78,6 +78,11 @@ def test_pdl_pair(gpu, m, mb):
     try:
         for attempt in range(3):
             hd, out = gpu.alloc((m, 2048), BF16), gpu.alloc((m, 8192), BF16)
+            # the uploads and poison memsets must have landed: a PDL launch may start before the work ahead of it
+            # in the stream is done, and these kernels read their weights before griddepcontrol.wait (as the
+            # runtime allows: weights are written once, at load, and synchronized). Without this the first GEMV of
+            # the first pair read not-yet-uploaded weights on the H200.
+            check(cu.cuCtxSynchronize())
             keep = _launch_pdl(gpu, first, stream, x=xd, weight=w1d, weight_scale=None, bias=None, residual=rd,
                                out=hd, M=m)
             keep += _launch_pdl(gpu, second, stream, x=hd, weight=w2d, weight_scale=None, bias=None, residual=None,

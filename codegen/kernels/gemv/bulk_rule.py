@@ -77,9 +77,41 @@ class BulkConfig:
         return 16 * self.tiles * self.warps
 
 
+#: token buckets whose plain bf16 variant is this template's under ``INGOT_GEMV_BULK=1``. Measured on the H200
+#: (docs/PERF.md, "Bulk-copy GEMV"): a 16-layer qkv/o/gate_up/down chain with PDL in one CUDA graph runs 1.17x
+#: (M = 1) and 1.11x (M = 8) kernel.cu's speed in bucket 8, but 0.79x at M = 32 (bucket 32), where the ring's
+#: shallower stages and x's larger slice leave too few bytes in flight.
+MAX_BUCKET = 8
+
+
+def mode() -> str:
+    """``INGOT_GEMV_BULK``: ``off`` (unset or 0), ``on`` (1: bf16 buckets up to ``MAX_BUCKET``, where it was
+    measured faster) or ``all`` (every bf16 bucket and the FP8 weight-only variants: for benchmarks; the FP8 ones
+    ran at ~0.7x quant.cu's speed on the H200)."""
+    v = os.environ.get(ENV, "").strip().lower()
+    if v in ("", "0"):
+        return "off"
+    if v == "all":
+        return "all"
+    if v == "1":
+        return "on"
+    raise ValueError(f"{ENV}={v!r}: expected 0, 1 or all")
+
+
 def enabled() -> bool:
-    """``INGOT_GEMV_BULK`` set (and not 0): plain bf16 GEMV variants use this template."""
-    return os.environ.get(ENV, "").strip() not in ("", "0")
+    """``INGOT_GEMV_BULK`` set (and not 0): some plain bf16 GEMV variants use this template (``uses``)."""
+    return mode() != "off"
+
+
+def uses(mb: int) -> bool:
+    """The plain bf16 variant of token bucket ``mb`` is this template's (when a configuration fits)."""
+    m = mode()
+    return m == "all" or (m == "on" and mb <= MAX_BUCKET)
+
+
+def fp8_enabled() -> bool:
+    """FP8 weight-only ``quantized_linear`` variants use this template (``INGOT_GEMV_BULK=all`` only)."""
+    return mode() == "all"
 
 
 def _round_up(x: int, m: int) -> int:

@@ -185,14 +185,14 @@ def quant_applies(op: Op, inputs: Sequence[TensorType | None], target: Target) -
 
 def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[tuple[int, KernelSpec]]:
     """(max rows, spec) per token bucket, smallest first; empty when ``quant.cu`` does not apply. With
-    ``INGOT_GEMV_BULK=1`` FP8 weight-only buckets are ``bulk.cu``'s where a configuration fits
-    (``bulk_rule.bulk_quant_spec``)."""
+    ``INGOT_GEMV_BULK=all`` FP8 weight-only buckets are ``bulk.cu``'s where a configuration fits
+    (``bulk_rule.bulk_quant_spec``; slower than ``quant.cu`` on the H200, so only on that request)."""
     a = quant_applies(op, inputs, target)
     if a is None:
         return []
     from . import bulk_rule
 
-    if bulk_rule.enabled() and a.weight_format == "fp8" and a.act == "none":
+    if bulk_rule.fp8_enabled() and a.weight_format == "fp8" and a.act == "none":
         return [(mb, bulk_rule.bulk_quant_spec(a.n, a.k, mb, target, a.bias, a.residual)
                  or quant_gemv_spec(a.n, a.k, mb, target, "fp8", "none", a.act_granularity, a.bias, a.residual))
                 for mb in BUCKETS]

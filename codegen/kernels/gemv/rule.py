@@ -227,10 +227,9 @@ def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> lis
     n, k, bias, residual = a
     from . import bulk_rule
 
-    if bulk_rule.enabled():  # INGOT_GEMV_BULK=1: bulk.cu where a configuration fits (bulk_rule's docstring)
-        return [(mb, bulk_rule.bulk_spec(n, k, mb, target, bias, residual) or gemv_spec(n, k, mb, target, bias,
-                                                                                       residual)) for mb in BUCKETS]
-    return [(mb, gemv_spec(n, k, mb, target, bias, residual)) for mb in BUCKETS]
+    # INGOT_GEMV_BULK: bulk.cu for the buckets bulk_rule.uses where a configuration fits (bulk_rule's docstring)
+    return [(mb, (bulk_rule.bulk_spec(n, k, mb, target, bias, residual) if bulk_rule.uses(mb) else None)
+             or gemv_spec(n, k, mb, target, bias, residual)) for mb in BUCKETS]
 
 
 def plan(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[KernelSpec] | None:
