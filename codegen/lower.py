@@ -43,7 +43,7 @@ tensor-core prefill kernel and whose variant is the decode kernel the family rul
 ``DECODE_MAX_ROWS`` tokens (``codegen/kernels/attention/prefill_rule.py``; ``INGOT_NO_PREFILL_FLASH=1`` leaves the
 prefill kernel out).
 
-**Decode fusion** (``codegen/decode_fusion.py``; off unless ``INGOT_DECODE_FUSION=1``): an ``rms_norm`` or
+**Decode fusion** (``codegen/decode_fusion.py``; on unless ``INGOT_DECODE_FUSION=0``): an ``rms_norm`` or
 packed ``swiglu`` launch whose output only the next ``linear`` reads gets ``"skip": {"max_rows": 8, "into": j}``
 and a ``rows_arg`` (``rows`` / ``num_tokens``): the executor launches nothing for it in steps of at most
 ``max_rows`` rows, because launch ``j``'s variants up to that row count compute its output themselves. Those

@@ -56,7 +56,8 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 @pytest.fixture(autouse=True)
 def _fusion_on(monkeypatch):
-    """Decode fusion is opt-in (``INGOT_DECODE_FUSION=1``); these tests lower with it unless they say otherwise."""
+    """Decode fusion is on by default (``INGOT_DECODE_FUSION=0`` turns it off); these tests set it on explicitly
+    (a developer's environment may have it off) unless they say otherwise."""
     monkeypatch.setenv(decode_fusion.ENV, "1")
 
 

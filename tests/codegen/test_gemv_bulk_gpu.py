@@ -67,7 +67,8 @@ def test_pdl_pair(gpu, m, mb):
     tgt = gpu_target(gpu)
     first, second = bulk_spec(2048, 2048, mb, tgt, residual=True), bulk_spec(8192, 2048, mb, tgt)
     assert first is not None and second is not None
-    w1, w2 = (r.standard_normal((n, 2048), np.float32).astype(BF16) * 0.05 for n in (2048, 8192))
+    # scaled before the cast: a bf16 array times a Python float is float32 (uploaded as such, read as bf16)
+    w1, w2 = ((r.standard_normal((n, 2048), np.float32) * 0.05).astype(BF16) for n in (2048, 8192))
     x = r.standard_normal((m, 2048), np.float32).astype(BF16)
     res = r.standard_normal((m, 2048), np.float32).astype(BF16)
     h = (x.astype(np.float64) @ w1.astype(np.float64).T + res).astype(np.float32).astype(BF16)
@@ -78,11 +79,6 @@ def test_pdl_pair(gpu, m, mb):
     try:
         for attempt in range(3):
             hd, out = gpu.alloc((m, 2048), BF16), gpu.alloc((m, 8192), BF16)
-            # the uploads and poison memsets must have landed: a PDL launch may start before the work ahead of it
-            # in the stream is done, and these kernels read their weights before griddepcontrol.wait (as the
-            # runtime allows: weights are written once, at load, and synchronized). Without this the first GEMV of
-            # the first pair read not-yet-uploaded weights on the H200.
-            check(cu.cuCtxSynchronize())
             keep = _launch_pdl(gpu, first, stream, x=xd, weight=w1d, weight_scale=None, bias=None, residual=rd,
                                out=hd, M=m)
             keep += _launch_pdl(gpu, second, stream, x=hd, weight=w2d, weight_scale=None, bias=None, residual=None,

@@ -133,7 +133,8 @@ def test_memory_plan_reuses_without_overlap(tmp_path, monkeypatch, fusion):
     monkeypatch.setenv("INGOT_DECODE_FUSION", fusion)
     path = ingot.compile(TINY_KV, target="h200", out=tmp_path / "g.ingot", mode="llm")
     graph, manifest = load_graph(path)
-    # fused decode variants (opt-in, codegen/decode_fusion.py) read their skipped launch's input: live until their node
+    # fused decode variants (codegen/decode_fusion.py, on by default) read their skipped launch's input: live until
+    # their node
     reads = variant_reads(manifest["cuda"]["launches"])
     assert bool(reads) == (fusion == "1")
     plan = plan_memory(graph, manifest["cuda"]["memory_plan"]["bindings"], reads=reads)

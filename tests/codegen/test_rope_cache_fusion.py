@@ -353,8 +353,9 @@ def test_fused_kernel_on_the_host_writes_what_the_two_launches_write(case):
 
 @needs_compiler
 def test_with_decode_fusion_the_skips_point_at_their_linears(tmp_path, monkeypatch):
-    """Both opt-in fusions on: rope-cache fusion removes launches before decode fusion numbers them, so every skipped
-    launch's ``into`` is still the linear that reads its output."""
+    """Both fusions on (rope-cache fusion is opt-in, decode fusion the default): rope-cache fusion removes launches
+    before decode fusion numbers them, so every skipped launch's ``into`` is still the linear that reads its
+    output."""
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
     monkeypatch.setenv("INGOT_DECODE_FUSION", "1")
     cuda = _table(tmp_path, "h200", "both", monkeypatch, "1")

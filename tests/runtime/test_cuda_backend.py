@@ -263,7 +263,7 @@ def test_decode_fusion_changes_no_logit(gpu_target, tmp_path, monkeypatch):
     launches skipped for steps of <= 8 rows) gives the unfused logits up to rounding, the same bits with and without
     CUDA graphs: prefill, mixed and decode steps of 3 sequences (the final norm is skipped in the prefill steps too:
     S <= 8), 20 more decode steps of 3 (graph bucket 4) and 10 of one (bucket 1), against the same model compiled
-    with decode fusion off (it is opt-in: INGOT_DECODE_FUSION=1). Not bit-identical across: the fused GEMV applies
+    with decode fusion off (INGOT_DECODE_FUSION=0; on by default). Not bit-identical across: the fused GEMV applies
     the norm's 1/rms to its f32 sums and stages x * g (and silu(gate) * up with ex2/rcp.approx) in bf16, where the
     unfused kernels round the normalized x and the activation to bf16 first."""
     from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
