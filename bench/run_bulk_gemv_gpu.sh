@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The bulk-copy decode GEMV (codegen/kernels/gemv/bulk.cu, INGOT_GEMV_BULK=1; written without a GPU) on the GPU
-# machine, in one go; results under $OUT. What decides whether it becomes the default (docs/PERF.md, "Bulk-copy GEMV").
+# The bulk-copy decode GEMV (codegen/kernels/gemv/bulk.cu, INGOT_GEMV_BULK=1) on the GPU machine, in one go; results
+# under $OUT. What decides whether it becomes the default (docs/PERF.md, "Bulk-copy GEMV": first run 2026-11-30).
 #
 #   OUT=/some/dir bash bench/run_bulk_gemv_gpu.sh            correctness, then the kernel benchmarks (~5 min)
 #   OUT=/some/dir E2E=1 bash bench/run_bulk_gemv_gpu.sh      also the end-to-end A/B on the 1B shape (~+10 min:
-#                                                            four artifacts, default / bulk / decode fusion / both)
+#                                                            default / bulk / both fusions off)
 #
 # Order: the plain bulk variants' GPU tests first (every other bulk piece builds on them: if they fail or hang, the
 # rest is moot), then the fused (rms_norm / swiglu prologue) and FP8 bulk variants, the decode-fusion end-to-end test
@@ -27,13 +27,14 @@ step bench_bulk_fp8 timeout=200 python3 bench/bench_gemv_quant.py --bulk --forma
   --json "$OUT/gemv_quant_bulk.json"
 
 if [ "${E2E:-0}" = 1 ]; then
-  # one checkpoint, four artifact sets (the CUTLASS kernels are shared through INGOT_CACHE_DIR), then the figures;
+  # one checkpoint, three artifact sets (the CUTLASS kernels are shared through INGOT_CACHE_DIR), then the figures;
   # HF / torch.compile once, with the default artifacts
   MB="--max-num-batched-tokens 16384"
   W=/tmp/bulk-e2e
   step e2e_compile timeout=1200 env INGOT_AUTOTUNE=0 python3 bench/bench_e2e.py --compile-only --workdir $W/default \
     $MB --formats bf16,fp8-w8a16,fp8-w8a16-lmhead
-  for v in bulk:INGOT_GEMV_BULK=1 fusion:INGOT_DECODE_FUSION=1 both:INGOT_GEMV_BULK=1,INGOT_DECODE_FUSION=1; do
+  # the default has decode fusion and rope-cache fusion on; nofusion turns both off
+  for v in bulk:INGOT_GEMV_BULK=1 nofusion:INGOT_DECODE_FUSION=0,INGOT_ROPE_CACHE_FUSION=0; do
     name=${v%%:*}; envs=${v#*:}
     mkdir -p $W/$name && ln -sfn $W/default/llama1b-ckpt $W/$name/llama1b-ckpt
     step e2e_compile_$name timeout=900 env INGOT_AUTOTUNE=0 ${envs//,/ } python3 bench/bench_e2e.py --compile-only --reuse \
@@ -42,7 +43,7 @@ if [ "${E2E:-0}" = 1 ]; then
   E="--reuse $MB --decode-steps 1,8 --batches 1,64"
   step e2e_default timeout=400 python3 bench/bench_e2e.py $E --workdir $W/default \
     --formats bf16,fp8-w8a16,fp8-w8a16-lmhead --prefill-repeats 3 --out "$OUT/e2e_default.json"
-  for name in bulk fusion both; do
+  for name in bulk nofusion; do
     step e2e_$name timeout=300 python3 bench/bench_e2e.py $E --workdir $W/$name --formats bf16,fp8-w8a16 --skip-hf \
       --out "$OUT/e2e_$name.json"
   done

@@ -65,7 +65,7 @@ configuration) with ``"tuned_as"``: that variant's entry.
 largest GEMV bucket, ``into`` the next launch) and the bf16 GEMM a ``linear`` of that shape gets, reading it, whose
 variants are the quantized GEMV buckets with their own ``"args"``.
 
-**Rope-cache fusion** (``codegen/rope_cache_fusion.py``; off unless ``INGOT_ROPE_CACHE_FUSION=1``): a ``rope_qkv``
+**Rope-cache fusion** (``codegen/rope_cache_fusion.py``; on unless ``INGOT_ROPE_CACHE_FUSION=0``): a ``rope_qkv``
 launch whose k and v only a paged attention reads becomes ``codegen/kernels/rope/qkv_cache.cu``, which writes them
 straight into the KV cache (arguments ``qkv``, ``positions``, ``cos``, ``sin``, ``q``, ``kv_cache``, ``slot_mapping``,
 ``kv_scale``, ``num_tokens``), and that attention's cache-write launch is left out of the table.
@@ -388,7 +388,7 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         except SpecializeError as e:
             raise LoweringError(str(e)) from None
     launches = plan_launches(graph, tgt)
-    # rope_qkv writes k and v into the KV cache, the attention's cache write dropped (INGOT_ROPE_CACHE_FUSION=1)
+    # rope_qkv writes k and v into the KV cache, the attention's cache write dropped (unless INGOT_ROPE_CACHE_FUSION=0)
     launches = fuse_rope_cache(graph, launches, tgt)
     gemv = os.environ.get("INGOT_NO_GEMV", "") in ("", "0")
     # prefill steps of weight-only quantized linears: dequantize + the bf16 GEMM (on unless INGOT_QUANT_PREFILL_GEMM=0)

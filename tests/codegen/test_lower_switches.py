@@ -1,14 +1,14 @@
 """Every lowering switch at once, without a GPU: the kernel table stays coherent.
 
-Four steps change the launch list after ``plan_launches``, each tested alone beside its module: rope-cache fusion
-(opt-in, ``INGOT_ROPE_CACHE_FUSION=1``, drops the attention's cache-write launch), the quantized prefill GEMM (on by
-default, ``INGOT_QUANT_PREFILL_GEMM=0`` turns it off; one launch becomes two), the wgmma prefill attention (the
-default on sm_90a, ``INGOT_PREFILL_ATTENTION=flash`` turns it off) and decode fusion (on by default,
-``INGOT_DECODE_FUSION=0`` turns it off; skips launches by index). Here
-they run together on the tiny quantized Llama (FP8 weight-only, and unquantized) for h200, and the table is checked
-as the executor reads it: every launch and variant binds exactly its kernel's parameters to buffers of the memory
-plan (or null / a dim), every ``skip`` points forward at a launch of the right node, every named kernel is in the
-table, and each switch left its mark (as many launches removed and added as its own test predicts).
+Four steps change the launch list after ``plan_launches``, each tested alone beside its module: rope-cache fusion (on by
+default, ``INGOT_ROPE_CACHE_FUSION=0`` turns it off; drops the attention's cache-write launch), the quantized prefill
+GEMM (on by default, ``INGOT_QUANT_PREFILL_GEMM=0`` turns it off; one launch becomes two), the wgmma prefill attention
+(the default on sm_90a, ``INGOT_PREFILL_ATTENTION=flash`` turns it off) and decode fusion (on by default,
+``INGOT_DECODE_FUSION=0`` turns it off; skips launches by index). Here they run together on the tiny quantized Llama
+(FP8 weight-only, and unquantized) for h200, and the table is checked as the executor reads it: every launch and variant
+binds exactly its kernel's parameters to buffers of the memory plan (or null / a dim), every ``skip`` points forward at
+a launch of the right node, every named kernel is in the table, and each switch left its mark (as many launches removed
+and added as its own test predicts).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tests.codegen.test_lower_quant import FAST
 
 SWITCHES = {rope_cache_fusion.ENV: "1", quant_prefill.ENV: "1", "INGOT_PREFILL_ATTENTION": "wgmma",
             "INGOT_DECODE_FUSION": "1"}
-#: each switch's off value (the quantized prefill GEMM, the wgmma attention and decode fusion are on by default)
+#: each switch's off value (all four are on by default)
 OFF = {rope_cache_fusion.ENV: "0", quant_prefill.ENV: "0", "INGOT_PREFILL_ATTENTION": "flash",
        "INGOT_DECODE_FUSION": "0"}
 LAYERS = 2
@@ -72,8 +72,8 @@ def _check_binding(what: str, spec: dict, args: dict, buffers: dict) -> None:
 @pytest.mark.parametrize("quant", ["fp8-wo", "bf16"])
 def test_all_switches_at_once_keep_the_kernel_table_coherent(ckpt, tmp_path, monkeypatch, quant):
     config = {"default": "fp8:wo"} if quant == "fp8-wo" else None
-    assert rope_cache_fusion.enabled() is False  # the opt-in one
-    assert quant_prefill.enabled() and prefill_rule.prefill_kernel() == "wgmma" and decode_fusion.enabled()  # defaults
+    assert quant_prefill.enabled() and prefill_rule.prefill_kernel() == "wgmma"  # the defaults
+    assert decode_fusion.enabled() and rope_cache_fusion.enabled()
     off = _compile(ckpt, tmp_path / "off.ingot", config, monkeypatch, on=False)["cuda"]
     manifest = _compile(ckpt, tmp_path / "on.ingot", config, monkeypatch, on=True)
     cuda = manifest["cuda"]

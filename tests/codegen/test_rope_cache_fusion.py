@@ -46,7 +46,8 @@ ARCH = {"h200": "sm_90a", "b200": "sm_100a"}
 
 @pytest.fixture(autouse=True)
 def _fusion_on(monkeypatch):
-    """The fusion is opt-in (``INGOT_ROPE_CACHE_FUSION=1``); these tests lower with it unless they say otherwise."""
+    """The fusion is on by default (``INGOT_ROPE_CACHE_FUSION=0`` turns it off); these tests set it on explicitly
+    unless they say otherwise."""
     monkeypatch.setenv(rope_cache_fusion.ENV, "1")
 
 
@@ -130,19 +131,22 @@ def test_off_leaves_the_launches_alone(tmp_path, monkeypatch):
     g = _lowered(tmp_path, layers=1)
     tgt = get_target("h200")
     launches = plan_launches(g, tgt)
-    for flag in ("", "0"):
+    monkeypatch.setenv(rope_cache_fusion.ENV, "0")
+    assert not rope_cache_fusion.enabled()
+    assert rope_cache_fusion.fuse(g, launches, tgt) == launches
+    for flag in ("", "1"):  # on by default
         monkeypatch.setenv(rope_cache_fusion.ENV, flag)
-        assert not rope_cache_fusion.enabled()
-        assert rope_cache_fusion.fuse(g, launches, tgt) == launches
-    monkeypatch.setenv(rope_cache_fusion.ENV, "1")
-    assert len(rope_cache_fusion.fuse(g, launches, tgt)) == len(launches) - 1
+        assert len(rope_cache_fusion.fuse(g, launches, tgt)) == len(launches) - 1
 
 
 # -- the kernel table ------------------------------------------------------------------------------------------------
 
 
-def _table(tmp_path, target: str, name: str, monkeypatch, flag: str) -> dict:
+def _table(tmp_path, target: str, name: str, monkeypatch, flag: str, decode_fusion: str = "0") -> dict:
     monkeypatch.setenv(rope_cache_fusion.ENV, flag)
+    # decode fusion (on by default) numbers its skips by launch index: off unless asked, so that the tables compare
+    # the rope launches alone (both together: test_with_decode_fusion_the_skips_point_at_their_linears)
+    monkeypatch.setenv("INGOT_DECODE_FUSION", decode_fusion)
     path = ingot.compile(FIXTURES / "tiny_llama_kv.onnx", target=target, out=tmp_path / f"{name}.ingot", mode="llm")
     return json.loads((path / "manifest.json").read_text())["cuda"]
 
@@ -353,12 +357,11 @@ def test_fused_kernel_on_the_host_writes_what_the_two_launches_write(case):
 
 @needs_compiler
 def test_with_decode_fusion_the_skips_point_at_their_linears(tmp_path, monkeypatch):
-    """Both fusions on (rope-cache fusion is opt-in, decode fusion the default): rope-cache fusion removes launches
+    """Both fusions on (both are the default): rope-cache fusion removes launches
     before decode fusion numbers them, so every skipped launch's ``into`` is still the linear that reads its
     output."""
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
-    monkeypatch.setenv("INGOT_DECODE_FUSION", "1")
-    cuda = _table(tmp_path, "h200", "both", monkeypatch, "1")
+    cuda = _table(tmp_path, "h200", "both", monkeypatch, "1", decode_fusion="1")
     launches = cuda["launches"]
     assert sum(cuda["kernels"][ln["kernel"]]["spec"]["template"] == "qkv_cache.cu" for ln in launches) == 2
     skipped = [ln for ln in launches if "skip" in ln]

@@ -1,8 +1,8 @@
 """Rope-cache fusion end to end on the GPU (``-m gpu``; skipped without one): the same checkpoint compiled with
-``INGOT_ROPE_CACHE_FUSION=1`` (``codegen/rope_cache_fusion.py``: ``rope_qkv`` writes k and v into the KV cache, the
-attention's cache-write launch dropped) and without gives bit-identical logits for every step and the same KV cache
-bytes afterwards, with plain launches and with CUDA graphs (prefill, mixed and decode steps, graph buckets 1 and 4),
-for a bf16 cache (SmolLM2-shaped, GQA 3) and an FP8 cache with static K/V scales; and the serving engine's greedy
+``INGOT_ROPE_CACHE_FUSION=1`` (the default; ``codegen/rope_cache_fusion.py``: ``rope_qkv`` writes k and v into the KV
+cache, the attention's cache-write launch dropped) and without gives bit-identical logits for every step and the same KV
+cache bytes afterwards, with plain launches and with CUDA graphs (prefill, mixed and decode steps, graph buckets 1 and
+4), for a bf16 cache (SmolLM2-shaped, GQA 3) and an FP8 cache with static K/V scales; and the serving engine's greedy
 tokens are the same.
 
     python -m pytest tests/runtime/test_rope_cache_fusion_gpu.py -m gpu -v
