@@ -165,7 +165,7 @@ def compile(
     if progress:
         progress("import", 1, 1)
     ctx = pass_context or PassContext()
-    ctx.verify_each = ctx.verify_each or bool(os.environ.get("INGOT_VERIFY_EACH_PASS"))
+    ctx.verify_each = ctx.verify_each or os.environ.get("INGOT_VERIFY_EACH_PASS", "").strip() not in ("", "0")
     lowered = None
     if not checkpoint and mode != "graph" and passes is None:
         lowered = _lower_onnx(graph, src_path, mode, progress, ctx, disable_passes)

@@ -49,7 +49,6 @@ def _environment(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("INGOT_AUTOTUNE", "0")
     for k in SWITCHES:
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.delenv("INGOT_NO_DECODE_FUSION", raising=False)
 
 
 def _compile(ckpt: Path, out: Path, quant: dict | None, monkeypatch, on: bool) -> dict:

@@ -37,9 +37,12 @@ def test_template_kernels_start_with_the_prologue():
 
 
 def test_gemv_waits_after_its_first_weight_stage():
-    """The bf16 decode GEMV places the wait itself: its first stage of weight loads comes before it, every read of x
-    (the previous kernel's output) after it; one wait per kernel, none injected at the start. (The quantized GEMV
-    has nothing to do before its wait: it starts with the injected prologue.)"""
+    """The bf16 decode GEMV places the wait itself: in the source its first stage of weight loads comes before it,
+    every read of x (the previous kernel's output) after it; one wait per kernel, none injected at the start. (The
+    quantized GEMV has nothing to do before its wait: it starts with the injected prologue.) The source order only:
+    in a plain variant's SASS ptxas moves those ``ld.global.nc`` loads behind the wait (docs/PERF.md, "Decode fusion
+    v2"); ``weights_first`` variants (the fused ones) keep them first, which
+    tests/codegen/test_decode_fusion.py::test_fused_gemv_loads_its_first_weight_stage_before_the_wait checks."""
     src = gemv_spec(2048, 2048, 8, get_target("h200")).source()
     assert PDL_PLACEHOLDER not in src and src.count(PDL_MARKER) == 1
     body = src[src.index('extern "C" __global__'):]

@@ -112,3 +112,16 @@ def test_plugin_pass_registers_through_entry_point_and_runs(plugin_installed):
                        env={**__import__("os").environ, "PYTHONPATH": env_path}, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "fuse-mul-add" in p.stdout
+
+
+@pytest.mark.parametrize("value,on", [("", False), ("0", False), (" 0 ", False), ("1", True), ("yes", True)])
+def test_verify_each_pass_switch(tmp_path, monkeypatch, value, on):
+    """``INGOT_VERIFY_EACH_PASS`` (docs/ENVIRONMENT.md): any value but empty or ``0`` turns on the check after every
+    pass of ``ingot.compile``'s pipelines; ``0`` leaves it off."""
+    import ingot
+
+    monkeypatch.setenv("INGOT_VERIFY_EACH_PASS", value)
+    ctx = PassContext()
+    ingot.compile(Path(__file__).resolve().parents[1] / "fixtures" / "tiny_llama.onnx", target="cpu",
+                  out=tmp_path / "t.ingot", mode="graph", pass_context=ctx)
+    assert ctx.verify_each is on
