@@ -6,6 +6,9 @@
     python bench/bench_gemv.py --bulk             # also the bulk-copy variants (bulk.cu, INGOT_GEMV_BULK) per shape
     python bench/bench_gemv.py --chain --m 1 8 32 # a 16-layer qkv -> o -> gate_up -> down chain: kernel.cu, bulk.cu,
                                                   # cuBLAS, in one CUDA graph with PDL (cross-kernel overlap)
+    python bench/bench_gemv.py --chain --fused --m 1 8              # qkv / gate_up / down as decode fusion's variants
+    python bench/bench_gemv.py --chain --interleave norm --m 1 8    # an rms_norm launch before every GEMV
+    python bench/bench_gemv.py --chain --fused --interleave norm --m 1 --dry-run   # CPU: build + compile the specs
 
 Both sides are timed the same way: ``--launches`` back-to-back launches captured in one CUDA graph
 (so launch cost is not counted), the graph replayed ``--reps`` times, CUDA events around each replay,
@@ -20,6 +23,21 @@ for the bulk-copy variant (``codegen/kernels/gemv/bulk_rule.py``), timed the sam
 down + residual), every layer with its own weights (~1.9 GB: nothing stays in L2), launched back to back with PDL
 in one CUDA graph: ``kernel.cu``'s variants, ``bulk.cu``'s, and cuBLAS (``torch.addmm`` / ``torch.matmul``) in the
 same run; printed per layer, with the fraction of 4.19 TB/s. The number that shows the cross-kernel overlap.
+
+``--fused`` and ``--interleave norm`` (with ``--chain``): the plain chain measured bulk.cu 1.17x kernel.cu at M = 1
+on the H200, yet end to end the bulk variants gained nothing. The model differs from the chain in two ways, one
+option each, so that a run tells which of them takes bulk's advantage away: (a) ``--fused``: with decode fusion
+(the default) qkv and gate_up run their rms_norm-prologue variants (x is the norm's input, plus a norm weight) and
+down its packed-swiglu-prologue variant (x is the [M, 2 x 8192] gate_up buffer), as ``rule.fused_spec`` makes them
+from each family's plain variant (a bulk variant's may fall back to kernel.cu's: listed as ``bulk_fallbacks``); o
+stays plain + residual; each fused GEMV is checked against a float32 torch reference (rms_norm with the prologue's
+eps, silu(gate) * up with its alpha). (b) ``--interleave norm``: small kernels sit between the GEMVs in the model
+(rope and attention before o; unfused, an rms_norm before qkv and gate_up and a swiglu before down): the project's
+bf16 rms_norm kernel (``norm_spec``, of the next GEMV's K) is launched with PDL before every GEMV, 4 extra launches a
+layer, included in the per-layer time. The two combine. cuBLAS stays the plain chain (no prologues, no norm
+launches) in every variant; JSON rows carry ``variant`` (plain, fused, interleave-norm, fused+interleave-norm) and
+``extra_launches_per_layer``. ``--dry-run``: builds and compiles (``compile_spec``, no GPU, no torch) every spec the
+chosen variant would launch, both families and each M's bucket, prints one line per spec and exits.
 """
 
 from __future__ import annotations
@@ -31,6 +49,14 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from ingot.codegen.kernel import KernelSpec
+    from ingot.codegen.kernels.gemv.rule import Prologue
+    from ingot.codegen.target import Target
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -92,17 +118,42 @@ class Kernel:
             attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(cu.cuFuncSetAttribute(self.fn, attr, spec.smem))
 
-    def launch(self, x, w, out, m: int, bias=None, residual=None, stream: int | None = None, pdl: bool = False) -> None:
+    def launch(self, x, w, out, m: int, bias=None, residual=None, stream: int | None = None, pdl: bool = False,
+               norm_weight=None) -> None:
+        """A GEMV launch (``rule.PARAMS``; ``norm_weight`` too for an rms_norm-prologue variant, which reads x as the
+        norm's input; a swiglu-prologue variant reads x as the ``[M, 2K]`` gate_up buffer)."""
         import torch
 
         vals = [ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(w.data_ptr()), ctypes.c_uint64(0),
                 ctypes.c_uint64(0 if bias is None else bias.data_ptr()),
                 ctypes.c_uint64(0 if residual is None else residual.data_ptr()),
                 ctypes.c_uint64(out.data_ptr()), ctypes.c_int64(m)]
+        if any(p.name == "norm_weight" for p in self.spec.params):
+            vals.append(ctypes.c_uint64(norm_weight.data_ptr()))
         ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         s = torch.cuda.current_stream().cuda_stream if stream is None else stream
         grid = self.spec.grid_dims({"M": m})
         launch_kernel(self.fn, grid, self.spec.block, self.spec.smem, s, ctypes.addressof(ptrs), pdl)
+
+    def launch_named(self, pdl: bool = False, stream: int | None = None, **args: Any) -> None:
+        """A launch with arguments by parameter name (tensors, None for a null pointer, ints): any spec, e.g. the
+        norm kernel the ``--interleave norm`` chain launches between GEMVs."""
+        import torch
+
+        vals: list = []
+        for p in self.spec.params:
+            a = args[p.name]
+            if p.ctype == "ptr":
+                vals.append(ctypes.c_uint64(0 if a is None else a.data_ptr()))
+            elif p.ctype in ("i32", "i64"):
+                vals.append((ctypes.c_int32 if p.ctype == "i32" else ctypes.c_int64)(int(a)))
+            else:
+                vals.append(ctypes.c_float(float(a)))
+        ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+        ints = {p.name: int(args[p.name]) for p in self.spec.params if p.ctype in ("i32", "i64")}
+        s = torch.cuda.current_stream().cuda_stream if stream is None else stream
+        launch_kernel(self.fn, self.spec.grid_dims(ints), self.spec.block, self.spec.smem, s, ctypes.addressof(ptrs),
+                      pdl)
 
 
 def capture_graph(record, launches: int):
@@ -231,47 +282,195 @@ def bench_shape(n: int, k: int, ms: list[int], sweep: bool, launches: int, reps:
 CHAIN_LAYERS = 16
 CHAIN = [("qkv", 3072, 2048, False), ("o", 2048, 2048, True), ("gate_up", 16384, 2048, False),
          ("down", 2048, 8192, True)]
+#: ``--fused``: the prologue of each GEMV that decode fusion fuses in the model (o stays plain), with Llama-3.2-1B's
+#: rms_norm eps and swiglu alpha (SiLU)
+CHAIN_PROLOGUES = {"qkv": "rms_norm", "gate_up": "rms_norm", "down": "swiglu"}
+CHAIN_EPS, CHAIN_ALPHA = 1e-5, 1.0
+#: ``--interleave`` kinds: the kernel launched before every GEMV of the chain
+INTERLEAVE_KINDS = ("norm",)
 
 
-def bench_chain(ms: list[int], launches: int, reps: int, gen, tgt) -> list[dict]:
-    """Microseconds per layer of the ``--chain`` measurement (module docstring) for each token count."""
+def chain_variant(fused: bool, interleave: str | None) -> str:
+    """The JSON rows' ``variant``: plain, fused, interleave-norm or fused+interleave-norm."""
+    parts = (["fused"] if fused else []) + ([f"interleave-{interleave}"] if interleave else [])
+    return "+".join(parts) or "plain"
+
+
+def chain_prologue(name: str, fused: bool) -> Prologue | None:
+    """The ``rule.Prologue`` of chain GEMV ``name`` (None: the plain variant)."""
+    from ingot.codegen.kernels.gemv.rule import Prologue
+
+    kind = CHAIN_PROLOGUES.get(name) if fused else None
+    if kind is None:
+        return None
+    return Prologue("rms_norm", eps=CHAIN_EPS) if kind == "rms_norm" else Prologue("swiglu", alpha=CHAIN_ALPHA)
+
+
+def chain_specs(mb: int, tgt: Target, fused: bool = False, interleave: str | None = None) -> dict[str, Any]:
+    """Every spec one chain variant launches for token bucket ``mb``: ``families`` (``kernel.cu`` and ``bulk.cu``:
+    one spec per ``CHAIN`` GEMV; the bulk family takes kernel.cu's variant where ``bulk_rule`` finds no
+    configuration, plain or fused), ``bulk_fallbacks`` (those GEMVs' names) and ``norms`` (``--interleave norm``:
+    the bf16 rms_norm kernel launched before each GEMV, of that GEMV's K; else empty)."""
+    from ingot.codegen.kernels.gemv.bulk_rule import bulk_spec
+    from ingot.codegen.kernels.gemv.rule import fused_spec, gemv_spec
+    from ingot.codegen.kernels.norm.rule import norm_spec
+    from ingot.ir.types import DType
+
+    if interleave not in (None, *INTERLEAVE_KINDS):
+        raise ValueError(f"--interleave: one of {INTERLEAVE_KINDS}, got {interleave!r}")
+    kern, bulk = [], []
+    for name, n, k, r in CHAIN:
+        plain = gemv_spec(n, k, mb, tgt, residual=r)
+        bplain = bulk_spec(n, k, mb, tgt, residual=r) or plain
+        pro = chain_prologue(name, fused)
+        kern.append(plain if pro is None else fused_spec(plain, pro, tgt))
+        bulk.append(bplain if pro is None else fused_spec(bplain, pro, tgt))
+    norms = ([norm_spec("rms", DType.bf16, DType.bf16, k, CHAIN_EPS, tgt) for _, _, k, _ in CHAIN]
+             if interleave == "norm" else [])
+    return {"families": {"kernel.cu": kern, "bulk.cu": bulk},
+            "bulk_fallbacks": [CHAIN[i][0] for i, b in enumerate(bulk) if b.template != "bulk.cu"], "norms": norms}
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """float32 ``x * rsqrt(mean(x^2) + eps) * weight`` over the last axis (torch)."""
     import torch
 
-    from ingot.codegen.kernels.gemv.bulk_rule import bulk_spec
-    from ingot.codegen.kernels.gemv.rule import BUCKETS, gemv_spec
+    x = x.float()
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight.float()
 
+
+def chain_reference(x: torch.Tensor, w: torch.Tensor, prologue: Prologue | None = None,
+                    norm_weight: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 torch reference of one chain GEMV from its launch's inputs: x (rms_norm prologue: the norm's input,
+    normalized here with the prologue's eps and ``norm_weight``; swiglu: the ``[M, 2K]`` gate_up buffer, turned into
+    ``gate * sigmoid(alpha * gate) * up``), then ``x @ w^T (+ residual)``."""
+    import torch
+
+    x = x.float()
+    if prologue is not None and prologue.kind == "rms_norm":
+        x = rms_norm_reference(x, norm_weight, prologue.eps)
+    elif prologue is not None and prologue.kind == "swiglu":
+        gate, up = x[:, : x.shape[1] // 2], x[:, x.shape[1] // 2:]
+        x = gate * torch.sigmoid(prologue.alpha * gate) * up
+    y = x @ w.float().t()
+    return y if residual is None else y + residual.float()
+
+
+def _grid_text(spec: KernelSpec) -> str:
+    return "(" + ", ".join(g.size if g.size and g.tile == 1 else f"{g.size}/{g.tile}" if g.size else str(g.const)
+                           for g in spec.grid) + ")"
+
+
+def dry_run_chain(ms: list[int], tgt: Target, fused: bool = False, interleave: str | None = None) -> list[dict]:
+    """``--chain --dry-run``: every spec the chosen chain variant launches, for each token count's bucket and both
+    families, compiled with ``compile_spec`` (no GPU, no torch); one printed line and one returned dict (``mb``,
+    ``family``, ``gemv``, ``spec``, ``built``) per distinct spec."""
+    from ingot.codegen.compile import compile_spec
+    from ingot.codegen.kernels.gemv.rule import BUCKETS
+
+    os.environ.setdefault("INGOT_CACHE_DIR", "/tmp/ingot-kernel-cache")
+    out: list[dict] = []
+    seen: set[str] = set()
+    print(f"chain dry run [{chain_variant(fused, interleave)}] for {tgt.name} ({tgt.arch}), M = {ms}", flush=True)
+    for mb in dict.fromkeys(next(b for b in BUCKETS if b >= m) for m in ms):
+        made = chain_specs(mb, tgt, fused, interleave)
+        todo = [(fam, CHAIN[i][0], s) for fam, specs in made["families"].items() for i, s in enumerate(specs)]
+        todo += [("norm", f"before {CHAIN[i][0]}", s) for i, s in enumerate(made["norms"])]
+        for fam, name, spec in todo:
+            if spec.key in seen:  # a bulk fallback is kernel.cu's own spec; the 2048-wide norm serves three GEMVs
+                continue
+            seen.add(spec.key)
+            built = compile_spec(spec)
+            out.append({"mb": mb, "family": fam, "gemv": name, "spec": spec, "built": built})
+            v = dict(spec.values)
+            print(f"MB {mb:>2} {fam:>9} {name:>14}  {spec.entry:<52} {spec.template:>9} smem {spec.smem:>6} "
+                  f"grid {_grid_text(spec):<12} block {spec.block[0]:>4}  PROLOGUE {v.get('PROLOGUE', '-')}  "
+                  f"{len(built.cubin)} B cubin", flush=True)
+        if made["bulk_fallbacks"]:
+            print(f"MB {mb:>2} bulk.cu falls back to kernel.cu for {made['bulk_fallbacks']}", flush=True)
+    return out
+
+
+def bench_chain(ms: list[int], launches: int, reps: int, gen: torch.Generator, tgt: Target, fused: bool = False,
+                interleave: str | None = None) -> list[dict]:
+    """Microseconds per layer of the ``--chain`` measurement (module docstring) for each token count; ``fused``:
+    qkv and gate_up with their rms_norm prologue, down with its swiglu prologue; ``interleave="norm"``: a bf16
+    rms_norm launch (PDL) before every GEMV, counted in the per-layer time."""
+    import torch
+
+    from ingot.codegen.kernels.gemv.rule import BUCKETS
+
+    variant = chain_variant(fused, interleave)
+    pros = [chain_prologue(name, fused) for name, _, _, _ in CHAIN]
     weights = [[(torch.randn(n, k, device="cuda", generator=gen) * 0.05).to(torch.bfloat16) for _, n, k, _ in CHAIN]
                for _ in range(CHAIN_LAYERS)]
     nbytes = sum(2 * n * k for _, n, k, _ in CHAIN)
     rows = []
     for m in ms:
         mb = next(b for b in BUCKETS if b >= m)
-        xs = [torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16) for _, _, k, _ in CHAIN]
+        # x: [M, K] (rms_norm prologue: the norm's input), [M, 2K] for the swiglu prologue (packed gate_up)
+        xs = [torch.randn(m, k * (2 if p is not None and p.kind == "swiglu" else 1), device="cuda",
+                          generator=gen).to(torch.bfloat16) for (_, _, k, _), p in zip(CHAIN, pros)]
         res = [torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16) if r else None
                for _, n, _, r in CHAIN]
         outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _, n, _, _ in CHAIN]
-        families = {"kernel.cu": [Kernel(gemv_spec(n, k, mb, tgt, residual=r)) for _, n, k, r in CHAIN]}
-        bulk = [bulk_spec(n, k, mb, tgt, residual=r) for _, n, k, r in CHAIN]
-        families["bulk.cu"] = [Kernel(b) if b is not None else families["kernel.cu"][i] for i, b in enumerate(bulk)]
+        gs = [(1 + 0.2 * torch.randn(k, device="cuda", generator=gen)).to(torch.bfloat16)
+              if p is not None and p.kind == "rms_norm" else None for (_, _, k, _), p in zip(CHAIN, pros)]
+        made = chain_specs(mb, tgt, fused, interleave)
+        built: dict[str, Kernel] = {}  # one module per distinct spec (a bulk fallback is kernel.cu's own)
+
+        def kernel(spec, built=built) -> Kernel:
+            if spec.key not in built:
+                built[spec.key] = Kernel(spec)
+            return built[spec.key]
+
+        families = {name: [kernel(s) for s in specs] for name, specs in made["families"].items()}
         for name, kerns in families.items():  # each GEMV against torch once (twice: split-K counters)
             for i, (kern, (_, _, _, r)) in enumerate(zip(kerns, CHAIN)):
-                ref = xs[i].float() @ weights[0][i].float().t() + (res[i].float() if r else 0)
+                ref = chain_reference(xs[i], weights[0][i], pros[i], gs[i], res[i] if r else None)
                 for _ in range(2):
                     outs[i].fill_(float("nan"))
-                    kern.launch(xs[i], weights[0][i], outs[i], m, residual=res[i])
+                    kern.launch(xs[i], weights[0][i], outs[i], m, residual=res[i], norm_weight=gs[i])
                     torch.cuda.synchronize()
                     err = float(((outs[i].float() - ref).abs().max() / ref.abs().max()).nan_to_num(1.0))
                     if not err < 1e-2:
-                        print(f"  ** chain {name} {CHAIN[i][0]} M={m}: relative error {err:.2e}", flush=True)
+                        what = f" ({pros[i].kind} prologue)" if pros[i] is not None else ""
+                        print(f"  ** chain {name} {CHAIN[i][0]}{what} M={m}: relative error {err:.2e}", flush=True)
+        # --interleave norm: the norm before GEMV i reads / writes its own [M, K] buffers (each launch waits for
+        # the grid before it whatever it reads: the data flow does not change the timing)
+        norms = [kernel(s) for s in made["norms"]]
+        widths = sorted({k for _, _, k, _ in CHAIN}) if norms else []
+        nsrc = {k: torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16) for k in widths}
+        ng = {k: (1 + 0.2 * torch.randn(k, device="cuda", generator=gen)).to(torch.bfloat16) for k in widths}
+        nout = {k: torch.empty(m, k, device="cuda", dtype=torch.bfloat16) for k in widths}
 
-        def ours(kerns, xs=xs, outs=outs, m=m, res=res):
+        def norm_args(i: int, nsrc=nsrc, ng=ng, nout=nout, m=m) -> dict:
+            k = CHAIN[i][2]
+            return dict(x=nsrc[k], weight=ng[k], bias=None, residual=None, residual_out=None, out=nout[k], rows=m)
+
+        for k in widths:  # each width's norm kernel against torch once
+            norm = norms[[c[2] for c in CHAIN].index(k)]
+            ref = rms_norm_reference(nsrc[k], ng[k], CHAIN_EPS)
+            nout[k].fill_(float("nan"))
+            norm.launch_named(x=nsrc[k], weight=ng[k], bias=None, residual=None, residual_out=None, out=nout[k], rows=m)
+            torch.cuda.synchronize()
+            err = float(((nout[k].float() - ref).abs().max() / ref.abs().max()).nan_to_num(1.0))
+            if not err < 1e-2:
+                print(f"  ** chain rms_norm h{k} M={m}: relative error {err:.2e}", flush=True)
+
+        def ours(kerns, xs=xs, outs=outs, m=m, res=res, gs=gs, norms=norms, norm_args=norm_args):
             def record(_: int) -> None:
                 for layer in weights:
                     for i, kern in enumerate(kerns):
-                        kern.launch(xs[i], layer[i], outs[i], m, residual=res[i], pdl=True)
+                        if norms:
+                            norms[i].launch_named(pdl=True, **norm_args(i))
+                        kern.launch(xs[i], layer[i], outs[i], m, residual=res[i], pdl=True, norm_weight=gs[i])
             return record
 
-        def cublas(_: int, xs=xs, outs=outs, res=res) -> None:
+        cxs = xs if not fused else [torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+                                    for _, _, k, _ in CHAIN]
+
+        def cublas(_: int, xs=cxs, outs=outs, res=res) -> None:
             for layer in weights:
                 for i, w in enumerate(layer):
                     if res[i] is None:
@@ -281,16 +480,20 @@ def bench_chain(ms: list[int], launches: int, reps: int, gen, tgt) -> list[dict]
 
         t = {name: time_graph(ours(kerns), launches, reps) / CHAIN_LAYERS for name, kerns in families.items()}
         t["cuBLAS"] = time_graph(cublas, launches, reps) / CHAIN_LAYERS
-        row = {"chain": "qkv,o,gate_up,down", "m": m, "mb": mb, "layers": CHAIN_LAYERS, "weight_mb": nbytes / 1e6,
-               "bulk_fallbacks": [CHAIN[i][0] for i, b in enumerate(bulk) if b is None],
+        row = {"chain": "qkv,o,gate_up,down", "variant": variant, "m": m, "mb": mb, "layers": CHAIN_LAYERS,
+               "weight_mb": nbytes / 1e6, "bulk_fallbacks": made["bulk_fallbacks"],
+               "extra_launches_per_layer": len(norms), "cuBLAS_chain": "plain",
                **{f"{name}_us": v * 1e6 for name, v in t.items()},
                **{f"{name}_frac": nbytes / v / 1e12 / COPY_TBPS for name, v in t.items()}}
         rows.append(row)
-        print(f"chain M={m:>2} (MB {mb}): " + "  ".join(
+        label = "" if variant == "plain" else f" [{variant}]"
+        shown = {name if name != "cuBLAS" or variant == "plain" else "cuBLAS (plain chain)": v for name, v in t.items()}
+        print(f"chain{label} M={m:>2} (MB {mb}): " + "  ".join(
             f"{name} {v * 1e6:7.2f} us/layer {nbytes / v / 1e12:5.2f} TB/s {nbytes / v / 1e12 / COPY_TBPS:6.1%}"
-            for name, v in t.items()) + f"  bulk vs kernel.cu {t['kernel.cu'] / t['bulk.cu']:5.2f}x, "
+            for name, v in shown.items()) + f"  bulk vs kernel.cu {t['kernel.cu'] / t['bulk.cu']:5.2f}x, "
             f"vs cuBLAS {t['cuBLAS'] / t['bulk.cu']:5.2f}x"
-            + (f"  (kernel.cu for {row['bulk_fallbacks']})" if row["bulk_fallbacks"] else ""), flush=True)
+            + (f"  (kernel.cu for {row['bulk_fallbacks']})" if row["bulk_fallbacks"] else "")
+            + (f"  (+{len(norms)} rms_norm launches/layer in ingot's times)" if norms else ""), flush=True)
     return rows
 
 
@@ -306,21 +509,35 @@ def main(argv: list[str] | None = None) -> int:
                          "as the runtime launches them, and plain launches in the 'plain us' column)")
     ap.add_argument("--bulk", action="store_true", help="also time the bulk-copy variants (bulk.cu)")
     ap.add_argument("--chain", action="store_true", help="only the 16-layer chain (kernel.cu, bulk.cu, cuBLAS)")
+    ap.add_argument("--fused", action="store_true",
+                    help="--chain: qkv and gate_up as their rms_norm-prologue variants, down as its swiglu-prologue "
+                         "variant (decode fusion's); cuBLAS stays the plain chain")
+    ap.add_argument("--interleave", choices=INTERLEAVE_KINDS, default=None,
+                    help="--chain: launch this kernel (PDL) before every GEMV (norm: ingot's bf16 rms_norm of the "
+                         "GEMV's K), as the unfused model does")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="--chain: build and compile every spec the chosen chain variant launches (no GPU, no torch), "
+                         "print one line per spec and exit")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    import torch
-
+    if (a.fused or a.interleave or a.dry_run) and not a.chain:
+        ap.error("--fused, --interleave and --dry-run apply to --chain")
     from ingot.codegen.target import get_target
 
-    init_gpu()
     tgt = get_target("h200")
+    if a.dry_run:
+        dry_run_chain(a.m, tgt, a.fused, a.interleave)
+        return 0
+    import torch
+
+    init_gpu()
     shapes = [tuple(int(v) for v in s.split(",")) for s in a.shapes.split(";")] if a.shapes else SHAPES
     rows = []
     print(f"{'N x K':>14} {'M':>3} {'MB':>6} {'config':>16} {'us':>8} {'plain us':>8} {'TB/s':>6} {'%4.19':>6} "
           f"{'cuBLAS us':>9} {'TB/s':>6} {'speedup':>7} {'rel err':>8}", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     if a.chain:
-        rows = bench_chain(a.m, max(1, a.launches // 10), a.reps, gen, tgt)
+        rows = bench_chain(a.m, max(1, a.launches // 10), a.reps, gen, tgt, a.fused, a.interleave)
         if a.json:
             Path(a.json).write_text(json.dumps(rows, indent=1))
         return 0

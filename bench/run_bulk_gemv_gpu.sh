@@ -9,8 +9,9 @@
 # Order: the plain bulk variants' GPU tests first (every other bulk piece builds on them: if they fail or hang, the
 # rest is moot), then the fused (rms_norm / swiglu prologue) and FP8 bulk variants, the decode-fusion end-to-end test
 # (template GEMMs, so no cold CUTLASS build), then bench_gemv --bulk, --chain (the figure that matters: a 16-layer
-# qkv/o/gate_up/down chain with PDL in one CUDA graph) and bench_gemv_quant --bulk. A mistake in an mbarrier shows
-# as a hang, hence the time-outs (exit 124).
+# qkv/o/gate_up/down chain with PDL in one CUDA graph), the chain with decode fusion's fused GEMVs (--fused) and with
+# an rms_norm launch before every GEMV (--interleave norm), and bench_gemv_quant --bulk. A mistake in an mbarrier
+# shows as a hang, hence the time-outs (exit 124).
 set -u
 OUT=${OUT:-/tmp/bulk-gemv-out}
 cd "$(dirname "$0")/.."
@@ -23,6 +24,12 @@ step bulk_fp8 timeout=200 $T tests/codegen/test_gemv_bulk_quant_gpu.py
 step fusion_e2e timeout=300 env INGOT_NO_CUTLASS=1 $T tests/runtime/test_cuda_backend.py -k "fusion or pdl"
 step bench_bulk timeout=200 python3 bench/bench_gemv.py --bulk --m 1 8 32 --json "$OUT/gemv_bulk.json"
 step bench_chain timeout=200 python3 bench/bench_gemv.py --chain --m 1 8 32 --json "$OUT/gemv_chain.json"
+# the chain as the model runs it: fused GEMVs (decode fusion's prologues), then an rms_norm launch before every GEMV;
+# whichever takes bulk.cu's lead over kernel.cu away explains the end-to-end result
+step bench_chain_fused timeout=200 python3 bench/bench_gemv.py --chain --fused --m 1 8 \
+  --json "$OUT/gemv_chain_fused.json"
+step bench_chain_interleave timeout=200 python3 bench/bench_gemv.py --chain --interleave norm --m 1 8 \
+  --json "$OUT/gemv_chain_interleave.json"
 step bench_bulk_fp8 timeout=200 python3 bench/bench_gemv_quant.py --bulk --formats fp8-w8a16 --m 1 8 32 \
   --json "$OUT/gemv_quant_bulk.json"
 
