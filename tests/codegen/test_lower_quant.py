@@ -82,6 +82,9 @@ def _kernel_cache(tmp_path_factory, monkeypatch):
     # the quantized GEMV at every row count: the prefill dequantize + GEMM pairs (on by default) have their own tests
     # (tests/codegen/test_quant_prefill_gemm.py)
     monkeypatch.setenv("INGOT_QUANT_PREFILL_GEMM", "0")
+    # the attention's own cache-write launch: rope-cache fusion (on by default) moves it into rope_qkv, checked with
+    # the FP8 cache too in tests/codegen/test_rope_cache_fusion.py
+    monkeypatch.setenv("INGOT_ROPE_CACHE_FUSION", "0")
 
 
 def _kernel_table(path: Path, target: str) -> dict:
