@@ -30,18 +30,25 @@ step bench_chain_fused timeout=200 python3 bench/bench_gemv.py --chain --fused -
   --json "$OUT/gemv_chain_fused.json"
 step bench_chain_interleave timeout=200 python3 bench/bench_gemv.py --chain --interleave norm --m 1 8 \
   --json "$OUT/gemv_chain_interleave.json"
+# the same with every template kernel triggering the next grid before its wait (INGOT_PDL_TRIGGER=early, rendered
+# at compile time): if the small kernels take the lead away, this is what should give it back
+step bench_chain_interleave_early timeout=200 env INGOT_PDL_TRIGGER=early python3 bench/bench_gemv.py --chain \
+  --interleave norm --m 1 8 --json "$OUT/gemv_chain_interleave_early.json"
+step pdl_early_tests timeout=300 env INGOT_PDL_TRIGGER=early INGOT_NO_CUTLASS=1 $T tests/runtime/test_cuda_backend.py \
+  tests/runtime/test_engine_cuda.py tests/codegen/test_gemv_bulk_gpu.py
 step bench_bulk_fp8 timeout=200 python3 bench/bench_gemv_quant.py --bulk --formats fp8-w8a16 --m 1 8 32 \
   --json "$OUT/gemv_quant_bulk.json"
 
 if [ "${E2E:-0}" = 1 ]; then
-  # one checkpoint, three artifact sets (the CUTLASS kernels are shared through INGOT_CACHE_DIR), then the figures;
+  # one checkpoint, five artifact sets (the CUTLASS kernels are shared through INGOT_CACHE_DIR), then the figures;
   # HF / torch.compile once, with the default artifacts
   MB="--max-num-batched-tokens 16384"
   W=/tmp/bulk-e2e
   step e2e_compile timeout=1200 env INGOT_AUTOTUNE=0 python3 bench/bench_e2e.py --compile-only --workdir $W/default \
     $MB --formats bf16,fp8-w8a16,fp8-w8a16-lmhead
-  # the default has decode fusion and rope-cache fusion on; nofusion turns both off
-  for v in bulk:INGOT_GEMV_BULK=1 nofusion:INGOT_DECODE_FUSION=0,INGOT_ROPE_CACHE_FUSION=0; do
+  # the default has decode fusion and rope-cache fusion on; nofusion turns both off; early: INGOT_PDL_TRIGGER=early
+  for v in bulk:INGOT_GEMV_BULK=1 nofusion:INGOT_DECODE_FUSION=0,INGOT_ROPE_CACHE_FUSION=0 \
+           early:INGOT_PDL_TRIGGER=early bulk-early:INGOT_GEMV_BULK=1,INGOT_PDL_TRIGGER=early; do
     name=${v%%:*}; envs=${v#*:}
     mkdir -p $W/$name && ln -sfn $W/default/llama1b-ckpt $W/$name/llama1b-ckpt
     step e2e_compile_$name timeout=900 env INGOT_AUTOTUNE=0 ${envs//,/ } python3 bench/bench_e2e.py --compile-only --reuse \
@@ -50,7 +57,7 @@ if [ "${E2E:-0}" = 1 ]; then
   E="--reuse $MB --decode-steps 1,8 --batches 1,64"
   step e2e_default timeout=400 python3 bench/bench_e2e.py $E --workdir $W/default \
     --formats bf16,fp8-w8a16,fp8-w8a16-lmhead --prefill-repeats 3 --out "$OUT/e2e_default.json"
-  for name in bulk nofusion; do
+  for name in bulk nofusion early bulk-early; do
     step e2e_$name timeout=300 python3 bench/bench_e2e.py $E --workdir $W/$name --formats bf16,fp8-w8a16 --skip-hf \
       --out "$OUT/e2e_$name.json"
   done

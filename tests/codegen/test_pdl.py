@@ -13,7 +13,7 @@ import pytest
 
 import ingot
 from ingot.codegen.compile import compile_spec
-from ingot.codegen.kernel import PDL_MARKER, PDL_PLACEHOLDER, has_pdl
+from ingot.codegen.kernel import PDL_MARKER, PDL_PLACEHOLDER, PDL_TRIGGER_ENV, has_pdl
 from ingot.codegen.kernels.gemm_cutlass.rule import linear_cutlass_spec
 from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec
 from ingot.codegen.kernels.gemv.rule import gemv_spec
@@ -85,3 +85,40 @@ def test_switch(monkeypatch):
     assert cuda_driver.pdl_enabled()
     monkeypatch.setenv("INGOT_PDL", "0")
     assert not cuda_driver.pdl_enabled()
+
+
+def _body(src: str) -> str:
+    return src[src.index('extern "C" __global__'):]
+
+
+def test_early_trigger_puts_launch_dependents_before_the_wait(monkeypatch):
+    """``INGOT_PDL_TRIGGER=early`` (compile time): the injected prologue and the one a template places itself both
+    trigger the next grid before waiting; every read of the previous kernel's output stays after the wait, and each
+    kernel still has exactly one wait. Unset or ``wait``: today's order. Another value: an error naming it."""
+    h200 = get_target("h200")
+    for value, early in (("", False), ("wait", False), ("early", True), (" EARLY ", True)):
+        monkeypatch.setenv(PDL_TRIGGER_ENV, value)
+        norm = _body(norm_spec("rms", DType.bf16, DType.bf16, 2048, 1e-6, h200).source())
+        assert norm.count(PDL_MARKER) == 1
+        assert (norm.index("griddepcontrol.launch_dependents") < norm.index(PDL_MARKER)) is early, value
+        gemv = _body(gemv_spec(2048, 2048, 8, h200).source())
+        wait = gemv.index(PDL_MARKER)
+        assert gemv.count(PDL_MARKER) == 1 and min(m.start() for m in re.finditer(r"gemv_ld_x\(x", gemv)) > wait
+        assert (gemv.index("griddepcontrol.launch_dependents") < wait) is early, value
+    monkeypatch.setenv(PDL_TRIGGER_ENV, "sometimes")
+    with pytest.raises(ValueError, match="INGOT_PDL_TRIGGER='sometimes'"):
+        norm_spec("rms", DType.bf16, DType.bf16, 2048, 1e-6, h200).source()
+
+
+@needs_compiler
+@needs_cuobjdump
+def test_early_trigger_order_survives_ptxas(monkeypatch):
+    """In the SASS of an early-trigger kernel PREEXIT (launch_dependents) comes before ACQBULK (the wait); by
+    default after it."""
+    for value, early in (("early", True), ("", False)):
+        monkeypatch.setenv(PDL_TRIGGER_ENV, value)
+        sass = disassemble(compile_spec(norm_spec("rms", DType.bf16, DType.bf16, 2048, 1e-6,
+                                                  get_target("h200"))).cubin)
+        order = re.findall(r"\b(PREEXIT|ACQBULK)\b", sass)
+        assert order and set(order) == {"PREEXIT", "ACQBULK"}, order
+        assert (order[0] == "PREEXIT") is early, (value, order)
