@@ -34,11 +34,12 @@ it (``tune.py``).
 so the variants measured so far wait first and only then load weights (their SASS: ``ACQBULK`` at the top).
 ``weights_first`` loads the first weight stage, and reads what the previous kernel wrote, with coherent loads, which
 ptxas keeps on their side of the wait (the template's header). On by default for fused variants, off for plain ones
-(their code stays as measured, docs/PERF.md); ``bench/bench_decode_fusion.py`` times both ways. Not yet run on a GPU.
+(their code stays as measured, docs/PERF.md); ``bench/bench_decode_fusion.py`` times both ways.
 
-**Bulk copies** (opt-in, ``INGOT_GEMV_BULK=1``; ``bulk.cu``, ``bulk_rule.py``): variants whose weights go to
-shared memory by ``cp.async.bulk``, the CTA's whole ring issued before the grid-dependency wait; a bulk variant's
-fused variants are bulk ones too (``fused_spec``), with the same prologues. Not yet measured.
+**Bulk copies** (opt-in, ``INGOT_GEMV_BULK=1``: buckets up to 8; ``bulk.cu``, ``bulk_rule.py``): variants whose
+weights go to shared memory by ``cp.async.bulk``, the CTA's whole ring issued before the grid-dependency wait; a bulk
+variant's fused variants are bulk ones too (``fused_spec``), with the same prologues. Measured: docs/PERF.md,
+"Bulk-copy GEMV".
 
 **Quantized weights** (``quant.cu``, ``quant_rule.py``): ``quantized_linear`` with FP8 (per-channel) or NVFP4
 weights, bf16 or per-token FP8 activations, through the same two entry points (``variants`` per bucket, ``plan``
