@@ -61,5 +61,9 @@ if [ "${E2E:-0}" = 1 ]; then
     step e2e_$name timeout=300 python3 bench/bench_e2e.py $E --workdir $W/$name --formats bf16,fp8-w8a16 --skip-hf \
       --out "$OUT/e2e_$name.json"
   done
+  # where the batch-1 step's time goes, launch by launch (plain launches between events: read shares), default vs
+  # bulk-early: the per-layer GEMVs against the chain's figures
+  step e2e_profile timeout=300 python3 bench/bench_profile.py $W/default/llama1b_bf16.ingot \
+    $W/bulk-early/llama1b_bf16.ingot $MB --json "$OUT/profile.json"
 fi
 finish
