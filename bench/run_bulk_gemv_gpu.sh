@@ -4,7 +4,10 @@
 #
 #   OUT=/some/dir bash bench/run_bulk_gemv_gpu.sh            correctness, then the kernel benchmarks (~5 min)
 #   OUT=/some/dir E2E=1 bash bench/run_bulk_gemv_gpu.sh      also the end-to-end A/B on the 1B shape (~+10 min:
-#                                                            default / bulk / both fusions off)
+#                                                            default / bulk / both fusions off / early PDL trigger /
+#                                                            bulk + early trigger, then a launch-by-launch profile)
+#   OUT=/some/dir E2E_ONLY=1 bash bench/run_bulk_gemv_gpu.sh the end-to-end part alone (a device call is at most
+#                                                            10 minutes: run the two parts as two calls)
 #
 # Order: the plain bulk variants' GPU tests first (every other bulk piece builds on them: if they fail or hang, the
 # rest is moot), then the fused (rms_norm / swiglu prologue) and FP8 bulk variants, the decode-fusion end-to-end test
@@ -18,6 +21,7 @@ cd "$(dirname "$0")/.."
 . bench/gpu_run_lib.sh
 
 T="python3 -m pytest -m gpu -q -rs -x -p no:cacheprovider"
+if [ "${E2E_ONLY:-0}" != 1 ]; then
 step bulk_plain timeout=300 $T tests/codegen/test_gemv_bulk_gpu.py
 step bulk_fused timeout=200 $T tests/codegen/test_decode_fusion_gpu.py -k bulk
 step bulk_fp8 timeout=200 $T tests/codegen/test_gemv_bulk_quant_gpu.py
@@ -38,8 +42,9 @@ step pdl_early_tests timeout=300 env INGOT_PDL_TRIGGER=early INGOT_NO_CUTLASS=1 
   tests/runtime/test_engine_cuda.py tests/codegen/test_gemv_bulk_gpu.py
 step bench_bulk_fp8 timeout=200 python3 bench/bench_gemv_quant.py --bulk --formats fp8-w8a16 --m 1 8 32 \
   --json "$OUT/gemv_quant_bulk.json"
+fi
 
-if [ "${E2E:-0}" = 1 ]; then
+if [ "${E2E:-0}" = 1 ] || [ "${E2E_ONLY:-0}" = 1 ]; then
   # one checkpoint, five artifact sets (the CUTLASS kernels are shared through INGOT_CACHE_DIR), then the figures;
   # HF / torch.compile once, with the default artifacts
   MB="--max-num-batched-tokens 16384"
