@@ -233,22 +233,10 @@ ${PDL_WAIT}
           }
         }
       }
-      if (PROLOGUE == 1) {
-        // the warp's sums of the 8 tokens in 9 shuffles: each xor step over 16, 8, 4 halves the values a lane
-        // keeps (lane bit 4, 3, 2 picks the upper half), so lane L ends with token (L >> 2) & 7's; xor 2, 1 finish
-#pragma unroll
-        for (int o = 16, n = 4; o >= 4; o >>= 1, n >>= 1) {
-          const bool upper = lane & o;
-#pragma unroll
-          for (int i = 0; i < n; ++i) {
-            const float keep = upper ? ss[n + i] : ss[i], give = upper ? ss[i] : ss[n + i];
-            ss[i] = keep + __shfl_xor_sync(0xffffffffu, give, o);
-          }
-        }
-        ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], 2);
-        ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], 1);
+      if (PROLOGUE == 1) {  // the warp's sums of the 8 tokens (splitk.cuh): lane L holds token (L >> 2) & 7's
+        const float sum = gemv_warp_sum8(ss, lane);
         const int t = t0 + ((lane >> 2) & 7);
-        if ((lane & 3) == 0 && t < rows) ssq[t * WARPS + warp] = ss[0];
+        if ((lane & 3) == 0 && t < rows) ssq[t * WARPS + warp] = sum;
       }
     }
   }

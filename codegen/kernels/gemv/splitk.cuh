@@ -121,6 +121,24 @@ struct GemvSplitK {
   }
 };
 
+// rms_norm prologues (kernel.cu, bulk.cu): a warp's per-lane partial sums of x^2 of 8 tokens -> the warp's sum of
+// token (lane >> 2) & 7, in 9 shuffles: each xor step over 16, 8, 4 halves the values a lane keeps (lane bit 4, 3, 2
+// picks the upper half); xor 2, 1 finish. ss is consumed.
+__device__ __forceinline__ float gemv_warp_sum8(float (&ss)[8], int lane) {
+#pragma unroll
+  for (int o = 16, n = 4; o >= 4; o >>= 1, n >>= 1) {
+    const bool upper = lane & o;
+#pragma unroll
+    for (int i = 0; i < n; ++i) {
+      const float keep = upper ? ss[n + i] : ss[i], give = upper ? ss[i] : ss[n + i];
+      ss[i] = keep + __shfl_xor_sync(0xffffffffu, give, o);
+    }
+  }
+  ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], 2);
+  ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], 1);
+  return ss[0];
+}
+
 // bf16 at p, read after the grid-dependency wait with a coherent load that ptxas keeps on its side of it (volatile: to
 // the compiler a plain asm is a pure function; see kernel.cu's header)
 __device__ __forceinline__ float gemv_ld_bf16_after_wait(const bf16* p) {
