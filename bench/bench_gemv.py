@@ -122,22 +122,12 @@ class Kernel:
                norm_weight=None) -> None:
         """A GEMV launch (``rule.PARAMS``; ``norm_weight`` too for an rms_norm-prologue variant, which reads x as the
         norm's input; a swiglu-prologue variant reads x as the ``[M, 2K]`` gate_up buffer)."""
-        import torch
-
-        vals = [ctypes.c_uint64(x.data_ptr()), ctypes.c_uint64(w.data_ptr()), ctypes.c_uint64(0),
-                ctypes.c_uint64(0 if bias is None else bias.data_ptr()),
-                ctypes.c_uint64(0 if residual is None else residual.data_ptr()),
-                ctypes.c_uint64(out.data_ptr()), ctypes.c_int64(m)]
-        if any(p.name == "norm_weight" for p in self.spec.params):
-            vals.append(ctypes.c_uint64(norm_weight.data_ptr()))
-        ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-        s = torch.cuda.current_stream().cuda_stream if stream is None else stream
-        grid = self.spec.grid_dims({"M": m})
-        launch_kernel(self.fn, grid, self.spec.block, self.spec.smem, s, ctypes.addressof(ptrs), pdl)
+        self.launch_named(pdl, stream, x=x, weight=w, weight_scale=None, bias=bias, residual=residual, out=out, M=m,
+                          norm_weight=norm_weight)
 
     def launch_named(self, pdl: bool = False, stream: int | None = None, **args: Any) -> None:
-        """A launch with arguments by parameter name (tensors, None for a null pointer, ints): any spec, e.g. the
-        norm kernel the ``--interleave norm`` chain launches between GEMVs."""
+        """A launch with arguments by parameter name (tensors, None for a null pointer, ints; names the spec does not
+        take are ignored): any spec, e.g. the norm kernel the ``--interleave norm`` chain launches between GEMVs."""
         import torch
 
         vals: list = []
@@ -449,10 +439,10 @@ def bench_chain(ms: list[int], launches: int, reps: int, gen: torch.Generator, t
             return dict(x=nsrc[k], weight=ng[k], bias=None, residual=None, residual_out=None, out=nout[k], rows=m)
 
         for k in widths:  # each width's norm kernel against torch once
-            norm = norms[[c[2] for c in CHAIN].index(k)]
+            i = [c[2] for c in CHAIN].index(k)
             ref = rms_norm_reference(nsrc[k], ng[k], CHAIN_EPS)
             nout[k].fill_(float("nan"))
-            norm.launch_named(x=nsrc[k], weight=ng[k], bias=None, residual=None, residual_out=None, out=nout[k], rows=m)
+            norms[i].launch_named(**norm_args(i))
             torch.cuda.synchronize()
             err = float(((nout[k].float() - ref).abs().max() / ref.abs().max()).nan_to_num(1.0))
             if not err < 1e-2:
