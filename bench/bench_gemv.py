@@ -2,6 +2,8 @@
 
     python bench/bench_gemv.py                    # Llama-3.2-1B layer shapes, M = 1, 8, 32
     python bench/bench_gemv.py --sweep            # also time other split-K / warp / stage configurations
+    python bench/bench_gemv.py --sweep-kw --shapes "3072,2048;2048,2048;2048,8192" --m 1 8
+                                                  # the row-group configurations only (rule.GemvConfig.kwarps)
     python bench/bench_gemv.py --json out.json
     python bench/bench_gemv.py --bulk             # also the bulk-copy variants (bulk.cu, INGOT_GEMV_BULK) per shape
     python bench/bench_gemv.py --chain --m 1 8 32 # a 16-layer qkv -> o -> gate_up -> down chain: kernel.cu, bulk.cu,
@@ -17,7 +19,9 @@ median. Each launch reads another copy of the weights (copies rotate so that the
 bytes, time per launch, TB/s of weights read, the fraction of the 4.19 TB/s copy ceiling
 (``../shared/GPU.md``), cuBLAS's time and TB/s, and the speedup. Every configuration is first checked
 against a float32 product of the same bf16 values (outputs poisoned first). ``--bulk`` adds a row per shape and M
-for the bulk-copy variant (``codegen/kernels/gemv/bulk_rule.py``), timed the same way.
+for the bulk-copy variant (``codegen/kernels/gemv/bulk_rule.py``), timed the same way. Where the rule's
+configuration has row groups (warps sharing a CTA's rows, each a part of its K slice: ``rule.GemvConfig.kwarps``),
+a ``kw1`` row times the configuration the rule gives without them (``INGOT_GEMV_KW=0``) in the same run.
 
 ``--chain``: per token count, ``CHAIN_LAYERS`` layers of Llama-3.2-1B's GEMVs (qkv, o + residual, gate_up,
 down + residual), every layer with its own weights (~1.9 GB: nothing stays in L2), launched back to back with PDL
@@ -182,28 +186,41 @@ def time_graph(record, launches: int, reps: int) -> float:
     return statistics.median(replay_seconds(g, launches) for _ in range(reps))
 
 
-def configs(n: int, k: int, mb: int, sweep: bool):
+def configs(n: int, k: int, mb: int, sweep: bool, kw_only: bool = False):
     from ingot.codegen.kernels.gemv.rule import SMEM_BUDGET, _round_up, gemv_config, smem_bytes
 
     base = gemv_config(n, k, mb, 132)
     out = [("default", base)]
-    if not sweep:
+    if base.kwarps > 1:  # beside it, the rule's configuration without row groups (INGOT_GEMV_KW=0)
+        out.append(("kw1", gemv_config(n, k, mb, 132, kwarps=1)))
+    if not sweep and not kw_only:
         return out
-    seen = {base}
-    for warps, mt, u in ((4, 1, 8), (8, 1, 4), (4, 1, 4), (4, 2, 4), (8, 2, 2), (4, 2, 2)):
+    seen = {c for _, c in out}
+    # (warps, tiles, steps a stage, warps a row group): kernel.cu's shapes, then row groups splitting the CTA's K
+    # slice (rule.GemvConfig.kwarps), each with the split-K counts around the rule's
+    shapes = [(w, t, u, 1) for w, t, u in ((4, 1, 8), (8, 1, 4), (4, 1, 4), (4, 2, 4), (8, 2, 2), (4, 2, 2))]
+    if kw_only:  # --sweep-kw: the rule's configuration without row groups, then the row-group shapes only
+        shapes = []
+    shapes += [(4, 1, 8, 4), (4, 1, 8, 2), (8, 1, 4, 8), (8, 1, 4, 4), (4, 1, 4, 4), (8, 1, 8, 8), (8, 2, 2, 8)]
+    rule_sk = {kw: gemv_config(n, k, mb, 132, kwarps=kw).splitk for kw in (1,)}
+    for warps, mt, u, kw in shapes:
         for sk in (1, 2, 4, 8, 16, 32):
-            ks = _round_up(-(-k // sk), 32 * u)
-            if ks * (sk - 1) >= k or smem_bytes(mb, ks) > SMEM_BUDGET or ks < 32 * u:
+            ks = _round_up(-(-k // sk), 32 * u * kw)
+            if ks * (sk - 1) >= k or smem_bytes(mb, ks) > SMEM_BUDGET or ks < 32 * u * kw:
                 continue
-            c = gemv_config(n, k, mb, 132, warps=warps, stage_steps=u, splitk=sk, tiles=mt)
-            if c not in seen and base.splitk / 4 <= c.splitk <= base.splitk * 4:
+            try:
+                c = gemv_config(n, k, mb, 132, warps=warps, stage_steps=u, splitk=sk, tiles=mt, kwarps=kw)
+            except ValueError:  # the row group's partials do not fit x's region
+                continue
+            near = base.splitk / 4 <= c.splitk <= base.splitk * 4 or (kw > 1 and c.splitk <= rule_sk[1])
+            if c not in seen and near:
                 seen.add(c)
-                out.append((f"w{warps} t{mt} u{u} sk{c.splitk}", c))
+                out.append((f"w{warps} t{mt} u{u} sk{c.splitk}" + (f" kw{kw}" if kw > 1 else ""), c))
     return out
 
 
 def bench_shape(n: int, k: int, ms: list[int], sweep: bool, launches: int, reps: int, gen, tgt,
-                pdl: bool = True, bulk: bool = False) -> list[dict]:
+                pdl: bool = True, bulk: bool = False, kw_only: bool = False) -> list[dict]:
     import torch
 
     from ingot.codegen.kernels.gemv.rule import BUCKETS, gemv_spec
@@ -223,7 +240,7 @@ def bench_shape(n: int, k: int, ms: list[int], sweep: bool, launches: int, reps:
 
         t_cublas = time_graph(cublas, launches, reps)
         best = None
-        todo = [(name, cfg, gemv_spec(n, k, mb, tgt, config=cfg)) for name, cfg in configs(n, k, mb, sweep)]
+        todo = [(name, cfg, gemv_spec(n, k, mb, tgt, config=cfg)) for name, cfg in configs(n, k, mb, sweep, kw_only)]
         if bulk:
             from ingot.codegen.kernels.gemv.bulk_rule import bulk_spec, spec_config
 
@@ -250,7 +267,8 @@ def bench_shape(n: int, k: int, ms: list[int], sweep: bool, launches: int, reps:
             t = time_graph(ours_pdl, launches, reps) if pdl else t_plain
             tbps = nbytes / t / 1e12
             row = {"n": n, "k": k, "m": m, "mb": mb, "config": name, "splitk": cfg.splitk, "warps": cfg.warps,
-                   "tiles": cfg.tiles, "u": getattr(cfg, "stage_steps", 0), "us": t * 1e6, "tbps": tbps,
+                   "tiles": cfg.tiles, "u": getattr(cfg, "stage_steps", 0),
+                   "kw": getattr(cfg, "kwarps", 1), "us": t * 1e6, "tbps": tbps,
                    "frac": tbps / COPY_TBPS,
                    "pdl": pdl, "plain_us": t_plain * 1e6,
                    "cublas_us": t_cublas * 1e6, "cublas_tbps": nbytes / t_cublas / 1e12,
@@ -263,7 +281,7 @@ def bench_shape(n: int, k: int, ms: list[int], sweep: bool, launches: int, reps:
                   f"{err:8.1e}", flush=True)
             if not err < 1e-2:
                 print(f"  ** {n}x{k} M={m} {name}: relative error {err}", flush=True)
-        if sweep and best is not None:
+        if (sweep or kw_only) and best is not None:
             print(f"  best: {best['config']} {best['tbps']:.2f} TB/s", flush=True)
     return rows
 
@@ -494,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-kw", action="store_true",
+                    help="time the row-group configurations (warps sharing a CTA's rows, splitting its K slice) only")
     ap.add_argument("--no-pdl", dest="pdl", action="store_false",
                     help="time ingot's kernels with plain launches only (default: with programmatic dependent launch, "
                          "as the runtime launches them, and plain launches in the 'plain us' column)")
@@ -532,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(a.json).write_text(json.dumps(rows, indent=1))
         return 0
     for n, k in shapes:
-        rows += bench_shape(n, k, a.m, a.sweep, a.launches, a.reps, gen, tgt, a.pdl, a.bulk)
+        rows += bench_shape(n, k, a.m, a.sweep, a.launches, a.reps, gen, tgt, a.pdl, a.bulk, a.sweep_kw)
         torch.cuda.empty_cache()
     print("\nsummary (default configuration):")
     print(f"{'N x K':>14} {'MB':>7} {'M':>3} {'ingot TB/s':>10} {'% of 4.19':>9} {'cuBLAS TB/s':>11} {'vs cuBLAS':>9} "

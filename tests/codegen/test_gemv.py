@@ -8,7 +8,19 @@ import os
 
 import pytest
 
-from ingot.codegen.kernels.gemv.rule import BUCKETS, SMEM_BUDGET, gemv_config, gemv_spec, smem_bytes, variants
+from ingot.codegen.kernels.gemv.rule import (
+    BUCKETS,
+    KW_BUCKETS,
+    KW_ENV,
+    SMEM_BUDGET,
+    GemvConfig,
+    gemv_config,
+    gemv_spec,
+    kw_fits,
+    smem_bytes,
+    spec_config,
+    variants,
+)
 from ingot.codegen.target import get_target
 from ingot.ir.ops.llm import Linear
 from ingot.ir.types import DType, TensorType
@@ -31,9 +43,47 @@ SHAPES = [(3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (576, 576),
 @pytest.mark.parametrize("mb", BUCKETS)
 def test_config_covers_k_and_fits(n, k, mb):
     c = gemv_config(n, k, mb, 132)
-    assert c.slice_k % (32 * c.stage_steps) == 0
+    assert c.slice_k % (32 * c.stage_steps * c.kwarps) == 0  # each warp of a row group: whole stages
     assert c.splitk * c.slice_k >= k > (c.splitk - 1) * c.slice_k
-    assert smem_bytes(mb, c.slice_k) <= SMEM_BUDGET
+    assert smem_bytes(mb, c.slice_k) <= SMEM_BUDGET and kw_fits(mb, c)
+    assert c.warps % c.kwarps == 0 and c.rows == 16 * c.tiles * c.warps // c.kwarps
+
+
+#: the 1B model's layer GEMVs (N, K) -> warps a row group in buckets 8 and 16: the small ones (too few 64-row blocks
+#: for 1.5 CTAs an SM) split each CTA's K slice over its 4 warps and run without split-K (down at 16 tokens: x's
+#: 8192-column slice would not fit, so 2 slices); gate_up and the lm_head have rows enough
+ROW_GROUPS = {(3072, 2048): (4, 1, 1), (2048, 2048): (4, 1, 1), (2048, 8192): (4, 1, 2), (16384, 2048): (1, 1, 1),
+              (128256, 2048): (1, 1, 1)}
+
+
+@pytest.mark.parametrize("n,k", list(ROW_GROUPS))
+def test_row_groups_for_the_small_matrices_only(n, k, monkeypatch):
+    monkeypatch.delenv(KW_ENV, raising=False)
+    kw, split8, split16 = ROW_GROUPS[(n, k)]
+    for mb, split in ((8, split8), (16, split16)):
+        c = gemv_config(n, k, mb, 132)
+        assert (c.kwarps, c.splitk) == (kw, split), (mb, c)
+        spec = gemv_spec(n, k, mb, get_target("h200"))
+        assert spec.value("KW") == kw and spec_config(spec) == c
+        assert spec.grid[0].const * spec.grid[1].const >= 0.9 * 132  # CTAs: at least 0.9 an SM
+    for mb in set(BUCKETS) - set(KW_BUCKETS):  # 32 and 64 tokens: as before row groups existed
+        assert gemv_config(n, k, mb, 132).kwarps == 1
+    monkeypatch.setenv(KW_ENV, "0")  # INGOT_GEMV_KW=0: none, the configuration the rule made before them
+    off = gemv_config(n, k, 8, 132)
+    assert off.kwarps == 1 and off == gemv_config(n, k, 8, 132, kwarps=1)
+    monkeypatch.setenv(KW_ENV, "yes")
+    with pytest.raises(ValueError, match=KW_ENV):
+        gemv_config(n, k, 8, 132)
+
+
+def test_row_group_configs_are_checked():
+    with pytest.raises(ValueError, match="divide"):
+        gemv_config(3072, 2048, 8, 132, warps=4, kwarps=3)
+    # 8 warps a row group, 2 tiles each, 64 tokens: 7 partial tiles of 2 x 8 n-tiles (7 x 16 KB) do not fit x's
+    # 64 x (128 + 32) bf16 region
+    assert not kw_fits(64, GemvConfig(warps=8, tiles=2, splitk=1, stage_steps=1, slice_k=128, kwarps=8))
+    with pytest.raises(ValueError, match="row group"):
+        gemv_config(200, 96, 64, 132, warps=8, tiles=2, stage_steps=1, kwarps=8)
 
 
 def test_variants_only_for_bf16_linear():
@@ -84,6 +134,26 @@ def test_compiles_with_tensor_cores_and_wide_loads(target, n, k, mb):
     assert any(o.startswith("LDG.E") and o.endswith(".128") or ".128." in o for o in ops if o.startswith("LDG")), \
         sorted(ops)
     assert_no_local_memory(ops, "the GEMV")
+
+
+#: row-group configurations (warps, tiles, steps a stage, split-K, warps a row group) beyond the rule's defaults:
+#: split-K on top, 2 tiles a warp, a partial last slice, 64 tokens (tests/codegen/test_gemv_gpu.py runs the same)
+KW_CASES = [(1000, 4128, 8, (8, 1, 4, 3, 8)), (3072, 2048, 32, (8, 2, 2, 1, 2)), (2048, 8192, 16, (4, 1, 8, 4, 4)),
+            (200, 96, 64, (8, 1, 1, 1, 2))]
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["h200", "b200"])
+@pytest.mark.parametrize("n,k,mb,c", KW_CASES)
+def test_row_groups_compile_without_spills(target, n, k, mb, c):
+    tgt = get_target(target)
+    w, t, u, sk, kw = c
+    cfg = gemv_config(n, k, mb, 132, warps=w, tiles=t, stage_steps=u, splitk=sk, kwarps=kw)
+    assert (cfg.splitk, cfg.kwarps) == (sk, kw)
+    ops = sass_opcodes(gemv_spec(n, k, mb, tgt, bias=True, residual=True, config=cfg), tgt.arch)
+    assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops), sorted(ops)
+    assert any(o.startswith("BAR") for o in ops), sorted(ops)  # the row group's reduction through shared memory
+    assert_no_local_memory(ops, "the GEMV with row groups")
 
 
 @needs_compiler

@@ -10,6 +10,11 @@
 //   (ld.global.nc, no L1 allocation), ${U} steps per stage, two stages in flight (register double buffering);
 // - the CTA's K slice of x (M x ${KS}, zero-padded to ${MB} tokens) sits in shared memory, shared by
 //   the CTA's ${WARPS} warps (16 x ${MT} rows each; each x fragment read from shared memory serves ${MT} MMAs);
+// - K split inside the CTA (${KW} warps a row group): the warps of a row group own 16 x ${MT} rows together, each
+//   a ${KS} / ${KW}-column part of the CTA's slice, and add their partial tiles through shared memory (x's region,
+//   free once the products are done) in warp order before the epilogue or the split-K tail. Small matrices (qkv,
+//   o) then fill the GPU with 16-row CTAs without the split-K tail over CTAs (its fence, atomic and second pass
+//   over the partials are latency on every launch's critical path);
 // - tensor cores do the products: mma.sync m16n8k16 with w as the A operand (16 rows) and x as B
 //   (8 tokens per n-tile). The K order inside each 32-column step is permuted identically for w and x
 //   (lane q holds physical columns 8q..8q+7 = logical k {2q, 2q+1, 2q+8, 2q+9} of two k16 MMAs), so
@@ -95,12 +100,16 @@ __device__ __forceinline__ unsigned gemv_pack(float lo, float hi) {
 }
 
 namespace {
-constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, BN = 16 * MT * WARPS;
-constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U}, STEPS = KS / 32, NS = STEPS / U;
+constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, KW = ${KW};
+constexpr int BN = 16 * MT * (WARPS / KW);  // rows of a CTA: WARPS / KW row groups of 16 MT rows
+constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U}, STEPS = KS / 32 / KW, NS = STEPS / U;  // STEPS: a warp's
 constexpr int LDX = KS + 32;  // x row stride in shared memory (bf16): +64 B keeps the 16-B fragment loads conflict-free
 constexpr int GX = (N + BN - 1) / BN;
 static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
-static_assert(KS % (32 * U) == 0 && K % 32 == 0, "K slices are whole stages of 32-column steps");
+static_assert(KS % (32 * U * KW) == 0 && K % 32 == 0, "a warp's part of the K slice is whole stages of 32 columns");
+static_assert(WARPS % KW == 0, "KW divides the warps");
+// the in-CTA reduction's partial tiles ([KW - 1][row group][mt][j][reg][lane] f32) fit x's region
+static_assert(KW == 1 || (KW - 1) * (WARPS / KW) * MT * NT * 4 * 32 * 4 <= MB * LDX * 2, "KW partials fit x's region");
 static_assert(SPLITK * KS >= K && (SPLITK - 1) * KS < K, "SPLITK slices cover K");
 // prologues: a token's K slice in chunks of 32 16-byte vectors (one a lane), CHW chunks a warp
 constexpr int PROLOGUE = ${PROLOGUE}, VPT = KS / 8, CH = (VPT + 31) / 32, CHW = (CH + WARPS - 1) / WARPS;
@@ -137,8 +146,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
   if (M > MB) __trap();  // the executor launches this variant only for M <= MB
   const int rows = (int)M;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-  const int row0 = blockIdx.x * BN + warp * 16 * MT + g;  // tile mt: rows row0 + 16 mt (+ 8)
-  const int kb = blockIdx.y * KS;
+  const int rg = warp / KW, kw = warp % KW;  // the warp's row group and its part of the K slice
+  const int row0 = blockIdx.x * BN + rg * 16 * MT + g;  // tile mt: rows row0 + 16 mt (+ 8)
+  const int kb = blockIdx.y * KS, kc = kw * STEPS * 32;  // the slice's first column; the warp's part's, in the slice
   const unsigned short* wbits = reinterpret_cast<const unsigned short*>(w);
   const unsigned short* p[MT][2];
 #pragma unroll
@@ -146,14 +156,14 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = row0 + 16 * mt + 8 * h;
-      p[mt][h] = wbits + (i64)(r < N ? r : N - 1) * K + kb + 8 * q;
+      p[mt][h] = wbits + (i64)(r < N ? r : N - 1) * K + kb + kc + 8 * q;
     }
 
   u32x4 buf[2][U][MT][2];
   // stage 0 of w first, so the weight stream starts before x is staged
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const bool ok = (K % KS == 0) || kb + 32 * u < K;
+    const bool ok = (K % KS == 0) || kb + kc + 32 * u < K;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -254,7 +264,7 @@ ${PDL_WAIT}
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int step = (s + 1) * U + u;
-        const bool ok = (K % KS == 0) || kb + 32 * step < K;
+        const bool ok = (K % KS == 0) || kb + kc + 32 * step < K;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -264,7 +274,7 @@ ${PDL_WAIT}
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int col = 32 * (s * U + u) + 8 * q;
+      const int col = kc + 32 * (s * U + u) + 8 * q;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const u32x4 xv = *reinterpret_cast<const u32x4*>(&xs[(8 * j + g) * LDX + col]);
@@ -278,13 +288,43 @@ ${PDL_WAIT}
     }
   }
 
+  if (KW > 1) {  // the row group's partial tiles -> its first warp, added in warp order (x's region is free now)
+    float* red = reinterpret_cast<float*>(xs);
+    constexpr int TILE = MT * NT * 4 * 32;  // one warp's partial tile, f32
+    __syncthreads();
+    if (kw) {
+      float* mine = red + ((kw - 1) * (WARPS / KW) + rg) * TILE + lane;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) mine[((mt * NT + j) * 4 + r) * 32] = acc[mt][j][r];
+    }
+    __syncthreads();
+    if (!kw) {
+#pragma unroll 1
+      for (int o = 1; o < KW; ++o) {
+        const float* theirs = red + ((o - 1) * (WARPS / KW) + rg) * TILE + lane;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[mt][j][r] += theirs[((mt * NT + j) * 4 + r) * 32];
+      }
+    }
+  }
+
   if (SPLITK > 1) {  // the partial tile -> workspace; the row block's last CTA sums them (splitk.cuh)
-    float* ws = SK::slot(${KERNEL}_ws, warp, lane);
-    SK::store(ws, acc, q, rows);
+    float* ws = SK::slot(${KERNEL}_ws, rg, lane);
+    if (!kw) SK::store(ws, acc, q, rows);
     if (PROLOGUE == 1) SK::store_ss<WARPS>(${KERNEL}_ss, ssq, rows, threadIdx.x);  // this slice's sums of x^2
     if (!SK::last(${KERNEL}_cnt, is_last, threadIdx.x)) return;
+    if (kw) return;
     SK::reduce(ws, acc, q, rows, ${KERNEL}_cnt, threadIdx.x);
   }
+  if (kw) return;  // the row group's first warp stores its tile
 
   float inv[NT][2];  // rms_norm: 1 / rms of tokens 8 j + 2 q + h, all MB of them (splitk.cuh)
   if (PROLOGUE == 1) SK::inv_rms<WARPS, K, true>(inv, ${KERNEL}_ss, ssq, q, ${EPS}, MB);

@@ -50,6 +50,7 @@ for any M). ``codegen/registry.py`` lists this family in ``FAMILY_NAMES`` after 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,6 +75,23 @@ SHAPE_BY_BUCKET = {8: (4, 1, 8), 16: (4, 1, 8), 32: (8, 1, 4), 64: (8, 1, 4)}
 LARGE_N_SHAPE = {32: (8, 2, 2)}
 #: split K until the grid has this many CTAs per SM
 CTAS_PER_SM = {8: 1.5, 16: 1.5, 32: 0.9, 64: 0.9}
+#: buckets where too few row blocks for ``CTAS_PER_SM`` first split K inside the CTA (``kwarps``: warps share rows,
+#: each a part of the K slice, their partials added through shared memory), aiming at ``KW_CTAS_PER_SM``, before
+#: any split over CTAs (whose tail, a fence, an atomic and a second pass over the partials, every launch waits for)
+KW_BUCKETS = (8, 16)
+KW_CTAS_PER_SM = 0.9
+#: ``INGOT_GEMV_KW=0`` at compile time: no row groups (every warp its own rows, as before they existed)
+KW_ENV = "INGOT_GEMV_KW"
+
+
+def kw_enabled() -> bool:
+    """``INGOT_GEMV_KW``: unset or 1 (the rule's row groups) or 0 (none); another value is an error."""
+    v = os.environ.get(KW_ENV, "").strip()
+    if v in ("", "1"):
+        return True
+    if v == "0":
+        return False
+    raise ValueError(f"{KW_ENV}={v!r}: expected 0 or 1")
 
 
 @dataclass(frozen=True)
@@ -83,6 +101,12 @@ class GemvConfig:
     splitk: int = 1
     stage_steps: int = 4  # U: 32-column steps per load stage
     slice_k: int = 0  # KS (0: derived from splitk)
+    kwarps: int = 1  # KW: warps of a row group, splitting the CTA's K slice among them (1: a warp its own rows)
+
+    @property
+    def rows(self) -> int:
+        """Rows of w per CTA (BN)."""
+        return 16 * self.tiles * (self.warps // self.kwarps)
 
 
 #: the template's PROLOGUE codes
@@ -112,23 +136,49 @@ def smem_bytes(mb: int, slice_k: int, prologue: str = "none") -> int:
     return mb * (slice_k + 32) * 2 * (2 if prologue == "swiglu" else 1)
 
 
+def kw_fits(mb: int, cfg: GemvConfig) -> bool:
+    """The in-CTA K split's partial tiles (``kwarps - 1`` per row group, f32) fit x's shared-memory region, which
+    they reuse (the template's static_assert)."""
+    groups = cfg.warps // cfg.kwarps
+    return (cfg.kwarps - 1) * groups * cfg.tiles * (mb // 8) * 512 <= mb * (cfg.slice_k + 32) * 2
+
+
+def _kwarps(n: int, k: int, mb: int, num_sms: int, warps: int, tiles: int, stage_steps: int) -> int:
+    """``KW`` for a bucket in ``KW_BUCKETS`` whose row blocks are too few (see ``KW_CTAS_PER_SM``): the fewest
+    warps a row group that give ``KW_CTAS_PER_SM`` CTAs per SM, each warp's part whole load stages of K."""
+    if not kw_enabled() or mb not in KW_BUCKETS or -(-n // (16 * warps * tiles)) >= CTAS_PER_SM.get(mb, 1.0) * num_sms:
+        return 1
+    kw = 1
+    while kw < warps and warps % (2 * kw) == 0 and k % (32 * stage_steps * 2 * kw) == 0:
+        kw *= 2
+        if -(-n // (16 * tiles * (warps // kw))) >= KW_CTAS_PER_SM * num_sms:
+            break
+    return kw
+
+
 def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None, stage_steps: int | None = None,
-                splitk: int | None = None, tiles: int | None = None) -> GemvConfig:
-    """The launch configuration for ``w[n, k]`` and ``M <= mb`` (see the module docstring)."""
+                splitk: int | None = None, tiles: int | None = None, kwarps: int | None = None) -> GemvConfig:
+    """The launch configuration for ``w[n, k]`` and ``M <= mb`` (see the module docstring). ``kwarps``: warps
+    sharing a row group (None: ``KW_BUCKETS``' rule; 1: none)."""
     dw, dt, du = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
     if mb in LARGE_N_SHAPE:
         lw, lt, lu = LARGE_N_SHAPE[mb]
         if -(-n // (16 * lw * lt)) >= 2 * num_sms:
             dw, dt, du = lw, lt, lu
     warps, tiles, stage_steps = warps or dw, tiles or dt, stage_steps or du
-    stage = 32 * stage_steps
-    blocks = -(-n // (16 * warps * tiles))
+    if kwarps is None:
+        kwarps = _kwarps(n, k, mb, num_sms, warps, tiles, stage_steps)
+    if warps % kwarps:
+        raise ValueError(f"gemv: {kwarps} warps a row group do not divide {warps} warps")
+    stage = 32 * stage_steps * kwarps  # a slice is whole stages for each warp of a row group
+    blocks = -(-n // (16 * tiles * (warps // kwarps)))
+    target = (KW_CTAS_PER_SM if kwarps > 1 else CTAS_PER_SM.get(mb, 1.0)) * num_sms
     if splitk is None:
         splitk = 1
         while True:
             nxt = splitk * 2
             ks = _round_up(-(-k // nxt), stage)
-            if blocks * splitk >= CTAS_PER_SM.get(mb, 1.0) * num_sms or ks < MIN_SLICE or (nxt - 1) * ks >= k:
+            if blocks * splitk >= target or ks < MIN_SLICE or (nxt - 1) * ks >= k:
                 break
             splitk = nxt
     ks = _round_up(-(-k // splitk), stage)
@@ -136,7 +186,10 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         splitk *= 2
         ks = _round_up(-(-k // splitk), stage)
     splitk = -(-k // ks)
-    return GemvConfig(warps=warps, tiles=tiles, splitk=splitk, stage_steps=stage_steps, slice_k=ks)
+    cfg = GemvConfig(warps=warps, tiles=tiles, splitk=splitk, stage_steps=stage_steps, slice_k=ks, kwarps=kwarps)
+    if not kw_fits(mb, cfg):
+        raise ValueError(f"gemv: {kwarps} warps a row group need more shared memory than x's slice for M <= {mb}")
+    return cfg
 
 
 def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
@@ -155,21 +208,23 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
         raise ValueError(f"gemv: {smem} bytes of shared memory for M <= {mb}, a slice of {cfg.slice_k}, {pro.kind} "
                          f"prologue: more than the target's {limit}")
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
-              "U": cfg.stage_steps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual, "PROLOGUE": PROLOGUES[pro.kind],
+              "U": cfg.stage_steps, "KW": cfg.kwarps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual,
+              "PROLOGUE": PROLOGUES[pro.kind],
               "EPS": float(pro.eps), "ALPHA": float(pro.alpha), "WEIGHTS_FIRST": first}
     tag = f"gemv_bf16_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
     params = PARAMS + [("norm_weight", "ptr")] if pro.kind == "rms_norm" else PARAMS
     what = "" if pro.kind == "none" else f", {pro.kind} prologue"
     return KernelSpec.make("gemv", "kernel.cu", tag, target.arch or "", values, params, 32 * cfg.warps,
-                           [GridDim(const=-(-n // (16 * cfg.warps * cfg.tiles))), GridDim(const=cfg.splitk)],
+                           [GridDim(const=-(-n // cfg.rows)), GridDim(const=cfg.splitk)],
                            smem=smem,
-                           doc=f"decode GEMV, M <= {mb}, split-K {cfg.splitk} x {cfg.slice_k}{what}")
+                           doc=f"decode GEMV, M <= {mb}, split-K {cfg.splitk} x {cfg.slice_k}"
+                               + (f", {cfg.kwarps} warps a row group" if cfg.kwarps > 1 else "") + what)
 
 
 def spec_config(spec: KernelSpec) -> GemvConfig:
     """The configuration a bf16 GEMV spec was made with (``gemv_spec(..., config=spec_config(s))`` rebuilds ``s``)."""
     v = dict(spec.values)
-    return GemvConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["U"]), int(v["KS"]))
+    return GemvConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["U"]), int(v["KS"]), int(v.get("KW", 1)))
 
 
 def is_plain(spec: KernelSpec) -> bool:
@@ -194,7 +249,13 @@ def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target, weights_fi
         if made is not None:
             return made
     config = spec_config(plain) if plain.template == "kernel.cu" else None
-    return gemv_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]),
+    n, k, mb = int(v["N"]), int(v["K"]), int(v["MB"])
+    if config is not None and config.kwarps > 1 and \
+            smem_bytes(mb, config.slice_k, prologue.kind) + STATIC_SMEM > (target.smem_per_block or 227 * 1024):
+        # the prologue's x region (swiglu: gate's and up's slices) does not fit beside a row-group configuration's
+        # long slice: the rule's configuration without row groups, as before they existed
+        config = gemv_config(n, k, mb, target.num_sms or 132, kwarps=1)
+    return gemv_spec(n, k, mb, target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]),
                      config=config, prologue=prologue, weights_first=weights_first)
 
 

@@ -25,15 +25,22 @@ from .rule import BUCKETS, gemv_config, gemv_spec
 #: (warps, tiles per warp, steps per stage) tried besides the heuristic's (bench/bench_gemv.py --sweep's best ones)
 SHAPES = ((4, 1, 8), (8, 1, 4), (4, 1, 4), (8, 2, 2))
 KNOBS = ("WARPS", "MT", "U", "SPLITK", "KS")
+#: kernel.cu's: also the warps of a row group (``rule.GemvConfig.kwarps``)
+BF16_KNOBS = KNOBS + ("KW",)
 #: quant.cu's AFMT -> (act_format, act_granularity)
 ACTS = {0: ("none", "token"), 1: ("fp8", "token"), 2: ("fp8", "tensor")}
 
 
 def _tries(v: Mapping) -> list[dict[str, int | None]]:
-    """Keyword arguments of the config functions for each candidate besides the heuristic."""
+    """Keyword arguments of the config functions for each candidate besides the heuristic (kernel.cu's with the
+    heuristic's warps a row group, ``kwarps``; and where that is over 1, its shape without, as measured before)."""
     w, t, u, sk = int(v["WARPS"]), int(v["MT"]), int(v["U"]), int(v["SPLITK"])
     tries: list[dict[str, int | None]] = [dict(warps=w, tiles=t, stage_steps=u, splitk=s)
                                           for s in (sk // 2, sk * 2) if s >= 1]
+    kw = int(v.get("KW", 1))
+    if kw > 1:
+        tries = [dict(warps=w, tiles=t, stage_steps=u, splitk=s, kwarps=kw) for s in (sk // 2, sk * 2) if s >= 1]
+        tries.append(dict(warps=w, tiles=t, stage_steps=u, splitk=None, kwarps=1))
     return tries + [dict(warps=a, tiles=b, stage_steps=c, splitk=None) for a, b, c in SHAPES]
 
 
@@ -42,7 +49,10 @@ def bf16_candidates(spec: KernelSpec, target: Target) -> list[KernelSpec]:
     n, k, mb = int(v["N"]), int(v["K"]), int(v["MB"])
     out = [spec]
     for kw in _tries(v):
-        cfg = gemv_config(n, k, mb, target.num_sms or 132, **kw)  # type: ignore[arg-type]
+        try:
+            cfg = gemv_config(n, k, mb, target.num_sms or 132, **kw)  # type: ignore[arg-type]
+        except ValueError:  # a row group's partials would not fit x's region
+            continue
         out.append(gemv_spec(n, k, mb, target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]), config=cfg))
     return out
 
@@ -54,6 +64,7 @@ def quant_candidates(spec: KernelSpec, target: Target) -> list[KernelSpec]:
     act, gran = ACTS[int(v["AFMT"])]
     out = [spec]
     for kw in _tries(v):
+        kw.pop("kwarps", None)  # quant.cu has no row groups
         try:
             cfg: QuantGemvConfig = quant_config(n, k, mb, fmt, act, target.num_sms or 132, **kw)  # type: ignore[arg-type]
         except ValueError:  # the x slice does not fit shared memory with this shape
@@ -109,6 +120,6 @@ def _is(template: str):
 
 
 TUNABLES = [
-    Tunable("gemv-bf16", _is("kernel.cu"), bf16_candidates, workloads, KNOBS),
+    Tunable("gemv-bf16", _is("kernel.cu"), bf16_candidates, workloads, BF16_KNOBS),
     Tunable("gemv-quant", _is("quant.cu"), quant_candidates, workloads, KNOBS),
 ]
