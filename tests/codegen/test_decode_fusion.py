@@ -273,15 +273,19 @@ def test_fused_gemv_compiles_without_spills(target, n, k, mb, kind):
 @needs_compiler
 @pytest.mark.parametrize("target", ["h200", "b200"])
 @pytest.mark.parametrize("kind", ["rms_norm", "swiglu"])
-def test_fused_gemv_loads_its_first_weight_stage_before_the_wait(target, kind):
-    """In the SASS, not only the source: the first stage's 16 weight loads (8 steps x rows g, g + 8) are issued before
-    the grid-dependency wait, everything the previous kernel wrote (x by cp.async, the norm weight, the residual)
-    after it. With ``weights_first=False`` ptxas puts the wait first, as in the plain variants."""
+@pytest.mark.parametrize("row_groups", ["0", "1"], ids=["kw-off", "kw-on"])
+def test_fused_gemv_loads_its_first_weight_stage_before_the_wait(target, kind, row_groups, monkeypatch):
+    """In the SASS, not only the source: the first stage's weight loads (8 steps x rows g, g + 8 without row groups;
+    4 steps with the rule's row groups, ``INGOT_GEMV_KW``) are issued before the grid-dependency wait, everything the
+    previous kernel wrote (x by cp.async, the norm weight, the residual) after it. With ``weights_first=False`` ptxas
+    puts the wait first, as in the plain variants."""
+    monkeypatch.setenv("INGOT_GEMV_KW", row_groups)
     arch = "sm_90a" if target == "h200" else "sm_100a"
     spec = _fused(3072, 2048, 8, kind, target, residual=True)
-    assert (spec.value("U"), spec.value("MT")) == (8, 1)
+    steps = 8 if row_groups == "0" else 4
+    assert (spec.value("U"), spec.value("MT"), spec.value("KW")) == (steps, 1, 1 if row_groups == "0" else 8)
     reads = (CP_ASYNC, "LDG.E.U16") + ((X_LOAD,) if kind == "rms_norm" else ())
-    check_pdl_order(sass_sequence(disassembled(compiled(spec), arch)), 16, reads)
+    check_pdl_order(sass_sequence(disassembled(compiled(spec), arch)), 2 * steps, reads)
     late = sass_sequence(disassembled(compiled(_fused(3072, 2048, 8, kind, target, True, weights_first=False)), arch))
     assert late.index(WAIT) < late.index(W_NC) and W_FIRST not in late
 
@@ -314,18 +318,19 @@ def test_prologue_specs():
         Prologue("gelu")
     with pytest.raises(ValueError, match="not a plain"):
         fused_spec(_fused(512, 2048, 8, "swiglu", "h200"), Prologue("swiglu"), H200)
-    plain = gemv_spec(2048, 8192, 8, H200, residual=True, config=gemv_config(2048, 8192, 8, 132, kwarps=1))
+    plain = gemv_spec(2048, 8192, 8, H200, residual=True)
     swiglu, rms = _fused(2048, 8192, 8, "swiglu", "h200", True), _fused(2048, 8192, 8, "rms_norm", "h200", True)
-    assert swiglu.smem == 2 * plain.smem  # swiglu stages up beside x
+    assert swiglu.smem == 2 * plain.smem and rms.smem == plain.smem  # swiglu stages up beside x
     assert [p.name for p in rms.params] == [p.name for p in plain.params] + ["norm_weight"]
     assert spec_config(swiglu) == spec_config(plain) and not plain.value("WEIGHTS_FIRST")
-    # the rule's plain variant of this shape has row groups (4 warps a row, the whole of K a CTA): its x slice is
-    # 8192 columns, too wide for gate and up together, so the swiglu variant takes the configuration without them
-    # (the one above), the rms_norm variant the row-group one
-    rowgroups = gemv_spec(2048, 8192, 8, H200, residual=True)
+    # a plain variant with row groups (4 warps a row group, the whole of K a CTA: a tuned configuration may be one)
+    # has an 8192-column x slice, too wide for gate and up together: its swiglu variant takes the rule's
+    # configuration without row groups (the one above), its rms_norm variant keeps the row groups
+    rowgroups = gemv_spec(2048, 8192, 8, H200, residual=True,
+                          config=gemv_config(2048, 8192, 8, 132, warps=4, stage_steps=8, kwarps=4))
     assert spec_config(rowgroups).kwarps == 4 and spec_config(rowgroups).slice_k == 8192
     assert spec_config(fused_spec(rowgroups, Prologue("swiglu"), H200)) == spec_config(plain)
-    assert spec_config(rms) == spec_config(rowgroups) and rms.smem == rowgroups.smem
+    assert spec_config(fused_spec(rowgroups, Prologue("rms_norm", 1e-5), H200)) == spec_config(rowgroups)
     assert gemv_spec(2048, 8192, 8, H200, weights_first=True).value("WEIGHTS_FIRST")
     # a slice whose gate and up do not fit shared memory together: no fused variant (decode fusion keeps the pair)
     wide = gemv_spec(128, 8192, 8, H200, config=GemvConfig(4, 1, 1, 8, 8192))

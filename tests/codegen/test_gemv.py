@@ -12,6 +12,8 @@ from ingot.codegen.kernels.gemv.rule import (
     BUCKETS,
     KW_BUCKETS,
     KW_ENV,
+    KW_SHAPE,
+    SHAPE_BY_BUCKET,
     SMEM_BUDGET,
     GemvConfig,
     gemv_config,
@@ -49,20 +51,22 @@ def test_config_covers_k_and_fits(n, k, mb):
     assert c.warps % c.kwarps == 0 and c.rows == 16 * c.tiles * c.warps // c.kwarps
 
 
-#: the 1B model's layer GEMVs (N, K) -> warps a row group in buckets 8 and 16: the small ones (too few 64-row blocks
-#: for 1.5 CTAs an SM) split each CTA's K slice over its 4 warps and run without split-K (down at 16 tokens: x's
-#: 8192-column slice would not fit, so 2 slices); gate_up and the lm_head have rows enough
-ROW_GROUPS = {(3072, 2048): (4, 1, 1), (2048, 2048): (4, 1, 1), (2048, 8192): (4, 1, 2), (16384, 2048): (1, 1, 1),
-              (128256, 2048): (1, 1, 1)}
+#: the 1B model's layer GEMVs (N, K) -> (warps a row group, split-K) in buckets 8 and 16: qkv and o (too few 64-row
+#: blocks for 1.5 CTAs an SM) get 16-row CTAs whose 8 warps split the whole of K, no split-K; down's 8192-column x
+#: slice is over KW_MAX_X (measured slower with row groups), so it keeps split-K 8; gate_up and the lm_head have
+#: rows enough
+ROW_GROUPS = {(3072, 2048): (8, 1), (2048, 2048): (8, 1), (2048, 8192): (1, 8), (16384, 2048): (1, 1),
+              (128256, 2048): (1, 1)}
 
 
 @pytest.mark.parametrize("n,k", list(ROW_GROUPS))
 def test_row_groups_for_the_small_matrices_only(n, k, monkeypatch):
     monkeypatch.delenv(KW_ENV, raising=False)
-    kw, split8, split16 = ROW_GROUPS[(n, k)]
-    for mb, split in ((8, split8), (16, split16)):
+    kw, split = ROW_GROUPS[(n, k)]
+    for mb in KW_BUCKETS:
         c = gemv_config(n, k, mb, 132)
         assert (c.kwarps, c.splitk) == (kw, split), (mb, c)
+        assert (c.warps, c.tiles, c.stage_steps) == (KW_SHAPE if kw > 1 else SHAPE_BY_BUCKET[mb]), (mb, c)
         spec = gemv_spec(n, k, mb, get_target("h200"))
         assert spec.value("KW") == kw and spec_config(spec) == c
         assert spec.grid[0].const * spec.grid[1].const >= 0.9 * 132  # CTAs: at least 0.9 an SM
@@ -70,7 +74,8 @@ def test_row_groups_for_the_small_matrices_only(n, k, monkeypatch):
         assert gemv_config(n, k, mb, 132).kwarps == 1
     monkeypatch.setenv(KW_ENV, "0")  # INGOT_GEMV_KW=0: none, the configuration the rule made before them
     off = gemv_config(n, k, 8, 132)
-    assert off.kwarps == 1 and off == gemv_config(n, k, 8, 132, kwarps=1)
+    assert off.kwarps == 1 and (off.warps, off.tiles, off.stage_steps) == SHAPE_BY_BUCKET[8]
+    assert off == gemv_config(n, k, 8, 132, kwarps=1)
     monkeypatch.setenv(KW_ENV, "yes")
     with pytest.raises(ValueError, match=KW_ENV):
         gemv_config(n, k, 8, 132)

@@ -77,9 +77,15 @@ LARGE_N_SHAPE = {32: (8, 2, 2)}
 CTAS_PER_SM = {8: 1.5, 16: 1.5, 32: 0.9, 64: 0.9}
 #: buckets where too few row blocks for ``CTAS_PER_SM`` first split K inside the CTA (``kwarps``: warps share rows,
 #: each a part of the K slice, their partials added through shared memory), aiming at ``KW_CTAS_PER_SM``, before
-#: any split over CTAs (whose tail, a fence, an atomic and a second pass over the partials, every launch waits for)
+#: any split over CTAs (whose tail, a fence, an atomic and a second pass over the partials, every launch waits for).
+#: Row groups take ``KW_SHAPE`` (warps, tiles, steps a stage) and apply only where x's whole-K slice fits in
+#: ``KW_MAX_X`` bytes (a longer one leaves one CTA an SM: the 1B model's down, K = 8192, ran slower with them).
+#: Measured on the H200 (docs/PERF.md, "Row groups"): qkv and o at M <= 8 best with 8 warps a row group (16-row
+#: CTAs, no split-K), 1.15-1.39x cuBLAS.
 KW_BUCKETS = (8, 16)
 KW_CTAS_PER_SM = 0.9
+KW_SHAPE = (8, 1, 4)
+KW_MAX_X = 72 * 1024
 #: ``INGOT_GEMV_KW=0`` at compile time: no row groups (every warp its own rows, as before they existed)
 KW_ENV = "INGOT_GEMV_KW"
 
@@ -143,11 +149,18 @@ def kw_fits(mb: int, cfg: GemvConfig) -> bool:
     return (cfg.kwarps - 1) * groups * cfg.tiles * (mb // 8) * 512 <= mb * (cfg.slice_k + 32) * 2
 
 
-def _kwarps(n: int, k: int, mb: int, num_sms: int, warps: int, tiles: int, stage_steps: int) -> int:
-    """``KW`` for a bucket in ``KW_BUCKETS`` whose row blocks are too few (see ``KW_CTAS_PER_SM``): the fewest
-    warps a row group that give ``KW_CTAS_PER_SM`` CTAs per SM, each warp's part whole load stages of K."""
-    if not kw_enabled() or mb not in KW_BUCKETS or -(-n // (16 * warps * tiles)) >= CTAS_PER_SM.get(mb, 1.0) * num_sms:
-        return 1
+def row_groups_apply(n: int, k: int, mb: int, num_sms: int) -> bool:
+    """The rule gives ``w[n, k]``'s variant for ``M <= mb`` row groups (``KW_BUCKETS``' comment): too few row blocks
+    of the bucket's shape, x's whole-K slice within ``KW_MAX_X``, ``INGOT_GEMV_KW`` not 0."""
+    if not kw_enabled() or mb not in KW_BUCKETS or mb * (k + 32) * 2 > KW_MAX_X:
+        return False
+    dw, dt, _ = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
+    return -(-n // (16 * dw * dt)) < CTAS_PER_SM.get(mb, 1.0) * num_sms
+
+
+def _kwarps(n: int, k: int, num_sms: int, warps: int, tiles: int, stage_steps: int) -> int:
+    """The fewest warps a row group that give ``KW_CTAS_PER_SM`` CTAs per SM (at most all the CTA's warps), each
+    warp's part of K whole load stages."""
     kw = 1
     while kw < warps and warps % (2 * kw) == 0 and k % (32 * stage_steps * 2 * kw) == 0:
         kw *= 2
@@ -165,9 +178,12 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         lw, lt, lu = LARGE_N_SHAPE[mb]
         if -(-n // (16 * lw * lt)) >= 2 * num_sms:
             dw, dt, du = lw, lt, lu
-    warps, tiles, stage_steps = warps or dw, tiles or dt, stage_steps or du
-    if kwarps is None:
-        kwarps = _kwarps(n, k, mb, num_sms, warps, tiles, stage_steps)
+    if kwarps is None and row_groups_apply(n, k, mb, num_sms):
+        gw, gt, gu = KW_SHAPE
+        kwarps = _kwarps(n, k, num_sms, warps or gw, tiles or gt, stage_steps or gu)
+        if kwarps > 1:  # else (K not whole stages for 2 warps) the bucket's own shape, no row groups
+            dw, dt, du = gw, gt, gu
+    warps, tiles, stage_steps, kwarps = warps or dw, tiles or dt, stage_steps or du, kwarps or 1
     if warps % kwarps:
         raise ValueError(f"gemv: {kwarps} warps a row group do not divide {warps} warps")
     stage = 32 * stage_steps * kwarps  # a slice is whole stages for each warp of a row group
