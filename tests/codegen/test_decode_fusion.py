@@ -275,17 +275,16 @@ def test_fused_gemv_compiles_without_spills(target, n, k, mb, kind):
 @pytest.mark.parametrize("kind", ["rms_norm", "swiglu"])
 @pytest.mark.parametrize("row_groups", ["0", "1"], ids=["kw-off", "kw-on"])
 def test_fused_gemv_loads_its_first_weight_stage_before_the_wait(target, kind, row_groups, monkeypatch):
-    """In the SASS, not only the source: the first stage's weight loads (8 steps x rows g, g + 8 without row groups;
-    4 steps with the rule's row groups, ``INGOT_GEMV_KW``) are issued before the grid-dependency wait, everything the
-    previous kernel wrote (x by cp.async, the norm weight, the residual) after it. With ``weights_first=False`` ptxas
-    puts the wait first, as in the plain variants."""
+    """In the SASS, not only the source: the first stage's 16 weight loads (8 steps x rows g, g + 8; with and without
+    the rule's row groups, ``INGOT_GEMV_KW``: then each warp's part of K starts at its own column) are issued before
+    the grid-dependency wait, everything the previous kernel wrote (x by cp.async, the norm weight, the residual)
+    after it. With ``weights_first=False`` ptxas puts the wait first, as in the plain variants."""
     monkeypatch.setenv("INGOT_GEMV_KW", row_groups)
     arch = "sm_90a" if target == "h200" else "sm_100a"
     spec = _fused(3072, 2048, 8, kind, target, residual=True)
-    steps = 8 if row_groups == "0" else 4
-    assert (spec.value("U"), spec.value("MT"), spec.value("KW")) == (steps, 1, 1 if row_groups == "0" else 8)
+    assert (spec.value("U"), spec.value("MT"), spec.value("KW")) == (8, 1, 1 if row_groups == "0" else 4)
     reads = (CP_ASYNC, "LDG.E.U16") + ((X_LOAD,) if kind == "rms_norm" else ())
-    check_pdl_order(sass_sequence(disassembled(compiled(spec), arch)), 2 * steps, reads)
+    check_pdl_order(sass_sequence(disassembled(compiled(spec), arch)), 16, reads)
     late = sass_sequence(disassembled(compiled(_fused(3072, 2048, 8, kind, target, True, weights_first=False)), arch))
     assert late.index(WAIT) < late.index(W_NC) and W_FIRST not in late
 

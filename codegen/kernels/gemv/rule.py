@@ -80,11 +80,12 @@ CTAS_PER_SM = {8: 1.5, 16: 1.5, 32: 0.9, 64: 0.9}
 #: any split over CTAs (whose tail, a fence, an atomic and a second pass over the partials, every launch waits for).
 #: Row groups take ``KW_SHAPE`` (warps, tiles, steps a stage) and apply only where x's whole-K slice fits in
 #: ``KW_MAX_X`` bytes (a longer one leaves one CTA an SM: the 1B model's down, K = 8192, ran slower with them).
-#: Measured on the H200 (docs/PERF.md, "Row groups"): qkv and o at M <= 8 best with 8 warps a row group (16-row
-#: CTAs, no split-K), 1.15-1.39x cuBLAS.
+#: Measured on the H200 (docs/PERF.md, "Row groups in the decode GEMV"): 16-row CTAs without split-K for qkv and o at
+#: M <= 8; alone, 8 warps x 4 steps were the fastest (1.09-1.39x cuBLAS), but end to end 4 warps x 8 steps made
+#: the shorter batch-1 step (0.989 vs 1.001 ms GPU, no row groups 1.015: medians of 3 alternating runs each).
 KW_BUCKETS = (8, 16)
 KW_CTAS_PER_SM = 0.9
-KW_SHAPE = (8, 1, 4)
+KW_SHAPE = (4, 1, 8)
 KW_MAX_X = 72 * 1024
 #: ``INGOT_GEMV_KW=0`` at compile time: no row groups (every warp its own rows, as before they existed)
 KW_ENV = "INGOT_GEMV_KW"
