@@ -15,6 +15,7 @@ from ingot.codegen.kernels.gemv.rule import (
     KW_SHAPE,
     SHAPE_BY_BUCKET,
     SMEM_BUDGET,
+    WIDE_N_SHAPE,
     GemvConfig,
     gemv_config,
     gemv_spec,
@@ -79,6 +80,18 @@ def test_row_groups_for_the_small_matrices_only(n, k, monkeypatch):
     monkeypatch.setenv(KW_ENV, "yes")
     with pytest.raises(ValueError, match=KW_ENV):
         gemv_config(n, k, 8, 132)
+
+
+def test_bucket_16_takes_the_wide_shape_for_wide_matrices():
+    """Bucket 16 (9-16 tokens): the 1B model's gate_up and lm_head (N alone gives 0.9 CTAs an SM with 8-warp, 16-row
+    CTAs) take WIDE_N_SHAPE without split-K, as swept on the H200; narrower matrices keep the bucket's own shape."""
+    for n in (16384, 128256):
+        c = gemv_config(n, 2048, 16, 132)
+        assert (c.warps, c.tiles, c.stage_steps, c.splitk, c.kwarps) == (*WIDE_N_SHAPE[16], 1, 1)
+        assert gemv_config(n, 2048, 8, 132) == GemvConfig(*SHAPE_BY_BUCKET[8][:2], 1, SHAPE_BY_BUCKET[8][2], 2048)
+    for n, k in ((3072, 2048), (2048, 8192), (1000, 4128)):
+        c = gemv_config(n, k, 16, 132)
+        assert (c.warps, c.tiles, c.stage_steps) == SHAPE_BY_BUCKET[16] and c.splitk > 1
 
 
 def test_row_group_configs_are_checked():

@@ -21,7 +21,7 @@ BF16 = ml_dtypes.bfloat16
 
 @pytest.mark.parametrize("n,k,mb,ms", [
     (3072, 2048, 8, (1, 3, 8)), (2048, 8192, 32, (1, 17, 32)), (200, 96, 64, (1, 33, 64)),
-    (1000, 4128, 16, (5, 16)), (16384, 2048, 8, (1,)), (576, 576, 8, (2,)),
+    (1000, 4128, 16, (5, 16)), (16384, 2048, 8, (1,)), (576, 576, 8, (2,)), (16384, 2048, 16, (9, 16)),
 ])
 @pytest.mark.parametrize("epilogue", ["plain", "bias+residual"])
 @pytest.mark.parametrize("weights_first", [False, True], ids=["wait-first", "weights-first"])

@@ -14,8 +14,9 @@ the step's token count) and the GEMM otherwise. A decode step's CUDA graph is ca
 so each bucket's graph holds the variant for its size. A variant launched with ``M > MB`` traps.
 
 **Configuration** (``gemv_config``): per bucket, warps per CTA, 16-row tiles per warp and 32-column
-steps per load stage from ``SHAPE_BY_BUCKET`` (``LARGE_N_SHAPE`` when N alone gives 2 CTAs per SM
-of it), picked from a sweep on the H200 (``bench/bench_gemv.py --sweep``, docs/PERF.md), and the fewest
+steps per load stage from ``SHAPE_BY_BUCKET`` (``WIDE_N_SHAPE`` in bucket 16 when N alone gives 0.9 CTAs an SM
+of it, ``LARGE_N_SHAPE`` when N alone gives 2 CTAs per SM of it; row groups, ``KW_SHAPE``, for small matrices in
+bucket 8), picked from sweeps on the H200 (``bench/bench_gemv.py --sweep``, docs/PERF.md), and the fewest
 split-K slices that give at least ``CTAS_PER_SM[bucket] x num_sms`` CTAs, with slices of at least 256
 columns and the CTA's x slice in at most ``SMEM_BUDGET`` bytes of shared memory. At 32+ tokens the
 split-K reduction costs more (its partials grow with M), so those buckets split less.
@@ -73,6 +74,11 @@ MIN_SLICE = 256
 SHAPE_BY_BUCKET = {8: (4, 1, 8), 16: (4, 1, 8), 32: (8, 1, 4), 64: (8, 1, 4)}
 #: the shape when N alone gives at least 2 CTAs per SM with it (no split-K): the lm_head at 32 tokens
 LARGE_N_SHAPE = {32: (8, 2, 2)}
+#: bf16 only: the shape of bucket 16 when N alone gives it ``WIDE_N_CTAS_PER_SM`` CTAs an SM (the 1B model's gate_up
+#: and lm_head), without split-K. Swept on the H200 at M = 16 (docs/PERF.md, "Row groups in the decode GEMV"):
+#: gate_up 0.83x cuBLAS, lm_head 0.92x, where bucket 16's own shape with split-K gave 0.68x and 0.76x
+WIDE_N_SHAPE = {16: (8, 1, 4)}
+WIDE_N_CTAS_PER_SM = 0.9
 #: split K until the grid has this many CTAs per SM
 CTAS_PER_SM = {8: 1.5, 16: 1.5, 32: 0.9, 64: 0.9}
 #: buckets where too few row blocks for ``CTAS_PER_SM`` first split K inside the CTA (``kwarps``: warps share rows,
@@ -82,8 +88,9 @@ CTAS_PER_SM = {8: 1.5, 16: 1.5, 32: 0.9, 64: 0.9}
 #: ``KW_MAX_X`` bytes (a longer one leaves one CTA an SM: the 1B model's down, K = 8192, ran slower with them).
 #: Measured on the H200 (docs/PERF.md, "Row groups in the decode GEMV"): 16-row CTAs without split-K for qkv and o at
 #: M <= 8; alone, 8 warps x 4 steps were the fastest (1.09-1.39x cuBLAS), but end to end 4 warps x 8 steps made
-#: the shorter batch-1 step (0.989 vs 1.001 ms GPU, no row groups 1.015: medians of 3 alternating runs each).
-KW_BUCKETS = (8, 16)
+#: the shorter batch-1 step (0.989 vs 1.001 ms GPU, no row groups 1.015: medians of 3 alternating runs each). Not
+#: bucket 16: qkv at M = 16 ran 9.65 us with row groups, 9.07 without.
+KW_BUCKETS = (8,)
 KW_CTAS_PER_SM = 0.9
 KW_SHAPE = (4, 1, 8)
 KW_MAX_X = 72 * 1024
@@ -175,10 +182,15 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
     """The launch configuration for ``w[n, k]`` and ``M <= mb`` (see the module docstring). ``kwarps``: warps
     sharing a row group (None: ``KW_BUCKETS``' rule; 1: none)."""
     dw, dt, du = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
+    per_sm = CTAS_PER_SM.get(mb, 1.0)
     if mb in LARGE_N_SHAPE:
         lw, lt, lu = LARGE_N_SHAPE[mb]
         if -(-n // (16 * lw * lt)) >= 2 * num_sms:
             dw, dt, du = lw, lt, lu
+    if mb in WIDE_N_SHAPE:
+        lw, lt, lu = WIDE_N_SHAPE[mb]
+        if -(-n // (16 * lw * lt)) >= WIDE_N_CTAS_PER_SM * num_sms:
+            (dw, dt, du), per_sm = (lw, lt, lu), WIDE_N_CTAS_PER_SM
     if kwarps is None and row_groups_apply(n, k, mb, num_sms):
         gw, gt, gu = KW_SHAPE
         kwarps = _kwarps(n, k, num_sms, warps or gw, tiles or gt, stage_steps or gu)
@@ -189,7 +201,7 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         raise ValueError(f"gemv: {kwarps} warps a row group do not divide {warps} warps")
     stage = 32 * stage_steps * kwarps  # a slice is whole stages for each warp of a row group
     blocks = -(-n // (16 * tiles * (warps // kwarps)))
-    target = (KW_CTAS_PER_SM if kwarps > 1 else CTAS_PER_SM.get(mb, 1.0)) * num_sms
+    target = (KW_CTAS_PER_SM if kwarps > 1 else per_sm) * num_sms
     if splitk is None:
         splitk = 1
         while True:
