@@ -3,6 +3,9 @@
     python bench/bench_gemv_quant.py                       # Llama-3.2-1B layer shapes, M = 1, 8, 32
     python bench/bench_gemv_quant.py --json out.json       # also one JSON object per line on stdout
     python bench/bench_gemv_quant.py --bulk                # also the bulk-copy FP8 variants (bulk.cu, INGOT_GEMV_BULK)
+    python bench/bench_gemv_quant.py --sweep-kw --shapes "3072,2048;2048,2048" --m 1 8
+                                                           # also other row-group configurations (kwarps)
+    python bench/bench_gemv_quant.py --dry-run --m 1 8     # CPU: print and compile the configurations, no GPU
 
 Formats: ``fp8-w8a16`` (FP8 weights, per-channel scales, bf16 activations), ``fp8-w8a8`` (plus per-token
 dynamic FP8 activations, quantized inside the kernel), ``nvfp4-w4a16`` (NVFP4 weights, bf16 activations).
@@ -13,7 +16,10 @@ per-row activation x per-column weight scales, bf16 out; M padded to 16, cuBLASL
 ``torch.matmul`` in bf16 on the same [N, K]. Each configuration is checked first against a float32 product of the
 dequantized operands (outputs poisoned, launched twice). ``--bulk`` adds a ``fp8-w8a16-bulk`` row per shape and M
 beside ``fp8-w8a16``: the bulk-copy variant (``codegen/kernels/gemv/bulk_rule.py``'s ``bulk_quant_spec``) on the
-same weights, timed the same way.
+same weights, timed the same way. Where the rule's configuration has row groups (warps sharing a CTA's rows, each a
+part of its K slice: ``quant_rule.QuantGemvConfig.kwarps``), a ``<format>-kw1`` row times the configuration the rule
+gives without them (``INGOT_GEMV_KW=0``) in the same run; ``--sweep-kw`` adds other row-group shapes
+(``<format>-w<warps> t<tiles> u<stage> sk<split> kw<kw>``). Every row records its ``config`` and ``kw``.
 """
 
 from __future__ import annotations
@@ -101,6 +107,52 @@ def dequant(fmt: str, wq: dict, k: int):
     return v.reshape(b.shape[0], k) * wq["weight_scale_2"]
 
 
+#: --sweep-kw: (warps, tiles, steps a stage, warps a row group), each with split-K 1 and 2
+KW_SWEEP = ((4, 1, 8, 4), (4, 1, 8, 2), (4, 1, 4, 4), (8, 1, 4, 8), (8, 1, 4, 4), (8, 2, 2, 8))
+
+
+def configs(n: int, k: int, mb: int, wfmt: str, act: str, sweep_kw: bool = False) -> list:
+    """(name, QuantGemvConfig) to time: the rule's ("default"); where it has row groups, the rule's without them
+    ("kw1", as ``INGOT_GEMV_KW=0``); with ``sweep_kw`` other row-group configurations (invalid ones skipped)."""
+    from ingot.codegen.kernels.gemv.quant_rule import quant_config
+
+    base = quant_config(n, k, mb, wfmt, act, 132)
+    out = [("default", base)]
+    if base.kwarps > 1:
+        out.append(("kw1", quant_config(n, k, mb, wfmt, act, 132, kwarps=1)))
+    if sweep_kw:
+        seen = {c for _, c in out}
+        for warps, mt, u, kw in KW_SWEEP:
+            for sk in (1, 2):
+                try:
+                    c = quant_config(n, k, mb, wfmt, act, 132, warps=warps, tiles=mt, stage_steps=u, splitk=sk,
+                                     kwarps=kw)
+                except ValueError:  # the x slice or the row group's partials do not fit
+                    continue
+                if c not in seen:
+                    seen.add(c)
+                    out.append((f"w{warps} t{mt} u{c.stage_steps} sk{c.splitk} kw{kw}", c))
+    return out
+
+
+def dry_run(shapes, ms: list[int], fmts: list[str], tgt, sweep_kw: bool) -> None:
+    """CPU: each configuration the bench would time, its spec built and compiled (no GPU, no torch)."""
+    from ingot.codegen.compile import compile_spec
+    from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec
+    from ingot.codegen.kernels.gemv.rule import BUCKETS
+
+    for n, k, name in shapes:
+        for m in ms:
+            mb = next(b for b in BUCKETS if b >= m)
+            for label in fmts:
+                wfmt, act = FORMATS[label]
+                for cname, cfg in configs(n, k, mb, wfmt, act, sweep_kw):
+                    spec = quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token", config=cfg)
+                    compile_spec(spec)
+                    print(f"{name:>8} {n:>6}x{k:<5} M={m:<3} {label:<12} {cname:<22} {spec.doc} "
+                          f"grid {spec.grid_dims({'M': m})}", flush=True)
+
+
 def quantize_x(x):
     """Per-token FP8 as quantized_linear's reference: scale = amax / 448 (1 if zero), q = e4m3(x / scale)."""
     import torch
@@ -112,7 +164,7 @@ def quantize_x(x):
 
 
 def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launches: int, reps: int, gen, tgt,
-                emit, pdl: bool = True, bulk: bool = False) -> list[dict]:
+                emit, pdl: bool = True, bulk: bool = False, sweep_kw: bool = False) -> list[dict]:
     import torch
 
     from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec, weight_bytes_per_row
@@ -144,14 +196,16 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
             copies = max(1, -(-ROTATE_BYTES // nbytes))
             wq, wf = make_weights(wfmt, n, k, copies, gen)
             mb = next(b for b in BUCKETS if b >= m)
-            todo = [(label, quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token"))]
+            todo = [(label if cname == "default" else f"{label}-{cname}", cname, cfg.kwarps,
+                     quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token", config=cfg))
+                    for cname, cfg in configs(n, k, mb, wfmt, act, sweep_kw)]
             if bulk and label == "fp8-w8a16":
                 from ingot.codegen.kernels.gemv.bulk_rule import bulk_quant_spec
 
                 bspec = bulk_quant_spec(n, k, mb, tgt)
                 if bspec is not None:
-                    todo.append((label + "-bulk", bspec))
-            for variant, spec in todo:
+                    todo.append((label + "-bulk", "bulk", 1, bspec))
+            for variant, cname, kw, spec in todo:
                 kern = SpecKernel(spec)
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 if act == "fp8":
@@ -179,7 +233,8 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
                 t = time_graph(lambda i: ours(i, pdl=True), launches, reps) if pdl else t_plain
                 tbps = nbytes / t / 1e12
                 row = {"bench": "gemv_quant", "shape": name, "n": n, "k": k, "m": m, "format": variant, "mb": mb,
-                       "splitk": spec.value("SPLITK"), "weight_mb": nbytes / 1e6, "us": t * 1e6, "tbps": tbps,
+                       "config": cname, "kw": kw, "splitk": spec.value("SPLITK"), "weight_mb": nbytes / 1e6,
+                       "us": t * 1e6, "tbps": tbps,
                        "frac_of_4.19": tbps / COPY_TBPS, "rel_err": err, "pdl": pdl, "plain_us": t_plain * 1e6,
                        "bf16_matmul_us": t_bf16 * 1e6, "bf16_matmul_tbps": n * k * 2 / t_bf16 / 1e12,
                        "scaled_mm_m": m16, "scaled_mm_us": None if t_fp8 is None else t_fp8 * 1e6,
@@ -206,14 +261,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the bulk-copy FP8 weight-only variants (bulk.cu), a fp8-w8a16-bulk row each")
     ap.add_argument("--no-pdl", dest="pdl", action="store_false",
                     help="plain launches only (default: programmatic dependent launch as the runtime, plain beside)")
+    ap.add_argument("--sweep-kw", action="store_true",
+                    help="also other row-group configurations (warps sharing a CTA's rows, splitting its K slice)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print and compile each configuration that would be timed (no GPU, no torch), then exit")
     a = ap.parse_args(argv)
-    import torch
-
     from ingot.codegen.target import get_target
 
-    init_gpu()
     tgt = get_target("h200")
     shapes = ([(*(int(v) for v in s.split(",")), s) for s in a.shapes.split(";")] if a.shapes else SHAPES)
+    if a.dry_run:
+        dry_run(shapes, a.m, a.formats, tgt, a.sweep_kw)
+        return 0
+    import torch
+
+    init_gpu()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows: list[dict] = []
 
@@ -221,12 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
 
     for n, k, name in shapes:
-        rows += bench_shape(n, k, name, a.m, a.formats, a.launches, a.reps, gen, tgt, emit, a.pdl, a.bulk)
+        rows += bench_shape(n, k, name, a.m, a.formats, a.launches, a.reps, gen, tgt, emit, a.pdl, a.bulk,
+                            a.sweep_kw)
         torch.cuda.empty_cache()
     print("\nsummary: ingot TB/s of weight bytes (fraction of 4.19) | _scaled_mm fp8 TB/s | bf16 matmul TB/s")
     for r in rows:
         ref = "n/a" if r["scaled_mm_tbps"] is None else f"{r['scaled_mm_tbps']:.2f}"
-        print(f"{r['shape']:>8} {r['n']:>6}x{r['k']:<5} M={r['m']:<3} {r['format']:<14} {r['tbps']:5.2f} "
+        print(f"{r['shape']:>8} {r['n']:>6}x{r['k']:<5} M={r['m']:<3} {r['format']:<14} kw{r['kw']} {r['tbps']:5.2f} "
               f"({r['frac_of_4.19']:5.1%}) | {ref:>5} | {r['bf16_matmul_tbps']:5.2f}  err {r['rel_err']:.1e}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))

@@ -115,3 +115,57 @@ def test_quant_gemv_any_m(gpu, fmt, act, gran):
             else None
         run_case(gpu, spec, op, wq, x, (r.standard_normal(n) * 0.1).astype(BF16),
                  r.standard_normal((m, n)).astype(BF16), input_scale, n)
+
+
+#: row-group configurations (tests/codegen/test_gemv_quant.py's KW_CASES, which compile them): (N, K, bucket,
+#: formats, (warps, tiles, steps a stage, split-K, warps a row group), token counts at the bucket's edges). Split-K
+#: over CTAs on top of the row groups' in-CTA sum, a partial last slice (K = 4224: some warps' parts wholly past K),
+#: 2 tiles a warp, NVFP4 (each warp's own block scales), 64 tokens, both FP8 activation modes
+KW_RUNS = [(3072, 2048, 8, ("fp8", "none", "token"), (4, 1, 8, 1, 4), (1, 3, 8)),
+           (1000, 4224, 8, ("fp8", "fp8", "token"), (8, 1, 4, 3, 8), (1, 8)),
+           (3072, 2048, 32, ("fp8", "none", "token"), (8, 2, 2, 1, 2), (17, 32)),
+           (2048, 8192, 16, ("nvfp4", "none", "token"), (4, 1, 8, 4, 4), (9, 16)),
+           (1000, 4224, 16, ("fp8", "fp8", "tensor"), (4, 1, 8, 2, 2), (9, 16)),
+           (200, 256, 64, ("nvfp4", "none", "token"), (8, 1, 1, 1, 2), (33, 64)),
+           (2048, 2048, 8, ("nvfp4", "none", "token"), (4, 1, 4, 1, 4), (1, 8))]
+#: the rule's own row-group variants (bucket 8) of the 1B model: qkv and o in every mode, down with FP8 activations
+KW_DEFAULTS = [(n, k, f) for n, k in ((3072, 2048), (2048, 2048)) for f in FORMATS] + [(2048, 8192, FORMATS[1])]
+
+
+def _run_row_groups(gpu, spec, n: int, k: int, formats: tuple[str, str, str], ms) -> None:
+    fmt, act, gran = formats
+    r = rng()
+    op = QuantizedLinear(weight_format=fmt, weight_granularity="channel", act_format=act, act_granularity=gran,
+                         in_features=k)
+    wq = quantized_weight(r, fmt, n, k)
+    bias = (r.standard_normal(n) * 0.1).astype(BF16)
+    for m in ms:
+        x = activations(r, m, k)
+        input_scale = np.float32(np.abs(x.astype(np.float32)).max() / 448.0 * 0.5) if gran == "tensor" and \
+            act == "fp8" else None
+        run_case(gpu, spec, op, wq, x, bias, r.standard_normal((m, n)).astype(BF16), input_scale, n)
+
+
+@pytest.mark.parametrize("n,k,mb,formats,c,ms", KW_RUNS)
+def test_row_groups_match_reference(gpu, n, k, mb, formats, c, ms):
+    from ingot.codegen.kernels.gemv.quant_rule import quant_config
+
+    fmt, act, gran = formats
+    w, t, u, sk, kw = c
+    cfg = quant_config(n, k, mb, fmt, act, 132, warps=w, tiles=t, stage_steps=u, splitk=sk, kwarps=kw)
+    assert (cfg.splitk, cfg.kwarps) == (sk, kw), cfg
+    tgt = get_target("h200" if gpu.arch == "sm_90a" else "b200")
+    spec = quant_gemv_spec(n, k, mb, tgt, fmt, act, gran, bias=True, residual=True, config=cfg)
+    _run_row_groups(gpu, spec, n, k, formats, ms)
+
+
+@pytest.mark.parametrize("n,k,formats", KW_DEFAULTS)
+def test_rule_row_groups_match_reference(gpu, n, k, formats, monkeypatch):
+    """The rule's bucket-8 variants with row groups (the 1B model's qkv / o, down with FP8 activations), on this
+    GPU's target."""
+    monkeypatch.delenv("INGOT_GEMV_KW", raising=False)
+    fmt, act, gran = formats
+    tgt = get_target("h200" if gpu.arch == "sm_90a" else "b200")
+    spec = quant_gemv_spec(n, k, 8, tgt, fmt, act, gran, bias=True, residual=True)
+    assert spec.value("KW") > 1  # (the H200: no split-K; the B200's 148 SMs add split-K 2 to some)
+    _run_row_groups(gpu, spec, n, k, formats, (1, 3, 8))

@@ -21,6 +21,10 @@
 // fragments read it (16-byte chunks transposed so that the 4 lanes of a row read 64 contiguous bytes); the K
 // order inside a step is permuted identically for w and x, so both load as whole 16-byte vectors; split-K over
 // CTAs (grid.y = ${SPLITK}) with the last CTA of a row block summing the partials in a fixed order.
+// Row groups (${KW} warps a row group, as kernel.cu's): the warps of a row group own 16 x ${MT} rows together, each a
+// ${KS} / ${KW}-column part of the CTA's K slice (whole steps, its own NVFP4 block scales), and add their partial
+// tiles through shared memory (x's region, free once the products are done) in warp order; the group's first warp
+// alone runs the split-K tail and the epilogue. Small matrices then fill the GPU without the split-K tail over CTAs.
 // ANY_M: grid.z = ceil(M / ${MB}) token chunks (no split-K): the launch for any M (prefill), weights re-read per chunk.
 struct u32x4 { unsigned x, y, z, w; };
 
@@ -74,18 +78,23 @@ __device__ __forceinline__ unsigned short qg_e4m3x2(float lo, float hi) {
 }
 
 namespace {
-constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, BN = 16 * MT * WARPS;
+constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, KW = ${KW};
+constexpr int BN = 16 * MT * (WARPS / KW);          // rows of a CTA: WARPS / KW row groups of 16 MT rows
 constexpr int WFMT = ${WFMT}, AFMT = ${AFMT};
 constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U};
 constexpr bool ANY_M = ${ANY_M};
 constexpr int SW = WFMT == 0 ? 64 : 128;            // K columns per step (16 B of weights per lane)
-constexpr int STEPS = KS / SW, NS = STEPS / U;
+constexpr int STEPS = KS / SW / KW, NS = STEPS / U;  // STEPS: a warp's part of the K slice
 constexpr int WROW = WFMT == 0 ? K : K / 2;         // weight row stride (bytes)
 constexpr int XB = AFMT == 0 ? 2 : 1;               // bytes per x element in shared memory
 constexpr int LDX = KS * XB + 64;                   // x row stride in shared memory (bytes)
 constexpr int GX = (N + BN - 1) / BN;
 static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
-static_assert(KS % (SW * U) == 0 && K % SW == 0, "K slices are whole stages of whole steps");
+static_assert(KS % (SW * U * KW) == 0 && K % SW == 0, "a warp's part of the K slice is whole stages of whole steps");
+static_assert(WARPS % KW == 0, "KW divides the warps");
+static_assert(!ANY_M || KW == 1, "the any-M launch has no row groups");
+// the in-CTA reduction's partial tiles ([KW - 1][row group][mt][j][reg][lane] f32) fit x's region
+static_assert(KW == 1 || (KW - 1) * (WARPS / KW) * MT * NT * 4 * 32 * 4 <= MB * LDX, "KW partials fit x's region");
 static_assert(ANY_M || (SPLITK * KS >= K && (SPLITK - 1) * KS < K), "SPLITK slices cover K");
 static_assert(!ANY_M || SPLITK == 1, "the any-M launch walks its K slices in one CTA");
 static_assert(WFMT == 0 || AFMT == 0, "nvfp4 weights take bf16 activations");
@@ -95,7 +104,14 @@ using SK = GemvSplitK<MT, NT, MB, BN, GX, SPLITK>;
 __device__ float ${KERNEL}_ws[SPLITK > 1 ? SPLITK * GX * BN * MB : 1];
 __device__ unsigned ${KERNEL}_cnt[GX];
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
+// row groups (about one CTA an SM by the rule) give ptxas no occupancy target: with none, sm_100a's ptxas held the
+// NVFP4 4-warp row group (4 steps a stage) at 64 registers and spilled one; KW 1 keeps the bounds it was measured with
+#if ${KW} > 1
+#define QG_LAUNCH_BOUNDS __launch_bounds__(WARPS * 32, 1)
+#else
+#define QG_LAUNCH_BOUNDS __launch_bounds__(WARPS * 32)
+#endif
+extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
     const bf16* __restrict__ x, const unsigned char* __restrict__ w, const void* __restrict__ weight_scale,
     const float* __restrict__ weight_scale_2, const float* __restrict__ input_scale, const bf16* __restrict__ bias,
     const bf16* __restrict__ residual, bf16* __restrict__ out, long long M) {
@@ -110,7 +126,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
   out += (i64)tok0 * N;
   if (${HAS_RESIDUAL}) residual += (i64)tok0 * N;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-  const int row0 = blockIdx.x * BN + warp * 16 * MT + g;  // tile mt: rows row0 + 16 mt (+ 8)
+  const int rg = warp / KW, kw = warp % KW;  // the warp's row group and its part of the K slice
+  const int row0 = blockIdx.x * BN + rg * 16 * MT + g;  // tile mt: rows row0 + 16 mt (+ 8)
+  const int kc = kw * STEPS * SW;  // the warp's part's first column, in the slice (whole steps)
   // activation scales (fp8 activations): per token over all of K, or the static one
   if (AFMT == 1) {
     for (int t = warp; t < rows; t += WARPS) {
@@ -149,15 +167,15 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = row0 + 16 * mt + 8 * h, rr = r < N ? r : N - 1;
-        p[mt][h] = w + (i64)rr * WROW + (WFMT == 0 ? kb : kb / 2) + 16 * q;
-        ps[mt][h] = sfb + (i64)rr * (K / 16) + kb / 16 + 2 * q;
+        p[mt][h] = w + (i64)rr * WROW + (WFMT == 0 ? kb + kc : (kb + kc) / 2) + 16 * q;
+        ps[mt][h] = sfb + (i64)rr * (K / 16) + (kb + kc) / 16 + 2 * q;
       }
 
     u32x4 buf[2][U][MT][2];
     unsigned short sbuf[2][U][MT][2];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const bool ok = (K % KS == 0) || kb + SW * u < K;
+      const bool ok = (K % KS == 0) || kb + kc + SW * u < K;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -212,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int step = (s + 1) * U + u;
-          const bool ok = (K % KS == 0) || kb + SW * step < K;
+          const bool ok = (K % KS == 0) || kb + kc + SW * step < K;
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -228,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
         if (AFMT != 0) {  // fp8 x fp8: 2 x k32 per step; lane q holds columns 16q..16q+15 of rows g, g+8
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
-            const u32x4 xv = *reinterpret_cast<const u32x4*>(&xs[(8 * j + g) * LDX + step * 64 + 16 * q]);
+            const u32x4 xv = *reinterpret_cast<const u32x4*>(&xs[(8 * j + g) * LDX + XB * kc + step * 64 + 16 * q]);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
               const u32x4 a = buf[s & 1][u][mt][0], b = buf[s & 1][u][mt][1];
@@ -250,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
           }
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
-            const unsigned char* xr = &xs[(8 * j + g) * LDX + step * 128];
+            const unsigned char* xr = &xs[(8 * j + g) * LDX + XB * kc + step * 128];
             const u32x4 x0 = *reinterpret_cast<const u32x4*>(xr + 16 * q);
             const u32x4 x1 = *reinterpret_cast<const u32x4*>(xr + 64 + 16 * q);
 #pragma unroll
@@ -277,7 +295,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
               const u32x4 xv =
-                  *reinterpret_cast<const u32x4*>(&xs[(8 * j + g) * LDX + step * 256 + (4 * e + q) * 16]);
+                  *reinterpret_cast<const u32x4*>(&xs[(8 * j + g) * LDX + XB * kc + step * 256 + (4 * e + q) * 16]);
 #pragma unroll
               for (int mt = 0; mt < MT; ++mt) {
                 qg_mma_bf16(acc[mt][j], wa[mt][0], wb[mt][0], wa[mt][1], wb[mt][1], xv.x, xv.y);
@@ -291,12 +309,42 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
 
   }
 
+  if (KW > 1) {  // the row group's partial tiles -> its first warp, added in warp order (x's region is free now)
+    float* red = reinterpret_cast<float*>(xs);
+    constexpr int TILE = MT * NT * 4 * 32;  // one warp's partial tile, f32
+    __syncthreads();
+    if (kw) {
+      float* mine = red + ((kw - 1) * (WARPS / KW) + rg) * TILE + lane;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) mine[((mt * NT + j) * 4 + r) * 32] = acc[mt][j][r];
+    }
+    __syncthreads();
+    if (!kw) {
+#pragma unroll 1
+      for (int o = 1; o < KW; ++o) {
+        const float* theirs = red + ((o - 1) * (WARPS / KW) + rg) * TILE + lane;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[mt][j][r] += theirs[((mt * NT + j) * 4 + r) * 32];
+      }
+    }
+  }
+
   if (SPLITK > 1) {  // the partial tile -> workspace; the row block's last CTA sums them (splitk.cuh)
-    float* ws = SK::slot(${KERNEL}_ws, warp, lane);
-    SK::store(ws, acc, q, rows);
+    float* ws = SK::slot(${KERNEL}_ws, rg, lane);
+    if (!kw) SK::store(ws, acc, q, rows);
     if (!SK::last(${KERNEL}_cnt, is_last, threadIdx.x)) return;
+    if (kw) return;
     SK::reduce(ws, acc, q, rows, ${KERNEL}_cnt, threadIdx.x);
   }
+  if (kw) return;  // the row group's first warp stores its tile
 
   // epilogue: acc * (row scale) * (token scale) (+ bias) (+ residual); c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = row g+8
   const float gscale = WFMT == 1 ? weight_scale_2[0] * 256.0f : 1.0f;  // e2m1 * sf * 2^-8 above

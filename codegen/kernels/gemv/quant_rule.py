@@ -25,6 +25,17 @@ launch + the bf16 GEMM above ``GEMV_MAX_ROWS`` instead, the buckets and this lau
 warps, tiles and steps per stage per bucket from the bf16 GEMV's table (same bytes per load); split-K doubles
 until ``CTAS_PER_SM x num_sms`` CTAs, slices of at least ``MIN_SLICE_BYTES`` bytes of weights per row, and the
 x slice within ``SMEM_BUDGET``; the stage depth shrinks to fit the slice.
+
+**Row groups** (``QuantGemvConfig.kwarps``, the template's ``KW``; as the bf16 GEMV's, ``rule.row_groups_apply``):
+in the bf16 GEMV's ``KW_BUCKETS``, where the bucket's shape gives too few row blocks for ``CTAS_PER_SM`` and x's
+whole-K slice (``smem_bytes(mb, k, act)``: FP8 activations take half the bytes) fits ``KW_MAX_X``, the CTA takes
+``KW_SHAPE`` and its warps form row groups of the fewest warps that give ``KW_CTAS_PER_SM`` CTAs an SM, each warp a
+part of the CTA's K slice of at least ``MIN_SLICE_BYTES`` a row and whole stages (the stage shrinking to a short
+part, as it does to a short slice); split-K over CTAs only on top, towards ``KW_CTAS_PER_SM``. The 1B model's qkv
+and o at M <= 8 get 16-row CTAs of 4 warps splitting the whole of K, no split-K; with FP8 activations down too (its
+x as e4m3 codes, 8 x 8256 B, fits where bf16's 8 x 16448 B does not: the bf16 GEMV's down ran slower with row groups,
+this one is unmeasured). ``INGOT_GEMV_KW=0`` (compile time) gives no row groups: the configurations as before them.
+Never for the any-M launch. Not yet measured on a GPU.
 """
 
 from __future__ import annotations
@@ -37,7 +48,18 @@ from ....ir.types import DType, TensorType
 from ...family import static_dim
 from ...kernel import GridDim, KernelSpec
 from ...target import Target
-from .rule import BUCKETS, CTAS_PER_SM, LARGE_N_SHAPE, SHAPE_BY_BUCKET, SMEM_BUDGET
+from .rule import (
+    BUCKETS,
+    CTAS_PER_SM,
+    KW_BUCKETS,
+    KW_CTAS_PER_SM,
+    KW_MAX_X,
+    KW_SHAPE,
+    LARGE_N_SHAPE,
+    SHAPE_BY_BUCKET,
+    SMEM_BUDGET,
+    kw_enabled,
+)
 
 PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("weight_scale_2", "ptr"), ("input_scale", "ptr"),
           ("bias", "ptr"), ("residual", "ptr"), ("out", "ptr"), ("M", "i64")]
@@ -58,6 +80,12 @@ class QuantGemvConfig:
     splitk: int = 1  # CTAs along K (grid.y); the any-M launch keeps 1 and walks ceil(K / slice_k) slices itself
     stage_steps: int = 4  # U: steps per load stage
     slice_k: int = 0  # KS (columns)
+    kwarps: int = 1  # KW: warps of a row group, splitting the CTA's K slice among them (1: a warp its own rows)
+
+    @property
+    def rows(self) -> int:
+        """Rows of w per CTA (BN)."""
+        return 16 * self.tiles * (self.warps // self.kwarps)
 
 
 def weight_bytes_per_row(fmt: str, k: int) -> int:
@@ -69,44 +97,92 @@ def smem_bytes(mb: int, slice_k: int, act: str) -> int:
     return mb * (slice_k * (2 if act == "none" else 1) + 64)
 
 
+def kw_fits(mb: int, act: str, cfg: QuantGemvConfig) -> bool:
+    """The in-CTA K split's partial tiles (``kwarps - 1`` per row group, f32) fit x's shared-memory region, which
+    they reuse (the template's static_assert)."""
+    groups = cfg.warps // cfg.kwarps
+    return (cfg.kwarps - 1) * groups * cfg.tiles * (mb // 8) * 512 <= smem_bytes(mb, cfg.slice_k, act)
+
+
+def row_groups_apply(n: int, k: int, mb: int, act: str, num_sms: int) -> bool:
+    """The rule gives ``w[n, k]``'s variant for ``M <= mb`` row groups (the module docstring): ``rule.KW_BUCKETS``,
+    too few row blocks of the bucket's shape, x's whole-K slice within ``rule.KW_MAX_X``, ``INGOT_GEMV_KW`` not 0."""
+    if not kw_enabled() or mb not in KW_BUCKETS or smem_bytes(mb, k, act) > KW_MAX_X:
+        return False
+    dw, dt, _ = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
+    return -(-n // (16 * dw * dt)) < CTAS_PER_SM.get(mb, 1.0) * num_sms
+
+
+def _part_steps(per: int, kwarps: int, u_max: int) -> tuple[int, int]:
+    """(slice steps, steps a stage) for a slice of at least ``per`` steps split over ``kwarps`` warps: the stage
+    depth shrinks to a short part; the slice rounds up to whole stages for each warp."""
+    u = max(1, min(u_max, -(-per // kwarps)))
+    unit = u * kwarps
+    return -(-per // unit) * unit, u
+
+
+def _kwarps(n: int, steps: int, num_sms: int, warps: int, tiles: int, u_max: int, min_steps: int) -> int:
+    """The fewest warps a row group (at most all the CTA's) that give ``KW_CTAS_PER_SM`` CTAs an SM, each warp's
+    part of K at least ``min_steps`` steps and whole stages (``steps % (u * kw) == 0``, u shrunk to a short part)."""
+    kw = 1
+    while kw < warps and warps % (2 * kw) == 0 and steps % (2 * kw) == 0 and steps // (2 * kw) >= min_steps:
+        u = min(u_max, steps // (2 * kw))
+        if steps % (u * 2 * kw):
+            break
+        kw *= 2
+        if -(-n // (16 * tiles * (warps // kw))) >= KW_CTAS_PER_SM * num_sms:
+            break
+    return kw
+
+
 def quant_config(n: int, k: int, mb: int, wfmt: str, act: str, num_sms: int, *, any_m: bool = False,
                  splitk: int | None = None, warps: int | None = None, tiles: int | None = None,
-                 stage_steps: int | None = None) -> QuantGemvConfig:
-    """The launch configuration for ``w[n, k]`` in ``wfmt`` and ``M <= mb`` (see the module docstring)."""
+                 stage_steps: int | None = None, kwarps: int | None = None) -> QuantGemvConfig:
+    """The launch configuration for ``w[n, k]`` in ``wfmt`` and ``M <= mb`` (see the module docstring).
+    ``kwarps``: warps sharing a row group (None: the rule's, see **Row groups**; 1: none; never for ``any_m``)."""
     sw = STEP_COLS[wfmt]
     if k % sw:
         raise ValueError(f"quantized gemv: K={k} must be a multiple of {sw} for {wfmt} weights")
+    if any_m and kwarps not in (None, 1):
+        raise ValueError(f"quantized gemv: the any-M launch has no row groups (kwarps={kwarps})")
     dw, dt, du = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
     if mb in LARGE_N_SHAPE:
         lw, lt, lu = LARGE_N_SHAPE[mb]
         if -(-n // (16 * lw * lt)) >= 2 * num_sms:
             dw, dt, du = lw, lt, lu
-    warps, tiles, u_max = warps or dw, tiles or dt, stage_steps or du
     steps = k // sw
-    blocks = -(-n // (16 * warps * tiles))
     min_steps = max(1, MIN_SLICE_BYTES // 64)  # a step is 64 B of a row (16 B per lane, 4 lanes per row)
+    if kwarps is None and not any_m and row_groups_apply(n, k, mb, act, num_sms):
+        gw, gt, gu = KW_SHAPE
+        kwarps = _kwarps(n, steps, num_sms, warps or gw, tiles or gt, stage_steps or gu, min_steps)
+        if kwarps > 1:  # else (K too short for 2 warps' parts) the bucket's own shape, no row groups
+            dw, dt, du = gw, gt, gu
+    warps, tiles, u_max, kwarps = warps or dw, tiles or dt, stage_steps or du, kwarps or 1
+    if kwarps < 1 or warps % kwarps:
+        raise ValueError(f"quantized gemv: {kwarps} warps a row group do not divide {warps} warps")
+    blocks = -(-n // (16 * tiles * (warps // kwarps)))
+    target = (KW_CTAS_PER_SM if kwarps > 1 else CTAS_PER_SM.get(mb, 1.0)) * num_sms
     if any_m:
         splitk = 1
     elif splitk is None:
-        splitk = 1
-        while (blocks * splitk < CTAS_PER_SM.get(mb, 1.0) * num_sms and -(-steps // (splitk * 2)) >= min_steps
-               and splitk * 2 <= steps):
+        splitk = 1  # each warp's part of a slice at least min_steps (a row group's warps: kwarps parts)
+        while (blocks * splitk < target and -(-steps // (splitk * 2)) >= min_steps * kwarps
+               and splitk * 2 * kwarps <= steps):
             splitk *= 2
 
-    def slice_steps(sk: int) -> tuple[int, int]:
-        per = -(-steps // sk)
-        u = max(1, min(u_max, per))
-        return -(-per // u) * u, u
-
     slices = splitk
-    per, u = slice_steps(slices)
-    while smem_bytes(mb, per * sw, act) > SMEM_BUDGET and per > u:  # more (or, any-M, in-CTA) slices until x fits
+    per, u = _part_steps(-(-steps // slices), kwarps, u_max)
+    while smem_bytes(mb, per * sw, act) > SMEM_BUDGET and per > u * kwarps:  # more (any-M: in-CTA) slices until x fits
         slices *= 2
-        per, u = slice_steps(slices)
+        per, u = _part_steps(-(-steps // slices), kwarps, u_max)
     if smem_bytes(mb, per * sw, act) > SMEM_BUDGET:
         raise ValueError(f"quantized gemv: an x slice of {per * sw} columns for {mb} tokens exceeds shared memory")
     splitk = 1 if any_m else -(-steps // per)
-    return QuantGemvConfig(warps=warps, tiles=tiles, splitk=splitk, stage_steps=u, slice_k=per * sw)
+    cfg = QuantGemvConfig(warps=warps, tiles=tiles, splitk=splitk, stage_steps=u, slice_k=per * sw, kwarps=kwarps)
+    if not kw_fits(mb, act, cfg):
+        raise ValueError(f"quantized gemv: {kwarps} warps a row group need more shared memory than x's slice "
+                         f"({smem_bytes(mb, cfg.slice_k, act)} bytes) for M <= {mb}")
+    return cfg
 
 
 def quant_gemv_spec(n: int, k: int, mb: int, target: Target, weight_format: str = "fp8", act: str = "none",
@@ -123,23 +199,34 @@ def quant_gemv_spec(n: int, k: int, mb: int, target: Target, weight_format: str 
     cfg = config or quant_config(n, k, mb, weight_format, act, target.num_sms or 132, any_m=any_m)
     afmt = ACT_MODES[(act, act_granularity)]
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
-              "U": cfg.stage_steps, "WFMT": WEIGHT_FORMATS[weight_format], "AFMT": afmt, "ANY_M": any_m,
-              "HAS_BIAS": bias, "HAS_RESIDUAL": residual}
+              "U": cfg.stage_steps, "KW": cfg.kwarps, "WFMT": WEIGHT_FORMATS[weight_format], "AFMT": afmt,
+              "ANY_M": any_m, "HAS_BIAS": bias, "HAS_RESIDUAL": residual}
     a = "a16" if afmt == 0 else "a8"
     tag = f"gemv_{weight_format}_{a}_n{n}_k{k}_m{mb}{'_any' if any_m else ''}"
-    grid = [GridDim(const=-(-n // (16 * cfg.warps * cfg.tiles))), GridDim(const=cfg.splitk),
+    if any_m and cfg.kwarps != 1:
+        raise ValueError(f"quantized gemv: the any-M launch has no row groups (kwarps={cfg.kwarps})")
+    grid = [GridDim(const=-(-n // cfg.rows)), GridDim(const=cfg.splitk),
             GridDim("M", mb) if any_m else GridDim(const=1)]
     return KernelSpec.make("gemv", "quant.cu", tag, target.arch or "", values, PARAMS, 32 * cfg.warps, grid,
                            smem=smem_bytes(mb, cfg.slice_k, act),
                            doc=f"{weight_format} weights, {act} activations, M <= {'any' if any_m else mb}, "
-                               f"split-K {cfg.splitk} x {cfg.slice_k}")
+                               f"split-K {cfg.splitk} x {cfg.slice_k}"
+                               + (f", {cfg.kwarps} warps a row group" if cfg.kwarps > 1 else ""))
+
+
+def spec_config(spec: KernelSpec) -> QuantGemvConfig:
+    """The configuration a quant.cu spec was made with (``quant_gemv_spec(..., config=spec_config(s))`` rebuilds
+    ``s``); ``KW`` 1 where a spec has none."""
+    v = dict(spec.values)
+    return QuantGemvConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["U"]), int(v["KS"]),
+                           int(v.get("KW", 1)))
 
 
 def workspace_floats(spec: KernelSpec) -> int:
     """The split-K workspace (module-scope f32) that a spec's kernel declares."""
     v = dict(spec.values)
     gx = spec.grid[0].const
-    bn = 16 * int(v["MT"]) * int(v["WARPS"])
+    bn = 16 * int(v["MT"]) * (int(v["WARPS"]) // int(v.get("KW", 1)))
     return int(v["SPLITK"]) * gx * bn * int(v["MB"]) if int(v["SPLITK"]) > 1 else 1
 
 

@@ -27,13 +27,16 @@ SHAPES = ((4, 1, 8), (8, 1, 4), (4, 1, 4), (8, 2, 2))
 KNOBS = ("WARPS", "MT", "U", "SPLITK", "KS")
 #: kernel.cu's: also the warps of a row group (``rule.GemvConfig.kwarps``)
 BF16_KNOBS = KNOBS + ("KW",)
+#: quant.cu's: also the warps of a row group (``quant_rule.QuantGemvConfig.kwarps``; every quant.cu spec has KW)
+QUANT_KNOBS = KNOBS + ("KW",)
 #: quant.cu's AFMT -> (act_format, act_granularity)
 ACTS = {0: ("none", "token"), 1: ("fp8", "token"), 2: ("fp8", "tensor")}
 
 
 def _tries(v: Mapping) -> list[dict[str, int | None]]:
-    """Keyword arguments of the config functions for each candidate besides the heuristic (kernel.cu's with the
-    heuristic's warps a row group, ``kwarps``; and where that is over 1, its shape without, as measured before)."""
+    """Keyword arguments of the config functions for each candidate besides the heuristic (kernel.cu's and
+    quant.cu's: with the heuristic's warps a row group, ``kwarps``; and where that is over 1, its shape without, as
+    measured before)."""
     w, t, u, sk = int(v["WARPS"]), int(v["MT"]), int(v["U"]), int(v["SPLITK"])
     tries: list[dict[str, int | None]] = [dict(warps=w, tiles=t, stage_steps=u, splitk=s)
                                           for s in (sk // 2, sk * 2) if s >= 1]
@@ -64,10 +67,9 @@ def quant_candidates(spec: KernelSpec, target: Target) -> list[KernelSpec]:
     act, gran = ACTS[int(v["AFMT"])]
     out = [spec]
     for kw in _tries(v):
-        kw.pop("kwarps", None)  # quant.cu has no row groups
         try:
             cfg: QuantGemvConfig = quant_config(n, k, mb, fmt, act, target.num_sms or 132, **kw)  # type: ignore[arg-type]
-        except ValueError:  # the x slice does not fit shared memory with this shape
+        except ValueError:  # the x slice (or a row group's partials) does not fit shared memory with this shape
             continue
         out.append(quant_gemv_spec(n, k, mb, target, fmt, act, gran, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]),
                                    config=cfg))
@@ -121,5 +123,5 @@ def _is(template: str):
 
 TUNABLES = [
     Tunable("gemv-bf16", _is("kernel.cu"), bf16_candidates, workloads, BF16_KNOBS),
-    Tunable("gemv-quant", _is("quant.cu"), quant_candidates, workloads, KNOBS),
+    Tunable("gemv-quant", _is("quant.cu"), quant_candidates, workloads, QUANT_KNOBS),
 ]
