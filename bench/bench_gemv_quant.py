@@ -3,6 +3,8 @@
     python bench/bench_gemv_quant.py                       # Llama-3.2-1B layer shapes, M = 1, 8, 32
     python bench/bench_gemv_quant.py --json out.json       # also one JSON object per line on stdout
     python bench/bench_gemv_quant.py --bulk                # also the bulk-copy FP8 variants (bulk.cu, INGOT_GEMV_BULK)
+    INGOT_GEMV_KW=all python bench/bench_gemv_quant.py --shapes "3072,2048;2048,2048;2048,8192" --m 1 8
+                                                           # quant.cu's row groups (opt-in) beside kw1 rows
     python bench/bench_gemv_quant.py --sweep-kw --shapes "3072,2048;2048,2048" --m 1 8
                                                            # also other row-group configurations (kwarps)
     python bench/bench_gemv_quant.py --dry-run --m 1 8     # CPU: print and compile the configurations, no GPU
@@ -17,7 +19,8 @@ per-row activation x per-column weight scales, bf16 out; M padded to 16, cuBLASL
 dequantized operands (outputs poisoned, launched twice). ``--bulk`` adds a ``fp8-w8a16-bulk`` row per shape and M
 beside ``fp8-w8a16``: the bulk-copy variant (``codegen/kernels/gemv/bulk_rule.py``'s ``bulk_quant_spec``) on the
 same weights, timed the same way. Where the rule's configuration has row groups (warps sharing a CTA's rows, each a
-part of its K slice: ``quant_rule.QuantGemvConfig.kwarps``), a ``<format>-kw1`` row times the configuration the rule
+part of its K slice: ``quant_rule.QuantGemvConfig.kwarps``; quant.cu's are opt-in, ``INGOT_GEMV_KW=all``, until they
+have run on a GPU), a ``<format>-kw1`` row times the configuration the rule
 gives without them (``INGOT_GEMV_KW=0``) in the same run; ``--sweep-kw`` adds other row-group shapes
 (``<format>-w<warps> t<tiles> u<stage> sk<split> kw<kw>``). Every row records its ``config`` and ``kw``.
 """

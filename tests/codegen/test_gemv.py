@@ -77,6 +77,8 @@ def test_row_groups_for_the_small_matrices_only(n, k, monkeypatch):
     off = gemv_config(n, k, 8, 132)
     assert off.kwarps == 1 and (off.warps, off.tiles, off.stage_steps) == SHAPE_BY_BUCKET[8]
     assert off == gemv_config(n, k, 8, 132, kwarps=1)
+    monkeypatch.setenv(KW_ENV, "all")  # all: quant.cu's too; the bf16 ones as with 1
+    assert gemv_config(n, k, 8, 132).kwarps == kw
     monkeypatch.setenv(KW_ENV, "yes")
     with pytest.raises(ValueError, match=KW_ENV):
         gemv_config(n, k, 8, 132)

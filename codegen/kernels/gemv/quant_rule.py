@@ -58,7 +58,7 @@ from .rule import (
     LARGE_N_SHAPE,
     SHAPE_BY_BUCKET,
     SMEM_BUDGET,
-    kw_enabled,
+    kw_quant_enabled,
 )
 
 PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("weight_scale_2", "ptr"), ("input_scale", "ptr"),
@@ -106,8 +106,9 @@ def kw_fits(mb: int, act: str, cfg: QuantGemvConfig) -> bool:
 
 def row_groups_apply(n: int, k: int, mb: int, act: str, num_sms: int) -> bool:
     """The rule gives ``w[n, k]``'s variant for ``M <= mb`` row groups (the module docstring): ``rule.KW_BUCKETS``,
-    too few row blocks of the bucket's shape, x's whole-K slice within ``rule.KW_MAX_X``, ``INGOT_GEMV_KW`` not 0."""
-    if not kw_enabled() or mb not in KW_BUCKETS or smem_bytes(mb, k, act) > KW_MAX_X:
+    too few row blocks of the bucket's shape, x's whole-K slice within ``rule.KW_MAX_X``, ``INGOT_GEMV_KW=all`` (opt-in
+    until quant.cu's row groups have run on a GPU: ``rule.kw_quant_enabled``)."""
+    if not kw_quant_enabled() or mb not in KW_BUCKETS or smem_bytes(mb, k, act) > KW_MAX_X:
         return False
     dw, dt, _ = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
     return -(-n // (16 * dw * dt)) < CTAS_PER_SM.get(mb, 1.0) * num_sms

@@ -98,14 +98,28 @@ KW_MAX_X = 72 * 1024
 KW_ENV = "INGOT_GEMV_KW"
 
 
-def kw_enabled() -> bool:
-    """``INGOT_GEMV_KW``: unset or 1 (the rule's row groups) or 0 (none); another value is an error."""
-    v = os.environ.get(KW_ENV, "").strip()
+def kw_mode() -> str:
+    """``INGOT_GEMV_KW``: ``on`` (unset or 1: the rule's row groups in bf16 ``kernel.cu`` variants, measured), ``all``
+    (also in ``quant.cu``'s FP8 / NVFP4 variants: written, compiled and SASS-checked, not yet run on a GPU) or ``off``
+    (0: none); another value is an error."""
+    v = os.environ.get(KW_ENV, "").strip().lower()
     if v in ("", "1"):
-        return True
+        return "on"
+    if v == "all":
+        return "all"
     if v == "0":
-        return False
-    raise ValueError(f"{KW_ENV}={v!r}: expected 0 or 1")
+        return "off"
+    raise ValueError(f"{KW_ENV}={v!r}: expected 0, 1 or all")
+
+
+def kw_enabled() -> bool:
+    """Row groups in bf16 ``kernel.cu`` variants (``kw_mode``: on or all)."""
+    return kw_mode() != "off"
+
+
+def kw_quant_enabled() -> bool:
+    """Row groups in ``quant.cu`` variants: ``INGOT_GEMV_KW=all`` only, until they have run on a GPU."""
+    return kw_mode() == "all"
 
 
 @dataclass(frozen=True)
