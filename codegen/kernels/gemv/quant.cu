@@ -309,33 +309,8 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
 
   }
 
-  if (KW > 1) {  // the row group's partial tiles -> its first warp, added in warp order (x's region is free now)
-    float* red = reinterpret_cast<float*>(xs);
-    constexpr int TILE = MT * NT * 4 * 32;  // one warp's partial tile, f32
-    __syncthreads();
-    if (kw) {
-      float* mine = red + ((kw - 1) * (WARPS / KW) + rg) * TILE + lane;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) mine[((mt * NT + j) * 4 + r) * 32] = acc[mt][j][r];
-    }
-    __syncthreads();
-    if (!kw) {
-#pragma unroll 1
-      for (int o = 1; o < KW; ++o) {
-        const float* theirs = red + ((o - 1) * (WARPS / KW) + rg) * TILE + lane;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[mt][j][r] += theirs[((mt * NT + j) * 4 + r) * 32];
-      }
-    }
-  }
+  if (KW > 1)  // the row group's partial tiles -> its first warp, in warp order (splitk.cuh)
+    SK::template row_group_sum<KW, WARPS / KW>(reinterpret_cast<float*>(xs), acc, kw, rg, lane);
 
   if (SPLITK > 1) {  // the partial tile -> workspace; the row block's last CTA sums them (splitk.cuh)
     float* ws = SK::slot(${KERNEL}_ws, rg, lane);
