@@ -167,6 +167,16 @@ def weight_bytes(ckpt: Path) -> dict[str, int]:
             "fp8-w8a16-lmhead": total["fp8_lm_head"]}
 
 
+def artifact_switches(path: Path) -> dict[str, str] | None:
+    """The ``INGOT_*`` switches an artifact was compiled with (its manifest's ``cuda.switches``; None for a CPU
+    artifact or one made before they were recorded)."""
+    try:
+        cuda = json.loads((path / "manifest.json").read_text()).get("cuda")
+    except (OSError, ValueError):
+        return None
+    return cuda.get("switches") if isinstance(cuda, dict) else None
+
+
 def compile_format(ckpt: Path, workdir: Path, fmt: str, target: str, limits: dict[str, int],
                    reuse: bool = False) -> dict[str, Any]:
     """One artifact; W8A8 that does not compile for ``target`` is ``{"skipped": why}`` (the others must compile).
@@ -178,8 +188,12 @@ def compile_format(ckpt: Path, workdir: Path, fmt: str, target: str, limits: dic
     t0 = time.perf_counter()
     out = workdir / f"llama1b_{fmt}.ingot"
     if reuse and (out / "manifest.json").is_file():
-        emit(event="compile", format=fmt, reused=True, path=str(out))
-        return {"path": str(out), "reused": True}
+        switches = artifact_switches(out)
+        emit(event="compile", format=fmt, reused=True, path=str(out), switches=switches)
+        return {"path": str(out), "reused": True, "switches": switches}
+    if reuse:  # --reuse with no artifact: compiled now, with this process's INGOT_* switches (said, not silent)
+        emit(event="compile", format=fmt, note="--reuse: no artifact here, compiling one with this environment",
+             path=str(out))
     try:
         ingot.compile(ckpt, target=target, out=out,
                       pass_context=PassContext(target=target, options={"cuda": limits}), **FORMATS[fmt])
@@ -189,7 +203,8 @@ def compile_format(ckpt: Path, workdir: Path, fmt: str, target: str, limits: dic
         emit(event="compile", format=fmt, target=target, skipped=str(e))
         return {"skipped": f"does not compile for {target}: {e}"}
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    res = {"path": str(out), "seconds": round(time.perf_counter() - t0, 1), "artifact_bytes": size}
+    res = {"path": str(out), "seconds": round(time.perf_counter() - t0, 1), "artifact_bytes": size,
+           "switches": artifact_switches(out)}
     emit(event="compile", format=fmt, target=target, **res)
     return res
 

@@ -517,6 +517,7 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         **({"alternative_kernels": alternative_kernels} if alternative_kernels else {}),
         "launches": table,
         "memory_plan": plan.to_dict(),
+        "switches": compile_switches(),
     }
     if tuned:
         gpu = next(iter(tuned.values())).gpu
@@ -526,6 +527,15 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
     if serving:
         manifest["kv_cache"] = graph.meta["kv_cache"]
     return files, manifest
+
+
+def compile_switches() -> dict[str, str]:
+    """The ``INGOT_*`` environment variables set (non-empty) while this artifact was compiled, recorded in its
+    ``cuda`` entry as ``switches``: several choose kernels at compile time (docs/ENVIRONMENT.md), so a benchmark of
+    an artifact can say what it was made with. Directories and caches (``*_DIR``, ``*_CACHE``) and the test suite's
+    own variables (second word ``TEST``) are left out: they do not change what is compiled."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("INGOT_") and v.strip()
+            and k.split("_")[1] != "TEST" and not k.endswith(("_DIR", "_CACHE"))}
 
 
 def _serving_fuse(graph: Graph, target: Target) -> None:
@@ -556,4 +566,4 @@ def kernel_report(manifest: Mapping[str, Any]) -> dict[str, Any]:
     for launch in cuda["launches"]:
         ops[launch["op"]] = ops.get(launch["op"], 0) + 1
     return {"arch": cuda["arch"], "kernels": len(cuda["kernels"]), "launches": len(cuda["launches"]),
-            "launches_per_op": ops, "regions": cuda["memory_plan"]["regions"]}
+            "launches_per_op": ops, "regions": cuda["memory_plan"]["regions"], "switches": cuda.get("switches", {})}

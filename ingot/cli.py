@@ -144,6 +144,10 @@ def _print_autotune(artifact: Path) -> None:
     if not path.is_file():
         return
     cuda = json.loads(path.read_text()).get("cuda") or {}
+    switches = cuda.get("switches")
+    if switches is not None:  # the INGOT_* switches the compile saw (codegen/lower.py compile_switches)
+        shown = ", ".join(f"{k}={v}" for k, v in switches.items()) or "none (every default)"
+        out.print(f"compiled with: {escape(shown)}")
     summary = cuda.get("autotune")
     if not summary:
         return

@@ -402,8 +402,9 @@ def test_autotune_off_leaves_the_artifact_as_without_a_gpu(tmp_path, monkeypatch
     monkeypatch.setattr(at, "make_timer", lambda: TableTimer(prefer_wide))
     monkeypatch.setenv(at.ENV, "0")
     off = _manifest(ingot.compile(TINY_KV, target="h200", out=tmp_path / "off.ingot", mode="llm"))
-    assert off["cuda"] == plain["cuda"] and off["files"] == plain["files"]
-    assert "autotune" not in json.dumps(off["cuda"])
+    # the same kernels and launches; only the recorded switches differ (INGOT_AUTOTUNE=0 was set for this one)
+    assert {**off["cuda"], "switches": None} == {**plain["cuda"], "switches": None} and off["files"] == plain["files"]
+    assert off["cuda"]["switches"][at.ENV] == "0" and "autotune" not in json.dumps(off["cuda"])
     # a GPU of another architecture (b200 wanted, an H200 here) also leaves the heuristics: test_when_it_tunes
 
 
@@ -451,11 +452,13 @@ def test_inspect_shows_the_autotuned_kernels(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(at, "detect_gpu", lambda: GPU)
     monkeypatch.setattr(at, "make_timer", lambda: TableTimer(prefer_wide))
+    monkeypatch.setenv("INGOT_GEMV_KW", "1")  # a compile-time switch: inspect names it
     path = ingot.compile(TINY_KV, target="h200", out=tmp_path / "t.ingot", mode="llm")
     capsys.readouterr()
     assert main(["inspect", str(path)]) == 0
     text = capsys.readouterr().out
     assert f"autotuned kernels ({TINY_TUNED}," in text and "NVIDIA H200" in text and "WARPS 8 / 4" in text
+    assert "compiled with: " in text and "INGOT_GEMV_KW=1" in text
 
 
 def test_compile_tunes_each_cutlass_shape(tmp_path, monkeypatch, _fake_cutlass_builds):

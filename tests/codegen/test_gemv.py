@@ -128,9 +128,13 @@ def test_lowering_records_variants(tmp_path, tmp_path_factory, monkeypatch):
 
     monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
                        or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+    monkeypatch.setenv(KW_ENV, "1")  # the default, set: recorded among the artifact's switches
     fixtures = Path(__file__).resolve().parent.parent / "fixtures"
     path = ingot.compile(fixtures / "tiny_llama_kv.onnx", target="h200", out=tmp_path / "t.ingot", mode="llm")
     cuda = json.loads((path / "manifest.json").read_text())["cuda"]
+    # the INGOT_* switches the compile saw, without directories / caches / test-only variables
+    assert cuda["switches"][KW_ENV] == "1" and "INGOT_CACHE_DIR" not in cuda["switches"]
+    assert not any(k.startswith("INGOT_TEST_") for k in cuda["switches"])
     linears = [ln for ln in cuda["launches"] if ln["op"] == "linear"]
     assert linears and all(ln.get("variants") for ln in linears)
     for ln in linears:
