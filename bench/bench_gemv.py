@@ -189,10 +189,10 @@ def time_graph(record, launches: int, reps: int) -> float:
 def configs(n: int, k: int, mb: int, sweep: bool, kw_only: bool = False):
     from ingot.codegen.kernels.gemv.rule import SMEM_BUDGET, _round_up, gemv_config, smem_bytes
 
-    base = gemv_config(n, k, mb, 132)
+    base, old = gemv_config(n, k, mb, 132), gemv_config(n, k, mb, 132, kwarps=1)
     out = [("default", base)]
     if base.kwarps > 1:  # beside it, the rule's configuration without row groups (INGOT_GEMV_KW=0)
-        out.append(("kw1", gemv_config(n, k, mb, 132, kwarps=1)))
+        out.append(("kw1", old))
     if not sweep and not kw_only:
         return out
     seen = {c for _, c in out}
@@ -202,7 +202,6 @@ def configs(n: int, k: int, mb: int, sweep: bool, kw_only: bool = False):
     if kw_only:  # --sweep-kw: the rule's configuration without row groups, then the row-group shapes only
         shapes = []
     shapes += [(4, 1, 8, 4), (4, 1, 8, 2), (8, 1, 4, 8), (8, 1, 4, 4), (4, 1, 4, 4), (8, 1, 8, 8), (8, 2, 2, 8)]
-    rule_sk = {kw: gemv_config(n, k, mb, 132, kwarps=kw).splitk for kw in (1,)}
     for warps, mt, u, kw in shapes:
         for sk in (1, 2, 4, 8, 16, 32):
             ks = _round_up(-(-k // sk), 32 * u * kw)
@@ -212,7 +211,7 @@ def configs(n: int, k: int, mb: int, sweep: bool, kw_only: bool = False):
                 c = gemv_config(n, k, mb, 132, warps=warps, stage_steps=u, splitk=sk, tiles=mt, kwarps=kw)
             except ValueError:  # the row group's partials do not fit x's region
                 continue
-            near = base.splitk / 4 <= c.splitk <= base.splitk * 4 or (kw > 1 and c.splitk <= rule_sk[1])
+            near = base.splitk / 4 <= c.splitk <= base.splitk * 4 or (kw > 1 and c.splitk <= old.splitk)
             if c not in seen and near:
                 seen.add(c)
                 out.append((f"w{warps} t{mt} u{u} sk{c.splitk}" + (f" kw{kw}" if kw > 1 else ""), c))

@@ -51,14 +51,14 @@ from ...target import Target
 from .rule import (
     BUCKETS,
     CTAS_PER_SM,
-    KW_BUCKETS,
     KW_CTAS_PER_SM,
-    KW_MAX_X,
     KW_SHAPE,
     LARGE_N_SHAPE,
     SHAPE_BY_BUCKET,
     SMEM_BUDGET,
     kw_quant_enabled,
+    row_group_bytes,
+    row_groups_apply,
 )
 
 PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("weight_scale_2", "ptr"), ("input_scale", "ptr"),
@@ -100,18 +100,7 @@ def smem_bytes(mb: int, slice_k: int, act: str) -> int:
 def kw_fits(mb: int, act: str, cfg: QuantGemvConfig) -> bool:
     """The in-CTA K split's partial tiles (``kwarps - 1`` per row group, f32) fit x's shared-memory region, which
     they reuse (the template's static_assert)."""
-    groups = cfg.warps // cfg.kwarps
-    return (cfg.kwarps - 1) * groups * cfg.tiles * (mb // 8) * 512 <= smem_bytes(mb, cfg.slice_k, act)
-
-
-def row_groups_apply(n: int, k: int, mb: int, act: str, num_sms: int) -> bool:
-    """The rule gives ``w[n, k]``'s variant for ``M <= mb`` row groups (the module docstring): ``rule.KW_BUCKETS``,
-    too few row blocks of the bucket's shape, x's whole-K slice within ``rule.KW_MAX_X``, ``INGOT_GEMV_KW=all`` (opt-in
-    until quant.cu's row groups have run on a GPU: ``rule.kw_quant_enabled``)."""
-    if not kw_quant_enabled() or mb not in KW_BUCKETS or smem_bytes(mb, k, act) > KW_MAX_X:
-        return False
-    dw, dt, _ = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
-    return -(-n // (16 * dw * dt)) < CTAS_PER_SM.get(mb, 1.0) * num_sms
+    return row_group_bytes(mb, cfg.warps, cfg.tiles, cfg.kwarps) <= smem_bytes(mb, cfg.slice_k, act)
 
 
 def _part_steps(per: int, kwarps: int, u_max: int) -> tuple[int, int]:
@@ -153,7 +142,8 @@ def quant_config(n: int, k: int, mb: int, wfmt: str, act: str, num_sms: int, *, 
             dw, dt, du = lw, lt, lu
     steps = k // sw
     min_steps = max(1, MIN_SLICE_BYTES // 64)  # a step is 64 B of a row (16 B per lane, 4 lanes per row)
-    if kwarps is None and not any_m and row_groups_apply(n, k, mb, act, num_sms):
+    # rule.row_groups_apply, with quant.cu's x bytes and switch (INGOT_GEMV_KW=all: opt-in until run on a GPU)
+    if kwarps is None and not any_m and row_groups_apply(n, mb, num_sms, smem_bytes(mb, k, act), kw_quant_enabled()):
         gw, gt, gu = KW_SHAPE
         kwarps = _kwarps(n, steps, num_sms, warps or gw, tiles or gt, stage_steps or gu, min_steps)
         if kwarps > 1:  # else (K too short for 2 warps' parts) the bucket's own shape, no row groups
@@ -226,9 +216,7 @@ def spec_config(spec: KernelSpec) -> QuantGemvConfig:
 def workspace_floats(spec: KernelSpec) -> int:
     """The split-K workspace (module-scope f32) that a spec's kernel declares."""
     v = dict(spec.values)
-    gx = spec.grid[0].const
-    bn = 16 * int(v["MT"]) * (int(v["WARPS"]) // int(v.get("KW", 1)))
-    return int(v["SPLITK"]) * gx * bn * int(v["MB"]) if int(v["SPLITK"]) > 1 else 1
+    return int(v["SPLITK"]) * spec.grid[0].const * spec_config(spec).rows * int(v["MB"]) if int(v["SPLITK"]) > 1 else 1
 
 
 @dataclass(frozen=True)

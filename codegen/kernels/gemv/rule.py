@@ -164,17 +164,23 @@ def smem_bytes(mb: int, slice_k: int, prologue: str = "none") -> int:
     return mb * (slice_k + 32) * 2 * (2 if prologue == "swiglu" else 1)
 
 
+def row_group_bytes(mb: int, warps: int, tiles: int, kwarps: int) -> int:
+    """Shared memory the in-CTA K split's partial tiles take (``kwarps - 1`` per row group, f32; kernel.cu's and
+    quant.cu's ``GemvSplitK::row_group_sum``): they reuse x's region, which must hold them (the templates'
+    static_assert)."""
+    return (kwarps - 1) * (warps // kwarps) * tiles * (mb // 8) * 512
+
+
 def kw_fits(mb: int, cfg: GemvConfig) -> bool:
-    """The in-CTA K split's partial tiles (``kwarps - 1`` per row group, f32) fit x's shared-memory region, which
-    they reuse (the template's static_assert)."""
-    groups = cfg.warps // cfg.kwarps
-    return (cfg.kwarps - 1) * groups * cfg.tiles * (mb // 8) * 512 <= mb * (cfg.slice_k + 32) * 2
+    """The row groups' partial tiles fit x's shared-memory region (``row_group_bytes``)."""
+    return row_group_bytes(mb, cfg.warps, cfg.tiles, cfg.kwarps) <= mb * (cfg.slice_k + 32) * 2
 
 
-def row_groups_apply(n: int, k: int, mb: int, num_sms: int) -> bool:
-    """The rule gives ``w[n, k]``'s variant for ``M <= mb`` row groups (``KW_BUCKETS``' comment): too few row blocks
-    of the bucket's shape, x's whole-K slice within ``KW_MAX_X``, ``INGOT_GEMV_KW`` not 0."""
-    if not kw_enabled() or mb not in KW_BUCKETS or mb * (k + 32) * 2 > KW_MAX_X:
+def row_groups_apply(n: int, mb: int, num_sms: int, x_bytes: int, enabled: bool) -> bool:
+    """The rule gives ``w[n, k]``'s variant for ``M <= mb`` row groups (``KW_BUCKETS``' comment; kernel.cu's and
+    quant.cu's): ``enabled`` (``kw_enabled`` / ``kw_quant_enabled``), a bucket of ``KW_BUCKETS``, x's whole-K slice
+    (``x_bytes`` of shared memory) within ``KW_MAX_X``, too few row blocks of the bucket's shape."""
+    if not enabled or mb not in KW_BUCKETS or x_bytes > KW_MAX_X:
         return False
     dw, dt, _ = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
     return -(-n // (16 * dw * dt)) < CTAS_PER_SM.get(mb, 1.0) * num_sms
@@ -205,7 +211,7 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         lw, lt, lu = WIDE_N_SHAPE[mb]
         if -(-n // (16 * lw * lt)) >= WIDE_N_CTAS_PER_SM * num_sms:
             (dw, dt, du), per_sm = (lw, lt, lu), WIDE_N_CTAS_PER_SM
-    if kwarps is None and row_groups_apply(n, k, mb, num_sms):
+    if kwarps is None and row_groups_apply(n, mb, num_sms, smem_bytes(mb, k), kw_enabled()):
         gw, gt, gu = KW_SHAPE
         kwarps = _kwarps(n, k, num_sms, warps or gw, tiles or gt, stage_steps or gu)
         if kwarps > 1:  # else (K not whole stages for 2 warps) the bucket's own shape, no row groups

@@ -24,11 +24,8 @@ from .rule import BUCKETS, gemv_config, gemv_spec
 
 #: (warps, tiles per warp, steps per stage) tried besides the heuristic's (bench/bench_gemv.py --sweep's best ones)
 SHAPES = ((4, 1, 8), (8, 1, 4), (4, 1, 4), (8, 2, 2))
-KNOBS = ("WARPS", "MT", "U", "SPLITK", "KS")
-#: kernel.cu's: also the warps of a row group (``rule.GemvConfig.kwarps``)
-BF16_KNOBS = KNOBS + ("KW",)
-#: quant.cu's: also the warps of a row group (``quant_rule.QuantGemvConfig.kwarps``; every quant.cu spec has KW)
-QUANT_KNOBS = KNOBS + ("KW",)
+#: the spec values candidates differ in (both templates'; KW: the warps of a row group, ``GemvConfig.kwarps``)
+KNOBS = ("WARPS", "MT", "U", "SPLITK", "KS", "KW")
 #: quant.cu's AFMT -> (act_format, act_granularity)
 ACTS = {0: ("none", "token"), 1: ("fp8", "token"), 2: ("fp8", "tensor")}
 
@@ -122,6 +119,6 @@ def _is(template: str):
 
 
 TUNABLES = [
-    Tunable("gemv-bf16", _is("kernel.cu"), bf16_candidates, workloads, BF16_KNOBS),
-    Tunable("gemv-quant", _is("quant.cu"), quant_candidates, workloads, QUANT_KNOBS),
+    Tunable("gemv-bf16", _is("kernel.cu"), bf16_candidates, workloads, KNOBS),
+    Tunable("gemv-quant", _is("quant.cu"), quant_candidates, workloads, KNOBS),
 ]
