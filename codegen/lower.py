@@ -109,7 +109,7 @@ import numpy as np
 from ..ir.graph import Graph, Node, Value, Weight
 from ..ir.ops.core import Cast
 from ..ir.types import Dim, DType, TensorType, shape_numel
-from . import autotune, decode_fusion, l2_prefetch, quant_prefill
+from . import autotune, decode_fusion, quant_prefill
 from .compile import compile_source, compile_spec, nvcc_version, nvrtc_version
 from .kernel import KernelSpec, has_pdl
 from .kernels.attention import prefill_rule
@@ -390,8 +390,6 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
     launches = plan_launches(graph, tgt)
     # rope_qkv writes k and v into the KV cache, the attention's cache write dropped (unless INGOT_ROPE_CACHE_FUSION=0)
     launches = fuse_rope_cache(graph, launches, tgt)
-    # decode: the fused rope launches prefetch the next GEMVs' weights into L2 (INGOT_L2_PREFETCH=MB; off by default)
-    launches = l2_prefetch.apply(graph, launches, tgt)
     gemv = os.environ.get("INGOT_NO_GEMV", "") in ("", "0")
     # prefill steps of weight-only quantized linears: dequantize + the bf16 GEMM (on unless INGOT_QUANT_PREFILL_GEMM=0)
     prefill = (quant_prefill.plan(graph, launches, tgt, gemv) if quant_prefill.enabled()

@@ -44,32 +44,3 @@ def test_fused_kernel_writes_what_the_two_launches_write(gpu, case, tokens):
     assert np.array_equal(got_cache.view(np.uint8), gpu.download(cache2).view(np.uint8)), \
         "the cache differs from the cache write's"
     check_outputs(case, inputs, got_q, got_cache, gpu.download(k2), gpu.download(v2))
-
-
-@pytest.mark.parametrize("tokens", [1, 8, 9])
-def test_prefetching_blocks_change_nothing_written(gpu, tokens):
-    """The L2-prefetching form (``cache_rule.with_prefetch``, codegen/l2_prefetch.py) writes the same q and cache
-    bytes as the plain fused kernel: at most ``PF_MAX_TOKENS`` tokens its extra blocks prefetch two regions (one
-    ending off a chunk boundary), past that they exit; the regions themselves are left as they were."""
-    from ingot.codegen.kernels.rope.cache_rule import PF_CHUNK, with_prefetch
-
-    tgt = get_target({"sm_90a": "h200", "sm_100a": "b200"}[gpu.arch])
-    case = "llama1b-bf16"
-    plain = fused_spec(case, tgt)
-    pf = with_prefetch(plain, 32, tgt)
-    inputs = draw(rng(), case, tokens)
-    dt, nq, d = CASES[case][0], CASES[case][4], CASES[case][6]
-    weights = [np.arange(n, dtype=np.uint8) for n in (3 * PF_CHUNK + 48, 40 * PF_CHUNK)]
-    regions = [gpu.upload(w) for w in weights]
-    got = {}
-    for spec in (plain, pf):
-        tables = {n: gpu.upload(inputs[n]) for n in ("qkv", "positions", "cos", "sin")}
-        q, cache = gpu.alloc((tokens, nq * d), dt.np), gpu.upload(inputs["kv_cache"])
-        extra = ({"pf0": regions[0], "pf0_bytes": weights[0].size, "pf1": regions[1], "pf1_bytes": weights[1].size}
-                 if spec is pf else {})
-        gpu.launch(spec, **tables, q=q, kv_cache=cache, slot_mapping=gpu.upload(inputs["slot_mapping"]),
-                   kv_scale=None, num_tokens=tokens, **extra)
-        got[spec.entry] = (gpu.download(q), gpu.download(cache))
-    (q0, c0), (q1, c1) = got[plain.entry], got[pf.entry]
-    assert np.array_equal(q0.view(np.uint8), q1.view(np.uint8)) and np.array_equal(c0.view(np.uint8), c1.view(np.uint8))
-    assert all(np.array_equal(gpu.download(b), w) for b, w in zip(regions, weights))

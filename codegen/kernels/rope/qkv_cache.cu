@@ -13,13 +13,6 @@
 // IEEE division). The work is split into units of ${VEC} consecutive elements (16-byte loads of bf16 rows): per
 // q/k head the rotary units (${VEC} / 2 interleaved pairs (2i, 2i+1), or the ${VEC} pairs (i, i + ${ROT} / 2) at
 // i..i+${VEC}-1) and the pass-through units past ${ROT}, then the v row's units. One block per token.
-//
-// L2 prefetch (PF_CTAS > 0, codegen/l2_prefetch.py): the blocks (0, 1..PF_CTAS) of a launch of at most
-// ${PF_MAX_TOKENS} tokens ask L2 for the leading pf0_bytes of pf0 and pf1_bytes of pf1 (the weights of the GEMVs
-// after the attention, which is latency-bound at decode and leaves DRAM idle) with cp.async.bulk.prefetch in
-// ${PF_CHUNK}-byte pieces, and exit: nothing waits for the data, and no value this kernel writes depends on it.
-// Every other block (x, y > 0) exits at once.
-#define PF_CTAS ${PF_CTAS}
 template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T e[N]; };
 
 template <typename T, int N> __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
@@ -46,29 +39,7 @@ template <int N> __device__ __forceinline__ void store_cache(${KT}* dst, const P
 extern "C" __global__ void __launch_bounds__(${BLOCK}) ${KERNEL}(
     const ${DT}* __restrict__ qkv, const long long* __restrict__ positions, const ${CT}* __restrict__ cos_table,
     const ${CT}* __restrict__ sin_table, ${DT}* __restrict__ q_out, ${KT}* __restrict__ kv_cache,
-    const long long* __restrict__ slot_mapping, const float* __restrict__ kv_scale, long long num_tokens
-#if PF_CTAS > 0
-    , const unsigned char* __restrict__ pf0, long long pf0_bytes, const unsigned char* __restrict__ pf1,
-    long long pf1_bytes
-#endif
-) {
-#if PF_CTAS > 0
-  if (blockIdx.y > 0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr i64 CH = ${PF_CHUNK};
-    if (blockIdx.x != 0 || num_tokens > ${PF_MAX_TOKENS}) return;
-    const i64 n0 = (pf0_bytes + CH - 1) / CH, n = n0 + (pf1_bytes + CH - 1) / CH;
-    for (i64 c = (i64)(blockIdx.y - 1) * blockDim.x + threadIdx.x; c < n; c += (i64)PF_CTAS * blockDim.x) {
-      const bool first = c < n0;
-      const i64 off = (first ? c : c - n0) * CH, len = (first ? pf0_bytes : pf1_bytes) - off;
-      const unsigned char* p = (first ? pf0 : pf1) + off;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)(len < CH ? len : CH))
-                   : "memory");
-    }
-#endif
-    return;
-  }
-#endif
+    const long long* __restrict__ slot_mapping, const float* __restrict__ kv_scale, long long num_tokens) {
   constexpr int D = ${HEAD_DIM}, R = ${ROT}, HALF = R / 2, NQ = ${NQ}, NKV = ${NKV}, NH = NQ + NKV;
   constexpr int ROW = (NQ + 2 * NKV) * D, QW = NQ * D, KW = NKV * D, BS = ${BLOCK_SIZE};
   constexpr int V = ${VEC}, VH = V / 2 > 0 ? V / 2 : 1;
