@@ -166,9 +166,10 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_plans: Mapping[int, S
 
 
 def variant_reads(table: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """Value name -> the last node that reads it through a variant's own arguments, over a kernel table's
-    ``launches``: what ``plan_memory`` must be given as ``reads`` for that table (buffers the launch reads anyway
-    change nothing there)."""
+    """Value name -> the last node that names it in a variant's own arguments, over a kernel table's ``launches``: what
+    ``plan_memory`` must be given as ``reads`` for that table (buffers the launch reads anyway change nothing there;
+    a value written there before its own node, q of ``codegen/qkv_rope_fusion.py``, has its interval widened back
+    to that node)."""
     reads: dict[str, int] = {}
     for ln in table:
         for v in ln.get("variants", ()):

@@ -109,7 +109,7 @@ import numpy as np
 from ..ir.graph import Graph, Node, Value, Weight
 from ..ir.ops.core import Cast
 from ..ir.types import Dim, DType, TensorType, shape_numel
-from . import autotune, decode_fusion, quant_prefill
+from . import autotune, decode_fusion, qkv_rope_fusion, quant_prefill
 from .compile import compile_source, compile_spec, nvcc_version, nvrtc_version
 from .kernel import KernelSpec, has_pdl
 from .kernels.attention import prefill_rule
@@ -435,6 +435,17 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
     variant_lists.update(fusion.variants)
     variant_lists.update(prefill.variant_lists(variant_plans))
     skips, into = {**fusion.skips, **prefill.skips}, {**fusion.into, **prefill.into}
+    # decode steps: the qkv GEMV rotates q / k and writes the KV cache, the rope launch skipped
+    # (INGOT_QKV_ROPE_FUSION=0: off)
+    if gemv and qkv_rope_fusion.enabled():
+        rope = qkv_rope_fusion.plan(graph, launches, variant_lists, tgt)
+        for key, made in rope.made_from.items():
+            base = fusion.made_from.get(made.key, made)
+            if base.key in records:
+                records[key] = {**records[base.key], "tuned_as": base.entry}
+        variant_lists.update(rope.variants)
+        skips.update(rope.skips)
+        into.update(rope.into)
     kdir = Path(workdir) / "kernels"
     kdir.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}

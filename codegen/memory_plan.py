@@ -159,7 +159,9 @@ class MemoryPlan:
 def plan_memory(graph: Graph, bindings: Mapping[str, int], reads: Mapping[str, int] | None = None,
                 temporaries: Mapping[str, tuple[int, TensorType]] | None = None) -> MemoryPlan:
     """Offsets for every value of ``graph`` (see the module docstring); ``reads``: value name -> index of a node
-    whose kernel also reads it; ``temporaries``: scratch buffer name -> (the node whose launches use it, its type)."""
+    whose kernel also reads it, or writes it before its own node does (a fused decode variant: the value's interval
+    is widened to that node either way); ``temporaries``: scratch buffer name -> (the node whose launches use it,
+    its type)."""
     plan = MemoryPlan(dict(bindings))
     off = 0
     for name, w in graph.weights.items():
@@ -202,9 +204,10 @@ def plan_memory(graph: Graph, bindings: Mapping[str, int], reads: Mapping[str, i
             if v.name not in plan.buffers:
                 start[v] = i
                 end.setdefault(v, i)
-    for v in start:
+    for v in start:  # a node whose kernel reads (or writes, before the value's own node) it
         if reads and v.name in reads:
             end[v] = max(end[v], reads[v.name])
+            start[v] = min(start[v], reads[v.name])
     taken = {v.name for v in start} | set(plan.buffers)
     for name, (node_index, t) in (temporaries or {}).items():
         if name in taken:

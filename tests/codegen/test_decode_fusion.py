@@ -183,6 +183,7 @@ def test_the_memory_plan_keeps_fused_inputs_alive(tmp_path):
 @needs_compiler
 def test_kernel_table_of_the_tiny_llama(tmp_path, monkeypatch):
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
+    monkeypatch.setenv("INGOT_QKV_ROPE_FUSION", "0")  # its own table test: tests/codegen/test_qkv_rope_fusion.py
     on = json.loads((ingot.compile(FIXTURES / "tiny_llama_kv.onnx", target="h200", out=tmp_path / "on.ingot",
                                    mode="llm") / "manifest.json").read_text())["cuda"]
     monkeypatch.setenv(decode_fusion.ENV, "0")

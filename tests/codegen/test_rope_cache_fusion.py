@@ -145,8 +145,10 @@ def test_off_leaves_the_launches_alone(tmp_path, monkeypatch):
 def _table(tmp_path, target: str, name: str, monkeypatch, flag: str, decode_fusion: str = "0") -> dict:
     monkeypatch.setenv(rope_cache_fusion.ENV, flag)
     # decode fusion (on by default) numbers its skips by launch index: off unless asked, so that the tables compare
-    # the rope launches alone (both together: test_with_decode_fusion_the_skips_point_at_their_linears)
+    # the rope launches alone (both together: test_with_decode_fusion_the_skips_point_at_their_linears); qkv-rope
+    # fusion (on by default, on top of this one) off: tests/codegen/test_qkv_rope_fusion.py
     monkeypatch.setenv("INGOT_DECODE_FUSION", decode_fusion)
+    monkeypatch.setenv("INGOT_QKV_ROPE_FUSION", "0")
     path = ingot.compile(FIXTURES / "tiny_llama_kv.onnx", target=target, out=tmp_path / f"{name}.ingot", mode="llm")
     return json.loads((path / "manifest.json").read_text())["cuda"]
 

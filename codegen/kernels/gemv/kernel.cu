@@ -1,5 +1,6 @@
 #include "../common.cuh"
 #include "splitk.cuh"
+#include "../rope/rotate.cuh"
 
 // Skinny GEMM / GEMV for decode steps: out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) (+ residual[M, N]),
 // bf16 in and out, f32 accumulate, for M <= ${MB} tokens (one variant per token bucket; the executor picks
@@ -44,6 +45,13 @@
 //   followed by the plain variant: the norm factor multiplies the f32 sums instead of being rounded into the bf16 x,
 //   the sigmoid rounds as the approximate instructions do; both are within the GEMV's tolerance of the numpy
 //   reference.
+// - rope epilogue (${ROPE}; codegen/qkv_rope_fusion.py): the qkv projection's GEMV does rope_qkv and the KV cache write
+//   (rope/qkv_cache.cu) itself, so that their launch is skipped in decode steps. Tile row n streams weight row
+//   gemv_rope_row(n): in each q and k head, the 16-row tile i holds the rotating pairs (lo, hi) of 8 features in its
+//   rows (r, r + 8), so a lane's two rows of a tile are both halves of one pair (v rows stay in order). The
+//   epilogue rounds each output to bf16 (what the plain variant stores and the rope kernel reads), rotates q and k
+//   with rotate.cuh at positions[t] (cos / sin [max_pos, ${ROPE_D} / 2]), stores q to q_out and k and v to the paged
+//   cache at slot_mapping[t] (none for a negative slot) as qkv_cache.cu does, bit for bit; out is not written.
 struct u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ u32x4 gemv_ld_stream(const void* p) {
@@ -116,6 +124,24 @@ constexpr int PROLOGUE = ${PROLOGUE}, VPT = KS / 8, CH = (VPT + 31) / 32, CHW = 
 constexpr bool WEIGHTS_FIRST = ${WEIGHTS_FIRST};
 constexpr float SWIGLU_K = -(${ALPHA}) * 1.4426950408889634f;  // silu's exponent in log2 units
 using SK = GemvSplitK<MT, NT, MB, BN, GX, SPLITK>;
+// the rope epilogue: NQ q heads, NKV k and v heads of RD features (all rotating), cache blocks of RBS positions
+constexpr bool ROPE = ${ROPE}, RINTER = ${ROPE_INTERLEAVED}, RSCALED = ${ROPE_SCALED};
+constexpr int RQ = ${ROPE_NQ}, RKV = ${ROPE_NKV}, RD = ${ROPE_D}, RHALF = RD / 2, RBS = ${ROPE_BS};
+static_assert(!ROPE || (RD % 16 == 0 && N == (RQ + 2 * RKV) * RD), "rope epilogue: whole 16-row tiles a head");
+
+// the weight row of tile row n (the identity without the rope epilogue, and for v's rows)
+__device__ __forceinline__ int gemv_rope_row(int n) {
+  if (!ROPE || n >= (RQ + RKV) * RD) return n;
+  const int m = n % RD, i = m / 16, r = m % 8;
+  const int lo = RINTER ? 2 * (8 * i + r) : 8 * i + r;
+  return n - m + (m % 16 < 8 ? lo : (RINTER ? lo + 1 : lo + RHALF));
+}
+// one value as the cache stores it (qkv_cache.cu's to_cache, from the bf16 value)
+__device__ __forceinline__ ${ROPE_KT} gemv_to_cache(float x, float scale) {
+  if (RSCALED) return from_f32<${ROPE_KT}>(__fdiv_rn(x, scale));
+  return from_f32<${ROPE_KT}>(x);
+}
+__device__ __forceinline__ float gemv_round(float x) { return to_f32(from_f32<bf16>(x)); }
 
 // a * sigmoid(alpha a) * b = a * b / (1 + 2^(SWIGLU_K a)); 2^+inf = inf gives 0
 __device__ __forceinline__ float gemv_swiglu(float a, float b) {
@@ -135,6 +161,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
     const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, long long M
 #if ${PROLOGUE} == 1
     , const bf16* __restrict__ norm_weight
+#endif
+#if ${ROPE}
+    , const long long* __restrict__ positions, const ${ROPE_CT}* __restrict__ cos_table,
+    const ${ROPE_CT}* __restrict__ sin_table, bf16* __restrict__ q_out, ${ROPE_KT}* __restrict__ kv_cache,
+    const long long* __restrict__ slot_mapping, const float* __restrict__ kv_scale
 #endif
     ) {
 #if ${PROLOGUE} != 1
@@ -156,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = row0 + 16 * mt + 8 * h;
-      p[mt][h] = wbits + (i64)(r < N ? r : N - 1) * K + kb + kc + 8 * q;
+      p[mt][h] = wbits + (i64)(r < N ? gemv_rope_row(r) : N - 1) * K + kb + kc + 8 * q;
     }
 
   u32x4 buf[2][U][MT][2];
@@ -304,6 +335,48 @@ ${PDL_WAIT}
   float inv[NT][2];  // rms_norm: 1 / rms of tokens 8 j + 2 q + h, all MB of them (splitk.cuh)
   if (PROLOGUE == 1) SK::inv_rms<WARPS, K, true>(inv, ${KERNEL}_ss, ssq, q, ${EPS}, MB);
 
+#if ${ROPE}
+  // the rope epilogue (see the header): the pair (lo, hi) = tile rows (g, g + 8), tokens 2q, 2q+1 of each n-tile
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int nlo = row0 + 16 * mt;
+    if (nlo >= N) continue;
+    const int lo = gemv_rope_row(nlo), hi = gemv_rope_row(nlo + 8);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = 8 * j + 2 * q + e;
+        if (t >= rows) continue;
+        float a = acc[mt][j][e], b = acc[mt][j][2 + e];
+        if (PROLOGUE == 1) a *= inv[j][e], b *= inv[j][e];
+        if (${HAS_BIAS}) a += to_f32(bias[lo]), b += to_f32(bias[hi]);
+        a = gemv_round(a), b = gemv_round(b);  // the qkv row the plain variant stores
+        const i64 slot = slot_mapping[t];
+        if (lo >= RQ * RD && slot < 0) continue;  // k and v of a token without a slot: nothing to write
+        if (lo < (RQ + RKV) * RD) {  // q or k: rotate
+          const int d = lo % RD, jc = RINTER ? d / 2 : d;
+          const i64 pos = positions[t];
+          float ra, rb;
+          rotate_pair(a, b, to_f32(cos_table[pos * RHALF + jc]), to_f32(sin_table[pos * RHALF + jc]), ra, rb);
+          a = gemv_round(ra), b = gemv_round(rb);
+        }
+        if (lo < RQ * RD) {
+          q_out[(i64)t * RQ * RD + lo] = from_f32<bf16>(a);
+          q_out[(i64)t * RQ * RD + hi] = from_f32<bf16>(b);
+          continue;
+        }
+        const bool is_k = lo < (RQ + RKV) * RD;
+        const int f = lo - (is_k ? RQ : RQ + RKV) * RD, fh = hi - (is_k ? RQ : RQ + RKV) * RD;  // in the head row
+        const float sa = RSCALED ? kv_scale[(is_k ? 0 : RKV) + f / RD] : 1.0f;
+        const float sb = RSCALED ? kv_scale[(is_k ? 0 : RKV) + fh / RD] : 1.0f;
+        ${ROPE_KT}* row = kv_cache + ((slot / RBS * 2 + (is_k ? 0 : 1)) * RBS + slot % RBS) * (i64)(RKV * RD);
+        row[f] = gemv_to_cache(a, sa);
+        row[fh] = gemv_to_cache(b, sb);
+      }
+  }
+  return;
+#endif
   // epilogue: c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = (row g+8, same tokens) of each tile
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)

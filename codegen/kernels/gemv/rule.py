@@ -155,6 +155,47 @@ class Prologue:
             raise ValueError(f"gemv prologue must be one of {sorted(PROLOGUES)}, got {self.kind!r}")
 
 
+@dataclass(frozen=True)
+class RopeEpilogue:
+    """The rope epilogue (the template's ``ROPE``; ``codegen/qkv_rope_fusion.py``): the qkv projection's variant
+    rotates q and k (``num_heads`` / ``num_kv_heads`` heads of ``head_dim`` features, all rotating; ``interleaved``
+    pairs (2i, 2i+1) or (i, i + head_dim / 2)) at ``positions``, writes q to ``q_out`` and k and v into the paged
+    cache (``block_size`` positions a block, ``cache_ctype`` elements, ``scaled``: e4m3 codes of ``x / kv_scale``)
+    as ``rope/qkv_cache.cu`` does; ``table_ctype``: the cos / sin tables' element type."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    interleaved: bool
+    block_size: int
+    cache_ctype: str = "bf16"
+    table_ctype: str = "float"
+    scaled: bool = False
+
+    def __post_init__(self) -> None:
+        if self.head_dim % 16 or self.num_heads < 1 or self.num_kv_heads < 1 or self.block_size < 1:
+            raise ValueError(f"gemv rope epilogue: head_dim {self.head_dim} must be a multiple of 16, "
+                             f"heads {self.num_heads} / {self.num_kv_heads} and block size {self.block_size} positive")
+
+    @property
+    def rows(self) -> int:
+        """The qkv row's features (the GEMV's N)."""
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+
+    def values(self) -> dict[str, int | bool | str]:
+        return {"ROPE": True, "ROPE_NQ": self.num_heads, "ROPE_NKV": self.num_kv_heads, "ROPE_D": self.head_dim,
+                "ROPE_INTERLEAVED": self.interleaved, "ROPE_BS": self.block_size, "ROPE_KT": self.cache_ctype,
+                "ROPE_CT": self.table_ctype, "ROPE_SCALED": self.scaled}
+
+
+#: a variant without the rope epilogue (values the template needs all the same)
+NO_ROPE = {"ROPE": False, "ROPE_NQ": 0, "ROPE_NKV": 0, "ROPE_D": 16, "ROPE_INTERLEAVED": False, "ROPE_BS": 16,
+           "ROPE_KT": "bf16", "ROPE_CT": "float", "ROPE_SCALED": False}
+#: the rope epilogue's parameters, after the variant's own (and ``norm_weight``)
+ROPE_PARAMS = [("positions", "ptr"), ("cos", "ptr"), ("sin", "ptr"), ("q", "ptr"), ("kv_cache", "ptr"),
+               ("slot_mapping", "ptr"), ("kv_scale", "ptr")]
+
+
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -243,12 +284,14 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
 
 def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
               config: GemvConfig | None = None, prologue: Prologue | None = None,
-              weights_first: bool | None = None) -> KernelSpec:
+              weights_first: bool | None = None, rope: RopeEpilogue | None = None) -> KernelSpec:
     """The variant for ``M <= mb`` of ``linear`` with bf16 ``x[M, k]``, ``w[n, k]``; params as the GEMM's (and
-    ``norm_weight`` after them with an ``rms_norm`` prologue). ``weights_first``: load the first weight stage before
-    the PDL wait (default: with a prologue only, see the module docstring)."""
+    ``norm_weight`` after them with an ``rms_norm`` prologue, then ``ROPE_PARAMS`` with ``rope``). ``weights_first``:
+    load the first weight stage before the PDL wait (default: with a prologue only, see the module docstring)."""
     if k % 32 or mb not in BUCKETS:
         raise ValueError(f"gemv: K must be a multiple of 32 (got {k}) and mb one of {BUCKETS} (got {mb})")
+    if rope is not None and (rope.rows != n or residual):
+        raise ValueError(f"gemv rope epilogue: N {n} must be the qkv row's {rope.rows} features, without residual")
     pro = prologue or Prologue()
     first = pro.kind != "none" if weights_first is None else weights_first
     cfg = config or gemv_config(n, k, mb, target.num_sms or 132)
@@ -259,10 +302,14 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
               "U": cfg.stage_steps, "KW": cfg.kwarps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual,
               "PROLOGUE": PROLOGUES[pro.kind],
-              "EPS": float(pro.eps), "ALPHA": float(pro.alpha), "WEIGHTS_FIRST": first}
-    tag = f"gemv_bf16_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
+              "EPS": float(pro.eps), "ALPHA": float(pro.alpha), "WEIGHTS_FIRST": first,
+              **(rope.values() if rope is not None else NO_ROPE)}
+    tag = (f"gemv_bf16_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
+           + ("" if rope is None else "_rope"))
     params = PARAMS + [("norm_weight", "ptr")] if pro.kind == "rms_norm" else PARAMS
-    what = "" if pro.kind == "none" else f", {pro.kind} prologue"
+    if rope is not None:
+        params = params + ROPE_PARAMS
+    what = ("" if pro.kind == "none" else f", {pro.kind} prologue") + ("" if rope is None else ", rope epilogue")
     return KernelSpec.make("gemv", "kernel.cu", tag, target.arch or "", values, params, 32 * cfg.warps,
                            [GridDim(const=-(-n // cfg.rows)), GridDim(const=cfg.splitk)],
                            smem=smem,
@@ -306,6 +353,18 @@ def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target, weights_fi
         config = gemv_config(n, k, mb, target.num_sms or 132, kwarps=1)
     return gemv_spec(n, k, mb, target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]),
                      config=config, prologue=prologue, weights_first=weights_first)
+
+
+def with_rope(spec: KernelSpec, rope: RopeEpilogue, target: Target) -> KernelSpec:
+    """``spec`` (a ``kernel.cu`` variant, plain or with a prologue) with the rope epilogue: the same configuration,
+    prologue and weight order, so it streams the weights as ``spec`` does."""
+    if spec.family != "gemv" or spec.template != "kernel.cu" or dict(spec.values).get("ROPE"):
+        raise ValueError(f"gemv: {spec.entry} is not a kernel.cu variant without the rope epilogue")
+    v = dict(spec.values)
+    kind = {code: name for name, code in PROLOGUES.items()}[int(v["PROLOGUE"])]
+    return gemv_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]),
+                     config=spec_config(spec), prologue=Prologue(kind, float(v["EPS"]), float(v["ALPHA"])),
+                     weights_first=bool(v["WEIGHTS_FIRST"]), rope=rope)
 
 
 def applies(inputs: Sequence[TensorType | None], target: Target) -> tuple[int, int, bool, bool] | None:

@@ -1,0 +1,98 @@
+"""The qkv GEMV's rope epilogue (``kernels/gemv/kernel.cu``, ``rule.RopeEpilogue``, ``codegen/qkv_rope_fusion.py``)
+on the GPU (``-m gpu``; skipped without one): the variant with the epilogue writes q and the paged KV cache bit for
+bit as the same variant without it followed by ``rope/qkv_cache.cu`` does (that pair is what decode steps ran
+before), and leaves ``out`` unwritten. Cases: the Llama-3.2-1B qkv (32 / 8 heads of 64) at the rule's configuration
+(row groups) and with split-K over CTAs, with and without the rms_norm prologue, the first weight stage before and
+after the wait; interleaved pairs with an FP8 cache (saturating ``x / kv_scale``, bf16 tables); head_dim 128 with a
+bias; 1, 3 and 8 tokens, slots of some tokens negative; each fused launch twice (split-K counters reused).
+
+    python -m pytest tests/codegen/test_qkv_rope_fusion_gpu.py -m gpu -v
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ingot.codegen.kernels.gemv.rule import Prologue, RopeEpilogue, gemv_config, gemv_spec, with_rope
+from ingot.codegen.kernels.rope.cache_rule import rope_qkv_cache_spec
+from ingot.ir.quant.formats import to_e4m3
+from ingot.ir.types import DType
+from tests.codegen.common import gpu_target
+from tests.helpers import rng
+
+pytestmark = pytest.mark.gpu
+BF16 = ml_dtypes.bfloat16
+CTYPE = {DType.bf16: "bf16", DType.f32: "float", DType.f8e4m3fn: "fp8e4m3"}
+
+#: name -> (heads, kv heads, head_dim, K, interleaved, cache type, table type, FP8 scales, bias)
+CASES = {
+    "llama1b": (32, 8, 64, 2048, False, DType.bf16, DType.f32, False, False),
+    "fp8-cache-interleaved": (8, 2, 64, 512, True, DType.f8e4m3fn, DType.bf16, True, False),
+    "d128-bias": (16, 4, 128, 1024, False, DType.bf16, DType.f32, False, True),
+}
+BLOCK = 16
+
+
+def _specs(gpu, case: str, config: str, prologue: str, weights_first: bool):
+    nq, nkv, d, k, inter, kt, ct, scaled, bias = CASES[case]
+    tgt = gpu_target(gpu)
+    n = (nq + 2 * nkv) * d
+    cfg = gemv_config(n, k, 8, tgt.num_sms or 132, kwarps=1) if config == "splitk" else None
+    pro = Prologue("rms_norm", eps=1e-5) if prologue == "rms_norm" else None
+    plain = gemv_spec(n, k, 8, tgt, bias=bias, config=cfg, prologue=pro, weights_first=weights_first)
+    fused = with_rope(plain, RopeEpilogue(nq, nkv, d, inter, BLOCK, CTYPE[kt], CTYPE[ct], scaled), tgt)
+    rope = rope_qkv_cache_spec(DType.bf16, ct, kt, nq, nkv, d, d, inter, BLOCK, scaled, tgt)
+    return plain, fused, rope
+
+
+@pytest.mark.parametrize("weights_first", [False, True], ids=["wait-first", "weights-first"])
+@pytest.mark.parametrize("prologue", ["none", "rms_norm"])
+@pytest.mark.parametrize("config", ["rule", "splitk"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rope_epilogue_writes_what_gemv_then_rope_write(gpu, case, config, prologue, weights_first):
+    nq, nkv, d, k, inter, kt, ct, scaled, bias = CASES[case]
+    plain, fused, rope = _specs(gpu, case, config, prologue, weights_first)
+    if config == "splitk":
+        assert fused.value("SPLITK") > 1
+    n = plain.value("N")
+    r = rng()
+    w = gpu.upload((r.standard_normal((n, k), np.float32) / np.sqrt(k)).astype(BF16))
+    b = gpu.upload(r.standard_normal(n).astype(BF16)) if bias else None
+    g = gpu.upload((1 + 0.2 * r.standard_normal(k)).astype(BF16)) if prologue == "rms_norm" else None
+    extra = {"norm_weight": g} if prologue == "rms_norm" else {}
+    max_pos = 4096
+    ang = np.arange(max_pos)[:, None] * (10000.0 ** (-np.arange(d // 2) / (d // 2)))[None]
+    tables = {"cos": np.cos(ang), "sin": np.sin(ang)}
+    tables = {name: gpu.upload(t.astype(np.float32 if ct is DType.f32 else BF16)) for name, t in tables.items()}
+    kv_scale = (gpu.upload((r.uniform(0.005, 0.02, (2, nkv))).astype(np.float32)) if scaled else None)
+    for m in (1, 3, 8):
+        x = gpu.upload((3.0 * r.standard_normal((m, k))).astype(BF16))
+        positions = gpu.upload(r.integers(0, max_pos, m).astype(np.int64))
+        blocks = m // BLOCK + 3
+        slot_host = r.permutation(blocks * BLOCK)[:m].astype(np.int64)
+        slot_host[r.random(m) < 0.3] = -1
+        slots = gpu.upload(slot_host)
+        cache0 = r.standard_normal((blocks, 2, BLOCK, nkv, d))
+        cache0 = to_e4m3(cache0 * 100.0) if kt is DType.f8e4m3fn else cache0.astype(BF16)
+        # before: the variant without the epilogue, then the fused rope + cache write kernel
+        qkv = gpu.alloc((m, n), BF16)
+        gpu.launch(plain, x=x, weight=w, weight_scale=None, bias=b, residual=None, out=qkv, M=m, **extra)
+        q_want, cache_want = gpu.alloc((m, nq * d), BF16), gpu.upload(cache0)
+        gpu.launch(rope, qkv=qkv, positions=positions, **tables, q=q_want, kv_cache=cache_want, slot_mapping=slots,
+                   kv_scale=kv_scale, num_tokens=m)
+        want_q, want_cache = gpu.download(q_want), gpu.download(cache_want)
+        for attempt in range(2):
+            out, q, cache = gpu.alloc((m, n), BF16), gpu.alloc((m, nq * d), BF16), gpu.upload(cache0)
+            gpu.launch(fused, x=x, weight=w, weight_scale=None, bias=b, residual=None, out=out, M=m, **extra,
+                       positions=positions, **tables, q=q, kv_cache=cache, slot_mapping=slots, kv_scale=kv_scale)
+            what = f"{fused.entry} M={m} launch {attempt + 1}"
+            assert np.array_equal(gpu.download(q).view(np.uint16), want_q.view(np.uint16)), f"{what}: q"
+            assert np.array_equal(gpu.download(cache).view(np.uint8), want_cache.view(np.uint8)), f"{what}: cache"
+            assert np.isnan(gpu.download(out).astype(np.float32)).all(), f"{what}: out was written"
+        assert np.isfinite(want_q.astype(np.float32)).all()
+        written = slot_host >= 0
+        if written.any():  # the reference itself wrote the cache at the tokens' slots
+            changed = (want_cache.view(np.uint8) != cache0.view(np.uint8)).any(axis=(2, 3, 4)).sum()
+            assert changed > 0
