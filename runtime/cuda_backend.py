@@ -21,11 +21,23 @@ are written straight into typed views of the pinned staging copy (no per-step ar
 the device"), whose ids ``greedy_tokens`` copies back instead of the logits. Steps with
 prefill tokens, or more sequences than the largest bucket, run as plain launches.
 
-**Decode steps** (``greedy_tokens_steps``, the engine's ``decode_steps``): ``K`` decode steps of one bucket queued
-back to back on the stream, never waiting for the host in between. Each step's inputs are staged up front in a
-pinned staging copy of its own (step ``j`` in ``_step_staging[j]``) and copied in before its graph; from the second
-step on, a device-to-device copy then puts the previous step's argmax ids into ``input_ids``, and after each graph
-its ids go to row ``j`` of a device ``i64[K, S]`` buffer that comes back in one copy at the end::
+**Decode steps** (``greedy_tokens_steps``, the engine's ``decode_steps``): ``K`` decode steps of one bucket run as
+one CUDA graph, captured once per (bucket, ``K``) on first use, never waiting for the host in between. All ``K``
+steps' inputs are staged up front, padded as above, into one pinned buffer (step ``j`` at ``j * stride``, ``stride``
+the bucket's input bytes rounded up to 256) and sent in one copy to a device buffer of the same layout. In the graph,
+a small kernel (``codegen/kernels/copy/step_inputs.cu``) before each step's launches copies that step's bytes into the
+io region (from the second step on with the previous step's argmax ids as ``input_ids``) and files the previous
+step's ids in a device ``i64[K, bucket]`` buffer; one more after the last step files its ids. The ids come back in
+one copy; the host keeps the first ``S`` of each row (padding rows feed on their own argmax, any valid id, and write
+no KV)::
+
+    H2D(steps 0..K-1) | graph[ in(0) step0 | in(1) step1 | ... | step(K-1) ids(K) ] | D2H(ids)
+
+The step kernels are PDL launches like the model's: between two steps there is a kernel boundary, no stream copy and
+no graph boundary. The engine cuts ``K`` where rows end, so a bucket may collect a graph (of ``K`` steps' nodes, and
+its own staging) for each ``K`` up to its ``decode_steps``. ``INGOT_STEPS_GRAPH=0`` (read at each call), or a step
+kernel that did not build, runs the steps as before: each step staged in a pinned copy of its own
+(``_step_staging[j]``), the bucket's graph launched once per step with stream copies in between::
 
     H2D(step 0) graph D2D(ids->out[0]) | H2D(step 1) D2D(ids->input_ids) graph D2D(ids->out[1]) | ... | D2H(out)
 
@@ -96,14 +108,65 @@ def _align(n: int) -> int:
 DEFAULT_SMEM_LIMIT = 48 * 1024
 
 
-class _StagedBucket:
-    """Typed views of the pinned staging copy where a decode bucket's inputs go (``CudaExecutor._stage_decode``),
-    and the end of the bytes the step copies."""
+#: where a bucket's inputs lie in the io region: name -> (byte offset, dtype, shape at the bucket's dims)
+Layout = Mapping[str, tuple[int, np.dtype, tuple[int, ...]]]
 
-    def __init__(self, staging: cd.PinnedBuffer, layout: Mapping[str, tuple[int, np.dtype, tuple[int, ...]]]) -> None:
-        self.views = {name: staging.view(off, dt, shape) for name, (off, dt, shape) in layout.items()}
-        self.end = max((off + v.nbytes for (off, _, _), v in zip(layout.values(), self.views.values()) if v.nbytes),
-                       default=0)
+
+def layout_end(layout: Layout) -> int:
+    """The end of the last non-empty input of ``layout``: the bytes a step's inputs span in the io region."""
+    ends = (off + int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize for off, dt, shape in layout.values())
+    return max((e for e, (off, _, _) in zip(ends, layout.values()) if e > off), default=0)
+
+
+class _StagedBucket:
+    """Typed views of a decode bucket's inputs in a pinned staging buffer, laid out as in the io region from byte
+    ``base`` on (``CudaExecutor._write_decode``), and ``end``: the bytes one step copies, counted from ``base``."""
+
+    def __init__(self, staging: cd.PinnedBuffer, layout: Layout, base: int = 0) -> None:
+        self.views = {name: staging.view(base + off, dt, shape) for name, (off, dt, shape) in layout.items()}
+        self.end = layout_end(layout)
+
+
+#: ``INGOT_STEPS_GRAPH=0``: ``greedy_tokens_steps`` launches the bucket's graph once per step (module docstring)
+STEPS_GRAPH_ENV = "INGOT_STEPS_GRAPH"
+#: bytes between two steps' inputs in a ``_StepsGraph``'s staging (the device copy's 16-byte units stay aligned)
+STEP_STRIDE_ALIGN = 256
+
+
+def steps_graph_enabled() -> bool:
+    """K decode steps as one CUDA graph (default on; ``INGOT_STEPS_GRAPH=0``, after stripping spaces: off)."""
+    return os.environ.get(STEPS_GRAPH_ENV, "1").strip() != "0"
+
+
+class _StepsGraph:
+    """``K`` decode steps of one bucket as one CUDA graph (``CudaExecutor.greedy_tokens_steps``) with its buffers:
+    the pinned staging of every step's inputs (``steps[j]``: step ``j``'s views, ``j * stride`` bytes in), the
+    device copy the graph's step kernels read, and the device ids ``i64[K, bucket]`` with their pinned host copy."""
+
+    def __init__(self, bucket: int, k: int, layout: Layout) -> None:
+        self.bucket, self.k = bucket, k
+        self.end = layout_end(layout)
+        self.stride = -(-self.end // STEP_STRIDE_ALIGN) * STEP_STRIDE_ALIGN
+        self.staging = cd.PinnedBuffer(k * self.stride)
+        self.staged = cd.DeviceMemory(k * self.stride)
+        self.steps = [_StagedBucket(self.staging, layout, j * self.stride) for j in range(k)]
+        self.ids = cd.DeviceMemory(k * bucket * 8)
+        self.ids_host = cd.PinnedBuffer(k * bucket * 8)
+        self.graph: cd.CudaGraph | None = None
+
+    def enqueue(self, stream: cd.Stream) -> None:
+        """Every step's staged inputs in (one copy), the graph, every step's ids out (one copy)."""
+        if self.graph is None:
+            raise RuntimeError(f"the decode steps graph of bucket {self.bucket}, K = {self.k} was not captured")
+        cd.memcpy_htod(self.staged.ptr, self.staging.ptr, (self.k - 1) * self.stride + self.end, stream)
+        self.graph.launch(stream)
+        cd.memcpy_dtoh(self.ids_host.ptr, self.ids.ptr, self.k * self.bucket * 8, stream)
+
+    def free(self) -> None:
+        if self.graph is not None:
+            self.graph.destroy()
+        for b in (self.staging, self.staged, self.ids, self.ids_host):
+            b.free()
 
 
 def block_runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
@@ -247,7 +310,9 @@ class CudaExecutor:
         self.cuda_graphs = cuda_graphs and self.serving
         self.buckets = [b for b in GRAPH_BUCKETS if b <= self.bounds.get("S", 0)]
         self.graphs: dict[int, cd.CudaGraph] = {}
-        self.stats = {"graph_steps": 0, "eager_steps": 0, "captures": 0, "argmax_steps": 0, "multi_steps": 0}
+        #: ``steps_graphs``: captures of K-step graphs (``greedy_tokens_steps``), one per (bucket, K)
+        self.stats = {"graph_steps": 0, "eager_steps": 0, "captures": 0, "argmax_steps": 0, "multi_steps": 0,
+                      "steps_graphs": 0}
         self._staged: dict[tuple[int, int], _StagedBucket] = {}  # (staging copy, bucket) -> views
         #: per staging copy, the bucket whose constant inputs it holds (copy 0 is ``staging``)
         self._staged_bucket: list[int | None] = [None]
@@ -257,6 +322,10 @@ class CudaExecutor:
         self._steps_ids: tuple[cd.DeviceMemory, cd.PinnedBuffer] | None = None
         #: the greedy-sampling kernel (``greedy_tokens``); None: ``greedy_tokens`` takes the argmax on the host
         self.argmax: GreedyArgmax | None = self._load_argmax() if device_argmax and self.serving else None
+        #: ``greedy_tokens_steps``' one graph per (bucket, K), and the kernel that feeds its steps (function, spec);
+        #: None: the steps run one bucket graph each
+        self.steps_graphs: dict[tuple[int, int], _StepsGraph] = {}
+        self.step_kernel: tuple[Any, KernelSpec] | None = self._load_step_kernel() if self.argmax is not None else None
         self.ctx.synchronize()
 
     def set_communicator(self, communicator: Any) -> None:
@@ -289,6 +358,26 @@ class CudaExecutor:
         module = cd.Module(cubin, spec.entry)
         self.modules[spec.entry] = module
         return GreedyArgmax(module.function(spec.entry), spec, self.address(out.name), self.bounds["S"])
+
+    def _load_step_kernel(self) -> tuple[Any, KernelSpec] | None:
+        """Build the kernel that feeds each step of a K-step graph (``codegen/kernels/copy/step_inputs.cu``) as
+        ``_load_argmax`` builds the argmax; None, logged, where it does not compile."""
+        from ..codegen.compile import CompileError, CompilerUnavailable, compile_spec
+        from ..codegen.kernels.copy.step_rule import step_inputs_spec
+        from ..codegen.target import gpu_targets
+
+        target = next((t for t in gpu_targets() if t.arch == self.cuda["arch"]), None)
+        if target is None:
+            return None
+        spec = step_inputs_spec(target)
+        try:
+            cubin = compile_spec(spec).cubin
+        except (CompilerUnavailable, CompileError, OSError) as e:
+            log.warning("decode steps as one graph off (one graph per step): %s", e)
+            return None
+        module = cd.Module(cubin, spec.entry)
+        self.modules[spec.entry] = module
+        return module.function(spec.entry), spec
 
     @classmethod
     def from_artifact(cls, path: str | os.PathLike, **kwargs: Any) -> CudaExecutor:
@@ -465,9 +554,11 @@ class CudaExecutor:
     def greedy_tokens_steps(self, steps: Sequence[Mapping[str, np.ndarray]]) -> np.ndarray:
         """``K = len(steps)`` decode steps back to back, ``i64[K, S]``: step ``j > 0`` takes step ``j - 1``'s ids as
         its ``input_ids`` (its own are placeholders), so only the first step's ids must be real (module docstring,
-        "Decode steps"). One bucket's graph per step, no host round trip in between; the ids are those of
-        ``greedy_tokens`` step by step. Without the device argmax or CUDA graphs, or for steps that are not one
-        decode token per sequence, it runs ``greedy_tokens`` step by step (same ids, host in between)."""
+        "Decode steps"). The ``K`` steps run as one CUDA graph, captured once per (bucket, ``K``), after one copy of
+        every step's inputs, with no host round trip in between; ``INGOT_STEPS_GRAPH=0`` (or no step kernel) launches
+        the bucket's graph once per step instead. The ids are those of ``greedy_tokens`` step by step. Without the
+        device argmax or CUDA graphs, or for steps that are not one decode token per sequence, it runs
+        ``greedy_tokens`` step by step (same ids, host in between)."""
         k = len(steps)
         ids_in = next((v for v in self.inputs if v.name == "input_ids"), None)
         bucket = self._decode_bucket(steps[0]) if self.cuda_graphs and self.argmax is not None and k else None
@@ -476,16 +567,78 @@ class CudaExecutor:
             for feeds in steps:
                 out.append(self.greedy_tokens(feeds if not out else {**feeds, "input_ids": out[-1]}))
             return np.stack(out)
-        self.ctx.make_current()
         s = len(steps[0]["seq_lens"])
+        for j, feeds in enumerate(steps):
+            if len(feeds["seq_lens"]) != s:
+                raise ValueError(f"decode steps: step {j} has {len(feeds['seq_lens'])} sequences, step 0 has {s}")
+        self.ctx.make_current()
+        if self.step_kernel is not None and steps_graph_enabled():
+            ids = self._steps_one_graph(steps, bucket)
+        else:
+            ids = self._steps_graph_each(steps, bucket)
+        self.stats["graph_steps"] += k
+        self.stats["argmax_steps"] += k
+        self.stats["multi_steps"] += 1
+        return ids
+
+    def _steps_one_graph(self, steps: Sequence[Mapping[str, np.ndarray]], bucket: int) -> np.ndarray:
+        """``greedy_tokens_steps`` as one graph: every step staged, one copy in, the (bucket, K) graph, one copy out."""
+        k, s = len(steps), len(steps[0]["seq_lens"])
+        sg = self._steps_graph(bucket, k)
+        for st, feeds in zip(sg.steps, steps):
+            self._write_decode(st, feeds)
+        sg.enqueue(self.stream)
+        self.stream.synchronize()
+        return sg.ids_host.view(0, np.int64, (k, bucket))[:, :s].copy()
+
+    def _steps_graph(self, bucket: int, k: int) -> _StepsGraph:
+        """The (bucket, K) graph with its buffers, captured on first use: for each step ``j`` the step kernel
+        (``step = j``: step ``j``'s inputs into the io region, the previous step's ids into ``input_ids`` and row
+        ``j - 1`` of the ids) and the bucket's launches and argmax (``_record_graph``); last, the step kernel with
+        ``step = K`` (row ``K - 1`` of the ids). The staging's constant inputs are written here, once."""
+        sg = self.steps_graphs.get((bucket, k))
+        if sg is not None:
+            return sg
+        assert self.step_kernel is not None and self.argmax is not None
+        sg = _StepsGraph(bucket, k, self._bucket_layout(bucket))
+        for st in sg.steps:
+            self._write_constants(st, bucket)
+        fn, spec = self.step_kernel
+        buffers = {"staged": sg.staged.ptr, "io": self.arena.ptr + self.base["io"], "tokens": self.argmax.tokens.ptr,
+                   "out_ids": sg.ids.ptr}
+        args = {p.name: {"buffer": p.name} if p.ctype == "ptr" else {"dim": p.name} for p in spec.params}
+        feed = Launch(fn, spec, args, buffers.__getitem__, "decode step inputs",
+                      pdl=frozenset((spec.entry,)) if cd.pdl_enabled() else frozenset())
+        ints = {"nbytes": sg.end, "stride": sg.stride, "steps": k, "rows": bucket,
+                "ids_offset": int(self.buffers["input_ids"]["offset"])}
+        dims = self._graph_dims(bucket)
+
+        def record() -> None:
+            for j in range(k):
+                feed.enqueue({**ints, "step": j}, self.stream)
+                self._record_graph(dims)
+            feed.enqueue({**ints, "step": k}, self.stream)
+
+        self.stream.synchronize()
+        try:
+            sg.graph = cd.CudaGraph(self.stream, record)
+        except BaseException:
+            sg.free()
+            raise
+        self.steps_graphs[(bucket, k)] = sg
+        self.stats["steps_graphs"] += 1
+        return sg
+
+    def _steps_graph_each(self, steps: Sequence[Mapping[str, np.ndarray]], bucket: int) -> np.ndarray:
+        """``greedy_tokens_steps`` with the bucket's graph once per step and stream copies in between
+        (``INGOT_STEPS_GRAPH=0``)."""
+        k, s = len(steps), len(steps[0]["seq_lens"])
         graph = self._bucket_graph(bucket)
         dev, host = self._steps_ids_buffers(k * s * 8)
         io = self.arena.ptr + self.base["io"]
         input_ids, tokens = self.address("input_ids"), self.argmax.tokens.ptr
         stream = self.stream
         for j, feeds in enumerate(steps):
-            if len(feeds["seq_lens"]) != s:
-                raise ValueError(f"decode steps: step {j} has {len(feeds['seq_lens'])} sequences, step 0 has {s}")
             staging = self._staging_copy(j)
             end = self._stage_decode(feeds, bucket, j)
             cd.memcpy_htod(io, staging.ptr, end, stream)
@@ -495,9 +648,6 @@ class CudaExecutor:
             cd.memcpy_dtod(dev.ptr + j * s * 8, tokens, s * 8, stream)
         cd.memcpy_dtoh(host.ptr, dev.ptr, k * s * 8, stream)
         stream.synchronize()
-        self.stats["graph_steps"] += k
-        self.stats["argmax_steps"] += k
-        self.stats["multi_steps"] += 1
         return host.view(0, np.int64, (k, s)).copy()
 
     def _staging_copy(self, j: int) -> cd.PinnedBuffer:
@@ -608,28 +758,37 @@ class CudaExecutor:
         if self.argmax is not None:
             self.argmax.enqueue(dims, self.stream)
 
+    def _bucket_layout(self, bucket: int) -> Layout:
+        dims = self._graph_dims(bucket)
+        return {v.name: (int(self.buffers[v.name]["offset"]), v.type.dtype.np,
+                         tuple(eval_dim(d, dims) for d in (v.type.shape or ()))) for v in self.inputs}
+
     def _staged_views(self, bucket: int, copy: int = 0) -> _StagedBucket:
         views = self._staged.get((copy, bucket))
         if views is None:
-            dims = self._graph_dims(bucket)
-            views = _StagedBucket(self._step_staging[copy], {
-                v.name: (int(self.buffers[v.name]["offset"]), v.type.dtype.np,
-                         tuple(eval_dim(d, dims) for d in (v.type.shape or ()))) for v in self.inputs})
+            views = _StagedBucket(self._step_staging[copy], self._bucket_layout(bucket))
             self._staged[(copy, bucket)] = views
         return views
 
     def _stage_decode(self, feeds: Mapping[str, np.ndarray], bucket: int, copy: int = 0) -> int:
         """Write a decode step padded to ``bucket`` straight into pinned staging copy ``copy`` (0: ``staging``;
-        others: ``greedy_tokens_steps``'); returns its end.
+        others: ``greedy_tokens_steps``' with ``INGOT_STEPS_GRAPH=0``); returns its end. ``query_start_loc`` and
+        ``logits_indices`` are written only when the copy's bucket changes."""
+        st = self._staged_views(bucket, copy)
+        self._write_decode(st, feeds)
+        if self._staged_bucket[copy] != bucket:
+            self._write_constants(st, bucket)
+            self._staged_bucket[copy] = bucket
+        return st.end
 
-        Padding rows: token 0 at position 0, slot -1 (no KV write), context 1, block table all block 0.
-        ``query_start_loc`` and ``logits_indices`` (``arange``) are written only when the bucket changes."""
+    def _write_decode(self, st: _StagedBucket, feeds: Mapping[str, np.ndarray]) -> None:
+        """A decode step's per-step inputs into the views ``st``, padded to their bucket. Padding rows: token 0 at
+        position 0, slot -1 (no KV write), context 1, block table all block 0."""
         s = len(feeds["seq_lens"])
         tables = np.asarray(feeds["block_tables"])
         cap = self.bounds["max_blocks"]
         if tables.shape[1] > cap:
             raise CudaArtifactError(f"block_tables has {tables.shape[1]} columns, the compiled bound is {cap}")
-        st = self._staged_views(bucket, copy)
         for name, pad in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1), ("seq_lens", 1)):
             view = st.views[name]
             view[:s] = feeds[name]
@@ -638,11 +797,12 @@ class CudaExecutor:
         bt[:s, : tables.shape[1]] = tables
         bt[:s, tables.shape[1] :] = 0
         bt[s:] = 0
-        if self._staged_bucket[copy] != bucket:
-            st.views["query_start_loc"][:] = np.arange(bucket + 1)
-            st.views["logits_indices"][:] = np.arange(bucket)
-            self._staged_bucket[copy] = bucket
-        return st.end
+
+    @staticmethod
+    def _write_constants(st: _StagedBucket, bucket: int) -> None:
+        """The inputs every decode step of ``bucket`` shares: one token per row."""
+        st.views["query_start_loc"][:] = np.arange(bucket + 1)
+        st.views["logits_indices"][:] = np.arange(bucket)
 
     def _bucket_graph(self, bucket: int) -> cd.CudaGraph:
         """The bucket's decode graph, captured on first use."""
@@ -680,6 +840,9 @@ class CudaExecutor:
         for g in self.graphs.values():
             g.destroy()
         self.graphs.clear()
+        for sg in self.steps_graphs.values():
+            sg.free()
+        self.steps_graphs.clear()
         for m in self.modules.values():
             m.unload()
         self.modules.clear()

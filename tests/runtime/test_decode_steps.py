@@ -360,22 +360,82 @@ class FakeMemory:
         return self.mem[ptr : ptr + n * np.dtype(dtype).itemsize].view(dtype).copy()
 
 
-def test_cuda_decode_steps_queue(tmp_path, monkeypatch):
+class FakeCapture:
+    """``cuda_driver.CudaGraph`` over the fake memory: what ``record`` queues (``FakeCapture.queue``) runs at each
+    ``launch``, with the kernel arguments it had when captured."""
+
+    recording: list[Any] | None = None
+
+    def __init__(self, stream: Any, record: Any) -> None:
+        self.ops: list[Any] = []
+        FakeCapture.recording = self.ops
+        try:
+            record()
+        finally:
+            FakeCapture.recording = None
+
+    @staticmethod
+    def queue(op: Any) -> None:
+        assert FakeCapture.recording is not None, "a graph's work queued outside a capture"
+        FakeCapture.recording.append(op)
+
+    def launch(self, stream: Any) -> None:
+        for op in self.ops:
+            op()
+
+    def destroy(self) -> None:
+        self.ops = []
+
+
+def fake_host_launch(fake: FakeMemory) -> Any:
+    """``cuda_driver.launch`` for a ``HostKernel`` (``tests/codegen/host_emulation.py``) over the fake memory: its
+    arguments read from the packed block when captured (pointers: offsets into ``fake.mem``), run at replay."""
+    import ctypes
+
+    def launch(fn: Any, grid: Any, block: Any, smem: int, stream: Any, params_addr: int, what: str = "kernel",
+               pdl: bool = False) -> None:
+        spec = fn.spec
+        slots = (ctypes.c_void_p * len(spec.params)).from_address(params_addr)
+        args = {}
+        for p, addr in zip(spec.params, slots):
+            v = (ctypes.c_uint64 if p.ctype == "ptr" else ctypes.c_int64).from_address(addr).value
+            args[p.name] = fake.mem[v:] if p.ctype == "ptr" else v
+        assert tuple(grid) == spec.grid_dims(args) and tuple(block) == spec.block
+        FakeCapture.queue(lambda: fn.launch(**args))
+
+    return launch
+
+
+@pytest.mark.parametrize("path", ["one_graph", "graph_each"])
+def test_cuda_decode_steps_queue(tmp_path, monkeypatch, path):
     """``CudaExecutor.greedy_tokens_steps`` against a fake driver whose decode graph "samples" a token from each
-    row's staged input id, position and context: every graph sees its own step's positions, slots, lengths and
-    block tables (and padding rows), step ``j > 0`` the previous step's ids, and the ids come back ``[K, S]``."""
+    row's staged input id, position and context: every step sees its own step's positions, slots, lengths and
+    block tables (and padding rows), step ``j > 0`` the previous step's ids, and the ids come back ``[K, S]``.
+    ``one_graph``: the K steps captured as one graph per (bucket, K) (the step kernel built for the host, its
+    arguments as captured), every step's inputs staged in one buffer, a (bucket, K) seen again replaying its graph
+    with the new inputs; padding rows feed on their own samples. ``graph_each`` (``INGOT_STEPS_GRAPH=0``): the
+    bucket's graph per step, padding rows' ids 0."""
     import ingot
+    from ingot.codegen.kernels.copy.step_rule import step_inputs_spec
+    from ingot.codegen.memory_plan import eval_dim
+    from ingot.codegen.target import get_target
     from ingot.runtime import cuda_driver as cd
     from ingot.runtime.artifact import load_graph
-    from ingot.runtime.cuda_backend import CudaExecutor
+    from ingot.runtime.cuda_backend import STEP_STRIDE_ALIGN, CudaExecutor
+    from tests.codegen.host_emulation import CXX, HostKernel
     from tests.runtime.test_cuda_backend import FIXTURES
 
+    one = path == "one_graph"
+    if one and CXX is None:
+        pytest.skip("no host C++ compiler for the step kernel")
+    monkeypatch.setenv("INGOT_STEPS_GRAPH", "1" if one else "0")
     path = ingot.compile(FIXTURES / "tiny_llama_kv.onnx", target="h200", out=tmp_path / "t.ingot", mode="llm")
     graph, manifest = load_graph(path)
     plan = manifest["cuda"]["memory_plan"]
-    fake = FakeMemory(4 * int(plan["regions"]["io"]) + (1 << 20))
+    fake = FakeMemory(16 * int(plan["regions"]["io"]) + (4 << 20))
     for name, fn in (("memcpy_htod", fake.copy), ("memcpy_dtod", fake.copy), ("memcpy_dtoh", fake.copy),
-                     ("PinnedBuffer", fake.alloc), ("DeviceMemory", fake.alloc)):
+                     ("PinnedBuffer", fake.alloc), ("DeviceMemory", fake.alloc), ("CudaGraph", FakeCapture),
+                     ("launch", fake_host_launch(fake))):
         monkeypatch.setattr(cd, name, fn)
     ex = CudaExecutor.__new__(CudaExecutor)  # the state greedy_tokens_steps reads, over the fake memory
     ex.buffers, ex.num_blocks, ex.kv_inputs, ex.kv_layer_bytes = plan["buffers"], 64, [], 0
@@ -386,9 +446,14 @@ def test_cuda_decode_steps_queue(tmp_path, monkeypatch):
     ex.base = {"io": 0}
     ex._staged, ex._staged_bucket, ex._step_staging, ex._steps_ids = {}, [None], [ex.staging], None
     ex.cuda_graphs, ex.buckets = True, [b for b in (1, 2, 4, 8) if b <= ex.bounds["S"]]
-    ex.stats = {"graph_steps": 0, "argmax_steps": 0, "multi_steps": 0, "captures": 0}
+    ex.stats = {"graph_steps": 0, "argmax_steps": 0, "multi_steps": 0, "captures": 0, "steps_graphs": 0}
     ex.ctx = ex.stream = SimpleNamespace(make_current=lambda: None, synchronize=lambda: None)
     ex.argmax = SimpleNamespace(tokens=fake.alloc(8 * ex.bounds["S"]))
+    ex.steps_graphs = {}
+    ex.step_kernel = None
+    if one:
+        spec = step_inputs_spec(get_target("h200"))
+        ex.step_kernel = (HostKernel(spec, tmp_path), spec)
     seen: list[dict[str, np.ndarray]] = []
 
     def sample(inputs: dict[str, np.ndarray]) -> np.ndarray:
@@ -396,25 +461,23 @@ def test_cuda_decode_steps_queue(tmp_path, monkeypatch):
         return (inputs["input_ids"] * 7 + inputs["positions"] * 3 + inputs["seq_lens"] * 5 + inputs["slot_mapping"]
                 + bt.sum(axis=1)) % 1000
 
-    class Graph:
-        def __init__(self, bucket: int) -> None:
-            self.bucket = bucket
+    def decode_graph(bucket: int) -> None:
+        """The bucket's decode step: read the inputs from the io region, write every row's "argmax"."""
+        dims = ex._graph_dims(bucket)
+        got = {}
+        for v in ex.inputs:
+            shape = tuple(eval_dim(d, dims) for d in v.type.shape)
+            got[v.name] = fake.read(ex.address(v.name), v.type.dtype.np, int(np.prod(shape))).reshape(shape)
+        seen.append(got)
+        fake.mem[ex.argmax.tokens.ptr : ex.argmax.tokens.ptr + 8 * bucket] = sample(got).astype(
+            np.int64).view(np.uint8)
 
-        def launch(self, stream: Any) -> None:
-            dims = ex._graph_dims(self.bucket)
-            got = {}
-            for v in ex.inputs:
-                shape = tuple(eval_dim(d, dims) for d in v.type.shape)
-                got[v.name] = fake.read(ex.address(v.name), v.type.dtype.np, int(np.prod(shape))).reshape(shape)
-            seen.append(got)
-            fake.mem[ex.argmax.tokens.ptr : ex.argmax.tokens.ptr + 8 * self.bucket] = sample(got).astype(
-                np.int64).view(np.uint8)
-
-    from ingot.codegen.memory_plan import eval_dim
-
-    ex.graphs = {b: Graph(b) for b in ex.buckets}
+    ex.graphs = {b: SimpleNamespace(launch=lambda stream, b=b: decode_graph(b)) for b in ex.buckets}
+    ex._record_graph = lambda dims: FakeCapture.queue(lambda: decode_graph(dims["S"]))
     rng = np.random.default_rng(0)
-    for s, k in ((3, 4), (1, 5), (3, 2), (2, 3)):
+    # (sequences, K): (4, 4) replays (3, 4)'s graph (bucket 4) with other inputs and one row more
+    calls = ((3, 4), (1, 5), (3, 2), (2, 3), (4, 4))
+    for s, k in calls:
         bucket = next(b for b in ex.buckets if b >= s)
         table = rng.permutation(64)[: s * 12].reshape(s, 12).astype(np.int32)
         first = rng.integers(4, 30, s)
@@ -427,13 +490,24 @@ def test_cuda_decode_steps_queue(tmp_path, monkeypatch):
         for j in range(k):
             g = seen[j]
             assert len(g["input_ids"]) == bucket
-            assert g["input_ids"][:s].tolist() == list(prev) and not g["input_ids"][s:].any()
+            assert g["input_ids"][:s].tolist() == list(prev)
+            pad = sample(seen[j - 1])[s:] if one and j else 0  # padding rows: their own last sample, or token 0
+            assert (g["input_ids"][s:] == pad).all(), (j, g["input_ids"])
             for name in ("positions", "slot_mapping", "seq_lens"):
                 assert g[name][:s].tolist() == steps[j][name].tolist(), (j, name)
+            assert (g["positions"][s:] == 0).all()
             assert (g["slot_mapping"][s:] == -1).all() and (g["seq_lens"][s:] == 1).all()
+            assert g["query_start_loc"].tolist() == list(range(bucket + 1))
+            assert g["logits_indices"].tolist() == list(range(bucket))
             w = steps[j]["block_tables"].shape[1]
-            assert (g["block_tables"][:s, :w] == steps[j]["block_tables"]).all() and not g["block_tables"][s:].any()
+            assert (g["block_tables"][:s, :w] == steps[j]["block_tables"]).all() and not g["block_tables"][:s, w:].any()
+            assert not g["block_tables"][s:].any()
             want = sample({n: g[n] for n in g})[:s]
             assert ids[j].tolist() == want.tolist()
             prev = ids[j]
-    assert ex.stats["multi_steps"] == 4 and ex.stats["graph_steps"] == 14
+    assert ex.stats["multi_steps"] == 5 and ex.stats["graph_steps"] == ex.stats["argmax_steps"] == 18
+    if one:
+        assert sorted(ex.steps_graphs) == [(1, 5), (2, 3), (4, 2), (4, 4)] and ex.stats["steps_graphs"] == 4
+        assert all(sg.stride % STEP_STRIDE_ALIGN == 0 and sg.stride >= sg.end for sg in ex.steps_graphs.values())
+    else:
+        assert not ex.steps_graphs and ex.stats["steps_graphs"] == 0

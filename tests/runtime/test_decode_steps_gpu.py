@@ -1,7 +1,8 @@
-"""Decode steps on the CUDA executor (``-m gpu``; skipped without a GPU): ``greedy_tokens_steps`` queues ``K``
-decode graphs with the argmax ids fed on the device; its ids equal ``greedy_tokens`` run step by step on the same
-inputs, and the CUDA engine's token streams with ``K = 8`` equal ``K = 1``'s. The host-side logic: the CPU tests
-in test_decode_steps.py.
+"""Decode steps on the CUDA executor (``-m gpu``; skipped without a GPU): ``greedy_tokens_steps`` runs ``K`` decode
+steps as one CUDA graph with the argmax ids fed on the device; its ids equal ``greedy_tokens`` run step by step on
+the same inputs and those of a graph per step (``INGOT_STEPS_GRAPH=0``), and the CUDA engine's token streams with
+``K = 8`` equal ``K = 1``'s. The host-side logic: the CPU tests in test_decode_steps.py (a fake driver) and
+tests/codegen/test_step_inputs.py (the step kernel on the host).
 
     python -m pytest tests/runtime/test_decode_steps_gpu.py -m gpu -v -s
 """
@@ -69,6 +70,59 @@ def test_steps_equal_greedy_tokens_step_by_step(artifact, rows):
             again = ex.greedy_tokens({**steps[j], "input_ids": np.asarray(prev, np.int64)})
             assert again.tolist() == ids[j].tolist(), f"step {j}: one call {ids[j]}, step by step {again}"
             prev = ids[j]
+    finally:
+        ex.close()
+
+
+def _next_steps(model, seqs: list[int], first: np.ndarray, k: int) -> list[dict[str, np.ndarray]]:
+    """The next ``k`` decode steps' inputs of ``seqs`` (step 0's ids ``first``, the others placeholders); the
+    sequences' token counts advance by ``k``."""
+    steps = []
+    for j in range(k):
+        steps.append(model.step_inputs([(s, [int(first[i]) if j == 0 else 0]) for i, s in enumerate(seqs)]))
+        for s in seqs:
+            model.sequences[s].num_tokens += 1
+    return steps
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_one_graph_equals_a_graph_per_step_and_single_steps(artifact, rows, monkeypatch):
+    """``K`` = 1, 3 and 8 decode steps of ``rows`` sequences (3: bucket 4, one padding row) as one CUDA graph, the
+    same steps with ``INGOT_STEPS_GRAPH=0`` (the bucket's graph per step), and ``K`` single ``greedy_tokens`` steps
+    fed the ids: the same ids (their K/V writes repeat the same values). Each ``K`` is called twice, the second time
+    with the next ``K`` steps' inputs, which the cached (bucket, ``K``) graph replays: one capture per (bucket, ``K``),
+    none of the per-step path's bucket graph beyond its one."""
+    from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
+
+    ex = CudaExecutor.from_artifact(artifact, num_blocks=64, device_argmax=True)
+    assert ex.argmax is not None, "the argmax kernel did not load (no NVRTC/nvcc on this machine?)"
+    assert ex.step_kernel is not None, "the step kernel did not load"
+    try:
+        model = CudaPagedModel(ex)
+        seqs = [model.add_sequence() for _ in range(rows)]
+        prefill = list(zip(seqs, _prompts(rows, 10 + rows)))
+        first = ex.greedy_tokens(model.step_inputs(prefill))
+        for s, toks in prefill:
+            model.sequences[s].num_tokens += len(toks)
+        bucket = next(b for b in ex.buckets if b >= rows)
+        for n, k in enumerate((1, 3, 8)):
+            for call in range(2):
+                steps = _next_steps(model, seqs, first, k)
+                monkeypatch.setenv("INGOT_STEPS_GRAPH", "1")
+                ids = ex.greedy_tokens_steps(steps)
+                assert ids.shape == (k, rows) and ids.dtype == np.int64
+                monkeypatch.setenv("INGOT_STEPS_GRAPH", "0")
+                each = ex.greedy_tokens_steps(steps)
+                assert each.tolist() == ids.tolist(), f"K={k} call {call}: one graph {ids}, a graph per step {each}"
+                prev = first
+                for j in range(k):
+                    again = ex.greedy_tokens({**steps[j], "input_ids": np.asarray(prev, np.int64)})
+                    assert again.tolist() == ids[j].tolist(), f"K={k} call {call} step {j}: {ids[j]} vs {again}"
+                    prev = ids[j]
+                first = ids[-1]
+            assert sorted(ex.steps_graphs) == [(bucket, kk) for kk in (1, 3, 8)[: n + 1]], ex.stats
+            assert ex.stats["steps_graphs"] == n + 1 and ex.stats["captures"] == 1, ex.stats
+        assert ex.stats["multi_steps"] == 2 * 2 * 3, ex.stats
     finally:
         ex.close()
 
