@@ -14,8 +14,10 @@ A pair is fused when:
 
 - the ``rope_qkv`` launch is the fused ``qkv_cache.cu`` one, bf16 q/k/v, all of each head rotating (``ROT`` equal
   to the head size), heads of a multiple of 16 features;
-- its qkv input is the output of a ``linear`` node read by nothing else and no graph output, and that linear's
-  launch has ``kernel.cu`` variants (plain or with a prologue) for the qkv row's width, without residual;
+- its qkv input is the output of a ``linear`` or ``quantized_linear`` node read by nothing else and no graph output,
+  and that node's launch with decode variants (a weight-only quantized linear's other launch, the dequantize, is
+  skipped at decode) has ``kernel.cu`` variants (plain or with a prologue) or, with ``INGOT_QKV_ROPE_FUSION=all``,
+  ``quant.cu`` ones (FP8 / NVFP4 weights; ``quant_rule.with_rope``) for the qkv row's width, without residual;
 - both launches count the same rows (the rope launch's ``num_tokens`` and the linear's ``M``).
 
 The variants up to ``MAX_ROWS`` tokens get the epilogue, with their own arguments (the variant's, plus the rope
@@ -25,10 +27,12 @@ then written at the linear's node: ``decode_fusion.variant_reads`` names it for 
 bytes from the linear's node on (``plan_memory``'s ``reads`` widen a value's interval both ways).
 
 **On by default** (``INGOT_QKV_ROPE_FUSION=0`` at compile time turns it off). On the H200 (docs/PERF.md, "The rope
-launch in the qkv GEMV", tenth session): the batch-1 GPU step of the 1B shape 9% shorter (0.988 -> 0.898 ms), 8
-steps a call 940 -> 1,020 tok/s (medians of 4 alternating runs each), batch 64 unchanged (its bucket is not fused);
-its GPU tests (the epilogue bit for bit against the variant + ``qkv_cache.cu``, same logits and cache end to end)
-pass.
+launch in the qkv GEMV", tenth session), bf16 weights: the batch-1 GPU step of the 1B shape 9% shorter
+(0.988 -> 0.898 ms), 8 steps a call 940 -> 1,020 tok/s (medians of 4 alternating runs each), batch 64 unchanged
+(its bucket is not fused); its GPU tests (the epilogue bit for bit against the variant + ``qkv_cache.cu``, same
+logits and cache end to end) pass. ``quant.cu``'s epilogue passes the same tests, but FP8 weight-only artifacts ran
+no faster with it (GPU step 0.899 vs 0.891 ms, its split-K tail then carries the epilogue), so it is opt-in:
+``INGOT_QKV_ROPE_FUSION=all``.
 """
 
 from __future__ import annotations
@@ -40,10 +44,12 @@ from typing import Any
 
 from ..ir.graph import Graph, Node
 from .kernel import KernelSpec
+from .kernels.gemv import quant_rule
 from .kernels.gemv import rule as gemv
 from .target import Target
 
-#: compile-time switch: 0 turns the fusion off (the kernel table then is as before it existed); unset or 1: on
+#: compile-time switch: 0 turns the fusion off (the kernel table then is as before it existed); unset or 1: on for
+#: bf16 weights (``kernel.cu``); ``all``: also FP8 / NVFP4 weights (``quant.cu``)
 ENV = "INGOT_QKV_ROPE_FUSION"
 #: the largest GEMV bucket fused (decode steps; the epilogue's stores are per element, worth it for few tokens)
 MAX_ROWS = 8
@@ -68,9 +74,21 @@ class QkvRopeFusion:
     made_from: dict[str, KernelSpec] = field(default_factory=dict)
 
 
+def mode() -> str:
+    """``INGOT_QKV_ROPE_FUSION``: ``"bf16"`` (unset, empty or ``1``: ``kernel.cu``'s variants, the default),
+    ``"all"`` (also ``quant.cu``'s, FP8 / NVFP4 weights: measured no faster, docs/PERF.md) or ``"off"`` (``0``);
+    another value is an error naming the variable."""
+    raw = os.environ.get(ENV, "").strip().lower()
+    if raw in ("", "1"):
+        return "bf16"
+    if raw in ("all", "0"):
+        return {"all": "all", "0": "off"}[raw]
+    raise ValueError(f"{ENV}={raw!r}: expected 1 (the default: bf16 weights), all (also FP8 / NVFP4) or 0 (off)")
+
+
 def enabled() -> bool:
     """The fusion applies (the default; ``INGOT_QKV_ROPE_FUSION=0`` turns it off)."""
-    return os.environ.get(ENV, "").strip() != "0"
+    return mode() != "off"
 
 
 def epilogue(rope: KernelSpec) -> gemv.RopeEpilogue | None:
@@ -83,6 +101,15 @@ def epilogue(rope: KernelSpec) -> gemv.RopeEpilogue | None:
         return None
     return gemv.RopeEpilogue(int(v["NQ"]), int(v["NKV"]), d, bool(v["INTERLEAVED"]), int(v["BLOCK_SIZE"]),
                              str(v["KT"]), str(v["CT"]), bool(v["KV_SCALED"]))
+
+
+def _takes_epilogue(spec: KernelSpec, ep: gemv.RopeEpilogue) -> bool:
+    """A decode variant (``kernel.cu``, or with ``mode() == "all"`` ``quant.cu`` but its any-M launch) of the qkv
+    row's width, no residual."""
+    v = dict(spec.values)
+    templates = ("kernel.cu", "quant.cu") if mode() == "all" else ("kernel.cu",)
+    return (spec.family == "gemv" and spec.template in templates and not v.get("ANY_M")
+            and int(v["N"]) == ep.rows and not v["HAS_RESIDUAL"] and not v.get("ROPE"))
 
 
 def plan(graph: Graph, launches: Sequence[Launch], variant_lists: Mapping[int, Sequence[Variant]],
@@ -104,19 +131,21 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_lists: Mapping[int, S
         if ep is None or qkv is None or qkv in outputs or users.get(qkv, []) != [node] or qkv.producer is None:
             continue
         linear = qkv.producer
-        if linear.op.name != "linear" or linear.outputs[0] is not qkv:
+        if linear.op.name not in ("linear", "quantized_linear") or linear.outputs[0] is not qkv:
             continue
         ci = graph.nodes.index(linear)
-        if len(producer_launch.get(ci, ())) != 1:
+        # the node's launch with decode variants (a weight-only quantized linear also has a dequantize launch,
+        # skipped at decode: codegen/quant_prefill.py)
+        with_variants = [j for j in producer_launch.get(ci, ()) if j in variant_lists]
+        if len(with_variants) != 1:
             continue
-        jc = producer_launch[ci][0]
+        jc = with_variants[0]
         cargs = launches[jc][3]
         planned = list(variant_lists.get(jc, ()))
         if (not planned or "M" not in cargs or args.get("num_tokens") != cargs["M"] or "dim" not in cargs["M"]
                 or any(a not in args for a in ROPE_ARGS)):
             continue
-        fusable = [(mr, s, a) for mr, s, a in planned if mr <= MAX_ROWS and s.family == "gemv"
-                   and s.template == "kernel.cu" and int(s.value("N")) == ep.rows and not s.value("HAS_RESIDUAL")]
+        fusable = [(mr, s, a) for mr, s, a in planned if mr <= MAX_ROWS and _takes_epilogue(s, ep)]
         if not fusable or fusable[0][0] != planned[0][0]:  # the smallest bucket must be among them
             continue
         variants: list[Variant] = []
@@ -125,7 +154,7 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_lists: Mapping[int, S
             if (mr, s, own) not in fusable:
                 variants.append((mr, s, own))
                 continue
-            f = gemv.with_rope(s, ep, target)
+            f = (gemv.with_rope if s.template == "kernel.cu" else quant_rule.with_rope)(s, ep, target)
             bound = {**(own if own is not None else cargs), **{n: args[n] for n in ROPE_ARGS}}
             if {p.name for p in f.params} != set(bound):  # the binding and the kernel must agree
                 raise ValueError(f"qkv-rope fusion: {f.entry} takes {sorted(p.name for p in f.params)}, "

@@ -106,6 +106,36 @@ def test_q_is_placed_from_the_qkv_node_on(tmp_path, monkeypatch, decode_fusion):
 
 
 @needs_compiler
+@pytest.mark.parametrize("quant", ["fp8:wo", "fp8", "nvfp4"])
+def test_quantized_qkv_gets_the_quant_epilogue(tmp_path, monkeypatch, quant):
+    """FP8 / NVFP4 weights with ``INGOT_QKV_ROPE_FUSION=all`` (not by default): the qkv node's launch with decode
+    variants (after its dequantize launch, skipped at decode) gets quant.cu's rope epilogue in its bucket-8 variant;
+    the rope launch is skipped into it."""
+    from tests.codegen.test_lower_quant import compile_quant, quant_checkpoint
+
+    monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
+    ckpt = quant_checkpoint(tmp_path)
+    monkeypatch.delenv(qkv_rope_fusion.ENV, raising=False)  # the default: bf16 weights only
+    path = compile_quant(ckpt, "h200", {"default": quant}, tmp_path / "default.ingot")
+    cuda = json.loads((path / "manifest.json").read_text())["cuda"]
+    assert not any(ln["op"] == "rope_qkv" and "skip" in ln for ln in cuda["launches"])
+    monkeypatch.setenv(qkv_rope_fusion.ENV, "all")
+    path = compile_quant(ckpt, "h200", {"default": quant}, tmp_path / "q.ingot")
+    cuda = json.loads((path / "manifest.json").read_text())["cuda"]
+    ropes = [ln for ln in cuda["launches"] if ln["op"] == "rope_qkv"]
+    assert ropes and all(ln["skip"]["max_rows"] == 8 for ln in ropes)
+    for rope in ropes:
+        qkv = cuda["launches"][rope["skip"]["into"]]
+        assert qkv["op"] == "quantized_linear" and qkv["args"]["out"] == rope["args"]["qkv"]
+        first, *rest = qkv["variants"]
+        spec = cuda["variant_kernels"][first["kernel"]]["spec"]
+        assert first["max_rows"] == 8 and spec["template"] == "quant.cu" and spec["values"]["ROPE"]
+        assert {n: first["args"][n] for n in qkv_rope_fusion.ROPE_ARGS} == \
+            {n: rope["args"][n] for n in qkv_rope_fusion.ROPE_ARGS}
+        assert not any(cuda["variant_kernels"][v["kernel"]]["spec"]["values"]["ROPE"] for v in rest)
+
+
+@needs_compiler
 def test_nothing_fuses_when_the_qkv_row_has_another_reader(tmp_path, monkeypatch):
     """Without rope-cache fusion the rope launch is qkv.cu (k and v to their own buffers for the cache write): the
     epilogue does what qkv_cache.cu does only, so nothing fuses and the table is the one without the switch."""
@@ -113,6 +143,15 @@ def test_nothing_fuses_when_the_qkv_row_has_another_reader(tmp_path, monkeypatch
     on = _table(tmp_path, "h200", "on", monkeypatch, "1")
     off = _table(tmp_path, "h200", "off", monkeypatch, "0")
     assert on["launches"] == off["launches"]
+
+
+def test_switch_values(monkeypatch):
+    for raw, want in (("", "bf16"), ("1", "bf16"), (" ALL ", "all"), ("0", "off")):
+        monkeypatch.setenv(qkv_rope_fusion.ENV, raw)
+        assert qkv_rope_fusion.mode() == want
+    monkeypatch.setenv(qkv_rope_fusion.ENV, "yes")
+    with pytest.raises(ValueError, match=qkv_rope_fusion.ENV):
+        qkv_rope_fusion.mode()
 
 
 def test_rule_refuses_what_the_epilogue_cannot_do():
@@ -155,3 +194,18 @@ def test_rope_variants_compile_without_local_memory(target, shape):
         assert any(o.startswith("HMMA") for o in ops), sorted(ops)
         if scaled:
             assert any("E4M3" in o for o in ops), sorted(ops)  # the saturating e4m3 conversion
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["h200", "b200"])
+@pytest.mark.parametrize("fmt", [("fp8", "none"), ("fp8", "fp8"), ("nvfp4", "none")], ids=["fp8", "fp8-a8", "nvfp4"])
+def test_quant_rope_variants_compile_without_local_memory(target, fmt):
+    from ingot.codegen.kernels.gemv import quant_rule
+
+    tgt = get_target(target)
+    rope = RopeEpilogue(32, 8, 64, False, 16)
+    spec = quant_rule.with_rope(quant_rule.quant_gemv_spec(3072, 2048, 8, tgt, *fmt), rope, tgt)
+    assert [p.name for p in spec.params] == [p for p, _ in quant_rule.PARAMS + ROPE_PARAMS]
+    assert_no_local_memory(sass_opcodes(spec, ARCH[target]), spec.entry)
+    with pytest.raises(ValueError, match="without the rope epilogue"):
+        quant_rule.with_rope(spec, RopeEpilogue(32, 8, 64, False, 16), tgt)

@@ -96,3 +96,54 @@ def test_rope_epilogue_writes_what_gemv_then_rope_write(gpu, case, config, prolo
         if written.any():  # the reference itself wrote the cache at the tokens' slots
             changed = (want_cache.view(np.uint8) != cache0.view(np.uint8)).any(axis=(2, 3, 4)).sum()
             assert changed > 0
+
+
+#: quant.cu's rope epilogue (weight format, activations, granularity); the Llama-3.2-1B qkv at the rule's configuration
+QUANT = [("fp8", "none", "token"), ("fp8", "fp8", "token"), ("nvfp4", "none", "token")]
+
+
+@pytest.mark.parametrize("fmt", QUANT, ids=["-".join(f) for f in QUANT])
+def test_quant_rope_epilogue_writes_what_gemv_then_rope_write(gpu, fmt):
+    """``quant.cu`` with the rope epilogue (``quant_rule.with_rope``) against the same variant followed by
+    ``qkv_cache.cu``: q and the cache bit for bit, FP8 per-channel row scales and NVFP4 block scales taken from the
+    streamed (permuted) rows, with a bias."""
+    from ingot.codegen.kernels.gemv import quant_rule
+    from tests.codegen.test_gemv_quant_gpu import _u8, activations, quantized_weight
+
+    wfmt, act, gran = fmt
+    nq, nkv, d, k = 32, 8, 64, 2048
+    n = (nq + 2 * nkv) * d
+    tgt = gpu_target(gpu)
+    plain = quant_rule.quant_gemv_spec(n, k, 8, tgt, wfmt, act, gran, bias=True)
+    fused = quant_rule.with_rope(plain, RopeEpilogue(nq, nkv, d, False, BLOCK), tgt)
+    rope = rope_qkv_cache_spec(DType.bf16, DType.f32, DType.bf16, nq, nkv, d, d, False, BLOCK, False, tgt)
+    r = rng()
+    wq = quantized_weight(r, wfmt, n, k)
+    s2 = wq["weight_scale_2"]
+    bufs = dict(weight=gpu.upload(_u8(wq["weight"])),
+                weight_scale=gpu.upload(_u8(wq["weight_scale"]) if wq["weight_scale"].dtype != np.float32
+                                        else wq["weight_scale"]),
+                weight_scale_2=gpu.upload(np.asarray(s2, np.float32).reshape(1)) if s2 is not None else None,
+                input_scale=None, bias=gpu.upload(r.standard_normal(n).astype(BF16)), residual=None)
+    ang = np.arange(2048)[:, None] * (10000.0 ** (-np.arange(d // 2) / (d // 2)))[None]
+    tables = {"cos": gpu.upload(np.cos(ang).astype(np.float32)), "sin": gpu.upload(np.sin(ang).astype(np.float32))}
+    for m in (1, 5, 8):
+        x = gpu.upload(activations(r, m, k))
+        positions = gpu.upload(r.integers(0, 2048, m).astype(np.int64))
+        slot_host = r.permutation(4 * BLOCK)[:m].astype(np.int64)
+        slot_host[0] = -1
+        slots = gpu.upload(slot_host)
+        cache0 = r.standard_normal((4, 2, BLOCK, nkv, d)).astype(BF16)
+        qkv = gpu.alloc((m, n), BF16)
+        gpu.launch(plain, x=x, **bufs, out=qkv, M=m)
+        q_want, cache_want = gpu.alloc((m, nq * d), BF16), gpu.upload(cache0)
+        gpu.launch(rope, qkv=qkv, positions=positions, **tables, q=q_want, kv_cache=cache_want, slot_mapping=slots,
+                   kv_scale=None, num_tokens=m)
+        for attempt in range(2):
+            out, q, cache = gpu.alloc((m, n), BF16), gpu.alloc((m, nq * d), BF16), gpu.upload(cache0)
+            gpu.launch(fused, x=x, **bufs, out=out, M=m, positions=positions, **tables, q=q, kv_cache=cache,
+                       slot_mapping=slots, kv_scale=None)
+            what = f"{fused.entry} M={m} launch {attempt + 1}"
+            assert np.array_equal(gpu.download(q).view(np.uint16), gpu.download(q_want).view(np.uint16)), f"{what}: q"
+            assert np.array_equal(gpu.download(cache).view(np.uint16), gpu.download(cache_want).view(np.uint16)), \
+                f"{what}: cache"

@@ -2,8 +2,8 @@
 ``INGOT_QKV_ROPE_FUSION=1`` (``codegen/qkv_rope_fusion.py``: the qkv GEMV's decode variant rotates q and k and writes
 the KV cache, the rope launch skipped in decode steps) and without gives bit-identical logits for every step and the
 same KV cache bytes, with plain launches and with CUDA graphs (prefill, mixed and decode steps), for a bf16 model
-(SmolLM2-shaped, GQA 3) and one with bf16 weights and an FP8 cache; and the serving engine's greedy tokens are the
-same.
+(SmolLM2-shaped, GQA 3) and the tiny Llama with bf16 weights and an FP8 cache, FP8 weights (weight-only, and with
+FP8 activations and cache) and NVFP4 weights; and the serving engine's greedy tokens are the same.
 
     python -m pytest tests/runtime/test_qkv_rope_fusion_gpu.py -m gpu -v
 """
@@ -23,8 +23,10 @@ from tests.runtime.serving_models import drive_steps, run_requests
 from tests.runtime.test_cuda_backend import _mixed_steps, assert_same_steps, smollm2_like
 
 pytestmark = pytest.mark.gpu
-#: bf16 weights, FP8 KV cache with static K/V scales
-FP8_KV = {"default": "none", "kv_cache": "fp8"}
+#: quant configs: bf16 weights with an FP8 KV cache (static K/V scales); FP8 weight-only; FP8 weights and
+#: activations with an FP8 cache; NVFP4 weight-only (quant.cu's rope epilogue)
+QUANT = {"fp8-kv": {"default": "none", "kv_cache": "fp8"}, "fp8-wo": {"default": "fp8:wo"},
+         "fp8-a8-kv": {"default": "fp8", "kv_cache": "fp8"}, "nvfp4": {"default": "nvfp4"}}
 
 
 def _compile_both(tmp_path: Path, target: str, kind: str, monkeypatch) -> tuple[dict[str, Path], int]:
@@ -35,15 +37,15 @@ def _compile_both(tmp_path: Path, target: str, kind: str, monkeypatch) -> tuple[
         ckpt, vocab = quant_checkpoint(tmp_path), 260
     paths = {}
     for flag in ("1", "0"):
-        monkeypatch.setenv(ENV, flag)
+        monkeypatch.setenv(ENV, flag if kind in ("bf16", "fp8-kv") or flag == "0" else "all")
         out = tmp_path / f"{kind}-{flag}.ingot"
         paths[flag] = (ingot.compile(ckpt, target=target, out=out) if kind == "bf16"
-                       else compile_quant(ckpt, target, FP8_KV, out))
+                       else compile_quant(ckpt, target, QUANT[kind], out))
     monkeypatch.delenv(ENV)
     return paths, vocab
 
 
-@pytest.mark.parametrize("kind", ["bf16", "fp8-kv"])
+@pytest.mark.parametrize("kind", ["bf16", *QUANT])
 def test_qkv_rope_fusion_changes_no_logit(gpu_target, tmp_path, monkeypatch, kind):
     from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
 

@@ -45,13 +45,8 @@
 //   followed by the plain variant: the norm factor multiplies the f32 sums instead of being rounded into the bf16 x,
 //   the sigmoid rounds as the approximate instructions do; both are within the GEMV's tolerance of the numpy
 //   reference.
-// - rope epilogue (${ROPE}; codegen/qkv_rope_fusion.py): the qkv projection's GEMV does rope_qkv and the KV cache write
-//   (rope/qkv_cache.cu) itself, so that their launch is skipped in decode steps. Tile row n streams weight row
-//   gemv_rope_row(n): in each q and k head, the 16-row tile i holds the rotating pairs (lo, hi) of 8 features in its
-//   rows (r, r + 8), so a lane's two rows of a tile are both halves of one pair (v rows stay in order). The
-//   epilogue rounds each output to bf16 (what the plain variant stores and the rope kernel reads), rotates q and k
-//   with rotate.cuh at positions[t] (cos / sin [max_pos, ${ROPE_D} / 2]), stores q to q_out and k and v to the paged
-//   cache at slot_mapping[t] (none for a negative slot) as qkv_cache.cu does, bit for bit; out is not written.
+// - rope epilogue (${ROPE}; rope_epilogue.cuh): the qkv projection's GEMV rotates q and k and writes q and the KV
+//   cache as rope/qkv_cache.cu does, so that the rope launch is skipped in decode steps; out is not written.
 struct u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ u32x4 gemv_ld_stream(const void* p) {
@@ -124,24 +119,6 @@ constexpr int PROLOGUE = ${PROLOGUE}, VPT = KS / 8, CH = (VPT + 31) / 32, CHW = 
 constexpr bool WEIGHTS_FIRST = ${WEIGHTS_FIRST};
 constexpr float SWIGLU_K = -(${ALPHA}) * 1.4426950408889634f;  // silu's exponent in log2 units
 using SK = GemvSplitK<MT, NT, MB, BN, GX, SPLITK>;
-// the rope epilogue: NQ q heads, NKV k and v heads of RD features (all rotating), cache blocks of RBS positions
-constexpr bool ROPE = ${ROPE}, RINTER = ${ROPE_INTERLEAVED}, RSCALED = ${ROPE_SCALED};
-constexpr int RQ = ${ROPE_NQ}, RKV = ${ROPE_NKV}, RD = ${ROPE_D}, RHALF = RD / 2, RBS = ${ROPE_BS};
-static_assert(!ROPE || (RD % 16 == 0 && N == (RQ + 2 * RKV) * RD), "rope epilogue: whole 16-row tiles a head");
-
-// the weight row of tile row n (the identity without the rope epilogue, and for v's rows)
-__device__ __forceinline__ int gemv_rope_row(int n) {
-  if (!ROPE || n >= (RQ + RKV) * RD) return n;
-  const int m = n % RD, i = m / 16, r = m % 8;
-  const int lo = RINTER ? 2 * (8 * i + r) : 8 * i + r;
-  return n - m + (m % 16 < 8 ? lo : (RINTER ? lo + 1 : lo + RHALF));
-}
-// one value as the cache stores it (qkv_cache.cu's to_cache, from the bf16 value)
-__device__ __forceinline__ ${ROPE_KT} gemv_to_cache(float x, float scale) {
-  if (RSCALED) return from_f32<${ROPE_KT}>(__fdiv_rn(x, scale));
-  return from_f32<${ROPE_KT}>(x);
-}
-__device__ __forceinline__ float gemv_round(float x) { return to_f32(from_f32<bf16>(x)); }
 
 // a * sigmoid(alpha a) * b = a * b / (1 + 2^(SWIGLU_K a)); 2^+inf = inf gives 0
 __device__ __forceinline__ float gemv_swiglu(float a, float b) {
@@ -151,6 +128,7 @@ __device__ __forceinline__ float gemv_swiglu(float a, float b) {
   return a * r * b;
 }
 }  // namespace
+#include "rope_epilogue.cuh"
 
 __device__ float ${KERNEL}_ws[SPLITK > 1 ? SPLITK * GX * BN * MB : 1];
 __device__ unsigned ${KERNEL}_cnt[GX];
@@ -351,28 +329,8 @@ ${PDL_WAIT}
         float a = acc[mt][j][e], b = acc[mt][j][2 + e];
         if (PROLOGUE == 1) a *= inv[j][e], b *= inv[j][e];
         if (${HAS_BIAS}) a += to_f32(bias[lo]), b += to_f32(bias[hi]);
-        a = gemv_round(a), b = gemv_round(b);  // the qkv row the plain variant stores
-        const i64 slot = slot_mapping[t];
-        if (lo >= RQ * RD && slot < 0) continue;  // k and v of a token without a slot: nothing to write
-        if (lo < (RQ + RKV) * RD) {  // q or k: rotate
-          const int d = lo % RD, jc = RINTER ? d / 2 : d;
-          const i64 pos = positions[t];
-          float ra, rb;
-          rotate_pair(a, b, to_f32(cos_table[pos * RHALF + jc]), to_f32(sin_table[pos * RHALF + jc]), ra, rb);
-          a = gemv_round(ra), b = gemv_round(rb);
-        }
-        if (lo < RQ * RD) {
-          q_out[(i64)t * RQ * RD + lo] = from_f32<bf16>(a);
-          q_out[(i64)t * RQ * RD + hi] = from_f32<bf16>(b);
-          continue;
-        }
-        const bool is_k = lo < (RQ + RKV) * RD;
-        const int f = lo - (is_k ? RQ : RQ + RKV) * RD, fh = hi - (is_k ? RQ : RQ + RKV) * RD;  // in the head row
-        const float sa = RSCALED ? kv_scale[(is_k ? 0 : RKV) + f / RD] : 1.0f;
-        const float sb = RSCALED ? kv_scale[(is_k ? 0 : RKV) + fh / RD] : 1.0f;
-        ${ROPE_KT}* row = kv_cache + ((slot / RBS * 2 + (is_k ? 0 : 1)) * RBS + slot % RBS) * (i64)(RKV * RD);
-        row[f] = gemv_to_cache(a, sa);
-        row[fh] = gemv_to_cache(b, sb);
+        gemv_rope_store(t, lo, hi, gemv_round(a), gemv_round(b), positions, cos_table, sin_table, q_out, kv_cache,
+                        slot_mapping, kv_scale);
       }
   }
   return;

@@ -1,6 +1,7 @@
 #include "../common.cuh"
 #include "splitk.cuh"
 #include "e4m3.cuh"
+#include "../rope/rotate.cuh"
 
 // Decode GEMV / skinny GEMM for ``quantized_linear`` (codegen/kernels/gemv/quant_rule.py):
 // out[M, N] = quant(x)[M, K] @ dequant(w)[N, K]^T (+ bias[N]) (+ residual[M, N]), bf16 x and out, f32 accumulate.
@@ -26,6 +27,8 @@
 // tiles through shared memory (x's region, free once the products are done) in warp order; the group's first warp
 // alone runs the split-K tail and the epilogue. Small matrices then fill the GPU without the split-K tail over CTAs.
 // ANY_M: grid.z = ceil(M / ${MB}) token chunks (no split-K): the launch for any M (prefill), weights re-read per chunk.
+// Rope epilogue (${ROPE}; rope_epilogue.cuh, as kernel.cu's): the qkv projection's variant rotates q and k and writes q
+// and the KV cache as rope/qkv_cache.cu does (out is not written); the row scales are the streamed rows'.
 struct u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ u32x4 qg_ld_stream(const void* p) {
@@ -100,6 +103,8 @@ static_assert(!ANY_M || SPLITK == 1, "the any-M launch walks its K slices in one
 static_assert(WFMT == 0 || AFMT == 0, "nvfp4 weights take bf16 activations");
 using SK = GemvSplitK<MT, NT, MB, BN, GX, SPLITK>;
 }  // namespace
+#include "rope_epilogue.cuh"
+static_assert(!ROPE || !ANY_M, "the rope epilogue is a decode variant's");
 
 __device__ float ${KERNEL}_ws[SPLITK > 1 ? SPLITK * GX * BN * MB : 1];
 __device__ unsigned ${KERNEL}_cnt[GX];
@@ -114,7 +119,13 @@ __device__ unsigned ${KERNEL}_cnt[GX];
 extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
     const bf16* __restrict__ x, const unsigned char* __restrict__ w, const void* __restrict__ weight_scale,
     const float* __restrict__ weight_scale_2, const float* __restrict__ input_scale, const bf16* __restrict__ bias,
-    const bf16* __restrict__ residual, bf16* __restrict__ out, long long M) {
+    const bf16* __restrict__ residual, bf16* __restrict__ out, long long M
+#if ${ROPE}
+    , const long long* __restrict__ positions, const ${ROPE_CT}* __restrict__ cos_table,
+    const ${ROPE_CT}* __restrict__ sin_table, bf16* __restrict__ q_out, ${ROPE_KT}* __restrict__ kv_cache,
+    const long long* __restrict__ slot_mapping, const float* __restrict__ kv_scale
+#endif
+    ) {
   extern __shared__ __align__(16) unsigned char xs[];  // [MB][LDX] in fragment order
   __shared__ float tok_scale[MB];
   __shared__ unsigned is_last;
@@ -166,7 +177,7 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = row0 + 16 * mt + 8 * h, rr = r < N ? r : N - 1;
+        const int r = row0 + 16 * mt + 8 * h, rr = r < N ? gemv_rope_row(r) : N - 1;
         p[mt][h] = w + (i64)rr * WROW + (WFMT == 0 ? kb + kc : (kb + kc) / 2) + 16 * q;
         ps[mt][h] = sfb + (i64)rr * (K / 16) + (kb + kc) / 16 + 2 * q;
       }
@@ -323,6 +334,30 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
 
   // epilogue: acc * (row scale) * (token scale) (+ bias) (+ residual); c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = row g+8
   const float gscale = WFMT == 1 ? weight_scale_2[0] * 256.0f : 1.0f;  // e2m1 * sf * 2^-8 above
+#if ${ROPE}
+  // the rope epilogue: the pair (lo, hi) = tile rows (g, g + 8), each value as the plain epilogue computes it
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int nlo = row0 + 16 * mt;
+    if (nlo >= N) continue;
+    const int lo = gemv_rope_row(nlo), hi = gemv_rope_row(nlo + 8);
+    const float* ws = reinterpret_cast<const float*>(weight_scale);
+    const float sl = WFMT == 0 ? ws[lo] : gscale, sh = WFMT == 0 ? ws[hi] : gscale;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = 8 * j + 2 * q + e;
+        if (t >= rows) continue;
+        float a = acc[mt][j][e] * sl, b = acc[mt][j][2 + e] * sh;
+        if (AFMT != 0) a *= tok_scale[t], b *= tok_scale[t];
+        if (${HAS_BIAS}) a += to_f32(bias[lo]), b += to_f32(bias[hi]);
+        gemv_rope_store(t, lo, hi, gemv_round(a), gemv_round(b), positions, cos_table, sin_table, q_out, kv_cache,
+                        slot_mapping, kv_scale);
+      }
+  }
+  return;
+#endif
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

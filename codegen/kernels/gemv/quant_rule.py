@@ -54,8 +54,11 @@ from .rule import (
     KW_CTAS_PER_SM,
     KW_SHAPE,
     LARGE_N_SHAPE,
+    NO_ROPE,
+    ROPE_PARAMS,
     SHAPE_BY_BUCKET,
     SMEM_BUDGET,
+    RopeEpilogue,
     kw_quant_enabled,
     row_group_bytes,
     row_groups_apply,
@@ -178,9 +181,14 @@ def quant_config(n: int, k: int, mb: int, wfmt: str, act: str, num_sms: int, *, 
 
 def quant_gemv_spec(n: int, k: int, mb: int, target: Target, weight_format: str = "fp8", act: str = "none",
                     act_granularity: str = "token", bias: bool = False, residual: bool = False,
-                    any_m: bool = False, config: QuantGemvConfig | None = None) -> KernelSpec:
+                    any_m: bool = False, config: QuantGemvConfig | None = None,
+                    rope: RopeEpilogue | None = None) -> KernelSpec:
     """The kernel for ``M <= mb`` (``any_m``: any M, in chunks of ``mb``) of a ``quantized_linear`` with
-    ``weight_format`` weights [n, k] and ``act`` activations; params ``PARAMS`` (the op's inputs by name)."""
+    ``weight_format`` weights [n, k] and ``act`` activations; params ``PARAMS`` (the op's inputs by name), then
+    ``rule.ROPE_PARAMS`` with the rope epilogue (``rope``: a decode variant of the qkv projection, no residual)."""
+    if rope is not None and (rope.rows != n or residual or any_m):
+        raise ValueError(f"quantized gemv rope epilogue: N {n} must be the qkv row's {rope.rows} features, "
+                         "without residual, not the any-M launch")
     if weight_format not in WEIGHT_FORMATS or (act, act_granularity) not in ACT_MODES:
         raise ValueError(f"quantized gemv: unsupported formats {weight_format}/{act}:{act_granularity}")
     if weight_format == "nvfp4" and act != "none":
@@ -191,18 +199,33 @@ def quant_gemv_spec(n: int, k: int, mb: int, target: Target, weight_format: str 
     afmt = ACT_MODES[(act, act_granularity)]
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
               "U": cfg.stage_steps, "KW": cfg.kwarps, "WFMT": WEIGHT_FORMATS[weight_format], "AFMT": afmt,
-              "ANY_M": any_m, "HAS_BIAS": bias, "HAS_RESIDUAL": residual}
+              "ANY_M": any_m, "HAS_BIAS": bias, "HAS_RESIDUAL": residual,
+              **(rope.values() if rope is not None else NO_ROPE)}
     a = "a16" if afmt == 0 else "a8"
-    tag = f"gemv_{weight_format}_{a}_n{n}_k{k}_m{mb}{'_any' if any_m else ''}"
+    tag = f"gemv_{weight_format}_{a}_n{n}_k{k}_m{mb}{'_any' if any_m else ''}{'_rope' if rope is not None else ''}"
     if any_m and cfg.kwarps != 1:
         raise ValueError(f"quantized gemv: the any-M launch has no row groups (kwarps={cfg.kwarps})")
     grid = [GridDim(const=-(-n // cfg.rows)), GridDim(const=cfg.splitk),
             GridDim("M", mb) if any_m else GridDim(const=1)]
-    return KernelSpec.make("gemv", "quant.cu", tag, target.arch or "", values, PARAMS, 32 * cfg.warps, grid,
+    params = PARAMS + ROPE_PARAMS if rope is not None else PARAMS
+    return KernelSpec.make("gemv", "quant.cu", tag, target.arch or "", values, params, 32 * cfg.warps, grid,
                            smem=smem_bytes(mb, cfg.slice_k, act),
                            doc=f"{weight_format} weights, {act} activations, M <= {'any' if any_m else mb}, "
                                f"split-K {cfg.splitk} x {cfg.slice_k}"
-                               + (f", {cfg.kwarps} warps a row group" if cfg.kwarps > 1 else ""))
+                               + (f", {cfg.kwarps} warps a row group" if cfg.kwarps > 1 else "")
+                               + (", rope epilogue" if rope is not None else ""))
+
+
+def with_rope(spec: KernelSpec, rope: RopeEpilogue, target: Target) -> KernelSpec:
+    """``spec`` (a decode ``quant.cu`` variant) with the rope epilogue: the same formats, configuration and weight
+    order."""
+    v = dict(spec.values)
+    if spec.family != "gemv" or spec.template != "quant.cu" or v.get("ROPE") or v["ANY_M"]:
+        raise ValueError(f"quantized gemv: {spec.entry} is not a decode quant.cu variant without the rope epilogue")
+    wfmt = {code: name for name, code in WEIGHT_FORMATS.items()}[int(v["WFMT"])]
+    act, gran = {code: mode for mode, code in ACT_MODES.items()}[int(v["AFMT"])]
+    return quant_gemv_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, wfmt, act, gran, bool(v["HAS_BIAS"]),
+                           bool(v["HAS_RESIDUAL"]), config=spec_config(spec), rope=rope)
 
 
 def spec_config(spec: KernelSpec) -> QuantGemvConfig:
