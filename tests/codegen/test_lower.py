@@ -134,15 +134,20 @@ def test_memory_plan_reuses_without_overlap(tmp_path, monkeypatch, fusion):
     path = ingot.compile(TINY_KV, target="h200", out=tmp_path / "g.ingot", mode="llm")
     graph, manifest = load_graph(path)
     # fused decode variants (codegen/decode_fusion.py, on by default) read their skipped launch's input: live until
-    # their node
-    reads = variant_reads(manifest["cuda"]["launches"])
-    assert bool(reads) == (fusion == "1")
+    # their node; the qkv GEMV's rope epilogue (codegen/qkv_rope_fusion.py, on by default) writes q at its node,
+    # before q's own: live from there
+    launches = manifest["cuda"]["launches"]
+    reads = variant_reads(launches)
     plan = plan_memory(graph, manifest["cuda"]["memory_plan"]["bindings"], reads=reads)
     assert plan.to_dict()["buffers"] == manifest["cuda"]["memory_plan"]["buffers"]
     live = live_ranges(graph)
+    widened = {n for n, i in reads.items() if n in live and not live[n][0] <= i <= live[n][1]}
+    rope_q = {ln["args"]["q"]["buffer"] for ln in launches if ln["op"] == "rope_qkv"}
+    assert rope_q and rope_q <= widened  # written before their own node
+    assert bool(widened - rope_q) == (fusion == "1")  # read after their last reader
     for name, i in reads.items():
         if name in live:
-            live[name] = (live[name][0], max(live[name][1], i))
+            live[name] = (min(live[name][0], i), max(live[name][1], i))
     scratch = [(n, b) for n, b in plan.buffers.items() if b.region == "scratch"]
     assert scratch
     for a, (na, ba) in enumerate(scratch):
