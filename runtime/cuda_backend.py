@@ -66,9 +66,9 @@ import ctypes
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -89,6 +89,9 @@ from .cuda_launch import (
     cutlass_nk,
 )
 from .paged import PagedModel, SequenceState
+
+if TYPE_CHECKING:
+    from ..codegen.target import Target
 
 log = logging.getLogger("ingot.cuda")
 
@@ -339,11 +342,9 @@ class CudaExecutor:
             c.communicator = communicator
 
     def _load_argmax(self) -> GreedyArgmax | None:
-        """Build the greedy-sampling kernel for the logits (NVRTC or nvcc, through the kernel cache); None, logged,
-        where the artifact has no f32 ``logits [S, vocab]`` or no compiler is installed."""
-        from ..codegen.compile import CompileError, CompilerUnavailable, compile_spec
+        """Build the greedy-sampling kernel for the logits (``_runtime_kernel``); None, logged, where the artifact has
+        no f32 ``logits [S, vocab]`` or no compiler is installed."""
         from ..codegen.kernels.sampling.rule import greedy_spec
-        from ..codegen.target import gpu_targets
 
         names = self.graph.output_names
         out = self.graph.outputs[names.index("logits")] if "logits" in names else None
@@ -351,34 +352,36 @@ class CudaExecutor:
         if out is None or out.type.dtype != DType.f32 or not isinstance(vocab, int):
             log.info("device argmax off: the artifact has no f32 logits [S, vocab] output")
             return None
-        target = next((t for t in gpu_targets() if t.arch == self.cuda["arch"]), None)
-        if target is None or "S" not in self.bounds:
+        if "S" not in self.bounds:
             return None
-        spec = greedy_spec(DType.f32, vocab, target)
-        try:
-            cubin = compile_spec(spec).cubin
-        except (CompilerUnavailable, CompileError, OSError) as e:
-            log.warning("device argmax off (greedy steps copy the logits to the host): %s", e)
+        built = self._runtime_kernel(lambda target: greedy_spec(DType.f32, vocab, target),
+                                     "device argmax off (greedy steps copy the logits to the host)")
+        if built is None:
             return None
-        module = cd.Module(cubin, spec.entry)
-        self.modules[spec.entry] = module
-        return GreedyArgmax(module.function(spec.entry), spec, self.address(out.name), self.bounds["S"])
+        return GreedyArgmax(built[0], built[1], self.address(out.name), self.bounds["S"])
 
     def _load_step_kernel(self) -> tuple[Any, KernelSpec] | None:
-        """Build the kernel that feeds each step of a K-step graph (``codegen/kernels/copy/step_inputs.cu``) as
-        ``_load_argmax`` builds the argmax; None, logged, where it does not compile."""
-        from ..codegen.compile import CompileError, CompilerUnavailable, compile_spec
+        """Build the kernel that feeds each step of a K-step graph (``codegen/kernels/copy/step_inputs.cu``); None,
+        logged, where it does not compile."""
         from ..codegen.kernels.copy.step_rule import step_inputs_spec
+
+        return self._runtime_kernel(step_inputs_spec, "decode steps as one graph off (one graph per step)")
+
+    def _runtime_kernel(self, make: Callable[[Target], KernelSpec], off: str) -> tuple[Any, KernelSpec] | None:
+        """A kernel the runtime adds to the artifact's (``make(target)`` for this executor's architecture), built by
+        NVRTC or nvcc through the kernel cache and loaded: (function, spec); None where no target has the
+        architecture, or, logged as ``off``, where it does not compile."""
+        from ..codegen.compile import CompileError, CompilerUnavailable, compile_spec
         from ..codegen.target import gpu_targets
 
         target = next((t for t in gpu_targets() if t.arch == self.cuda["arch"]), None)
         if target is None:
             return None
-        spec = step_inputs_spec(target)
+        spec = make(target)
         try:
             cubin = compile_spec(spec).cubin
         except (CompilerUnavailable, CompileError, OSError) as e:
-            log.warning("decode steps as one graph off (one graph per step): %s", e)
+            log.warning("%s: %s", off, e)
             return None
         module = cd.Module(cubin, spec.entry)
         self.modules[spec.entry] = module

@@ -511,3 +511,44 @@ def test_cuda_decode_steps_queue(tmp_path, monkeypatch, path):
         assert all(sg.stride % STEP_STRIDE_ALIGN == 0 and sg.stride >= sg.end for sg in ex.steps_graphs.values())
     else:
         assert not ex.steps_graphs and ex.stats["steps_graphs"] == 0
+
+
+def test_runtime_kernels_build_for_the_artifacts_arch(monkeypatch, caplog):
+    """``CudaExecutor._runtime_kernel`` (the argmax and step kernels the runtime adds): built for the target of the
+    artifact's architecture and kept in ``modules``; None for an architecture no target has; None with the given
+    warning where the kernel does not compile."""
+    from ingot.codegen import compile as cc
+    from ingot.codegen.kernels.copy.step_rule import step_inputs_spec
+    from ingot.runtime import cuda_driver as cd
+    from ingot.runtime.cuda_backend import CudaExecutor
+
+    class FakeModule:
+        def __init__(self, cubin: bytes, entry: str) -> None:
+            assert cubin[:4] == b"\x7fELF"
+            self.entry = entry
+
+        def function(self, name: str) -> str:
+            return f"fn:{name}"
+
+    monkeypatch.setattr(cd, "Module", FakeModule)
+    ex = CudaExecutor.__new__(CudaExecutor)
+    ex.modules = {}
+    ex.cuda = {"arch": "sm_90a"}
+    try:
+        built = ex._runtime_kernel(step_inputs_spec, "off")
+    except cc.CompilerUnavailable:
+        pytest.skip("no CUDA compiler")
+    assert built is not None
+    fn, spec = built
+    assert spec.arch == "sm_90a" and fn == f"fn:{spec.entry}" and spec.entry in ex.modules
+    ex.cuda = {"arch": "sm_42"}
+    assert ex._runtime_kernel(step_inputs_spec, "off") is None
+
+    def broken(spec, *a, **k):
+        raise cc.CompileError("nope")
+
+    ex.cuda = {"arch": "sm_90a"}
+    monkeypatch.setattr(cc, "compile_spec", broken)
+    with caplog.at_level("WARNING", logger="ingot.cuda"):
+        assert ex._runtime_kernel(step_inputs_spec, "the step kernel off") is None
+    assert "the step kernel off: nope" in caplog.text
