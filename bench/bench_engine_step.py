@@ -1,6 +1,7 @@
 """The engine's host time per step with 256 running sequences, the model excluded.
 
     python bench/bench_engine_step.py [--seqs 256] [--steps 300] [--tokens text|repeat] [--metrics]
+    python bench/bench_engine_step.py --seqs 1 --steps 400 --decode-steps 8   # batch 1, 8 decode steps a call
 
 One `LLMEngine.step()` = schedule (token budget, blocks, step inputs) + the executor + sampling +
 scheduler update + incremental detokenization + building the request outputs. The executor is
@@ -9,6 +10,10 @@ engine's own host work. Sequences are in steady greedy decode. The figure is pri
 issue's budget (2 ms); the sampler's argmax over the vocabulary is reported separately because it
 grows with the vocabulary size (SmolLM2: 49152) while the rest does not. ``--metrics`` attaches the
 server's Prometheus metrics (``EngineMetrics``), which the engine then updates every step.
+``--decode-steps K``: the engine's ``decode_steps`` (runtime/engine.py, "Decode steps"), its greedy steps' ids
+taken from the replayed logits by the executor's ``greedy_tokens`` / ``greedy_tokens_steps`` (as the CUDA
+executor's device argmax gives them), so one ``step()`` makes ``K`` tokens per sequence; the figure is per
+``step()`` and per token.
 
 What the sequences generate (``--tokens``):
 
@@ -66,16 +71,30 @@ class ReplayExecutor:
         self.step += 1
         return out
 
+    def greedy_tokens(self, feeds) -> np.ndarray:
+        """The step's argmax ids, as the CUDA executor's device argmax returns them."""
+        return self.run(feeds)["logits"].argmax(axis=-1)
 
-def bench(artifact: Path, seqs: int, steps: int, tokens: str = "text", metrics: bool = False) -> dict[str, float]:
-    engine = LLMEngine(artifact, EngineArgs(num_blocks=seqs * 40 + 1, max_num_seqs=seqs,
-                                            max_num_batched_tokens=max(2048, seqs * 8)),
+    def greedy_tokens_steps(self, steps) -> np.ndarray:
+        """``K`` steps' ids ``[K, S]`` (``CudaExecutor.greedy_tokens_steps``)."""
+        return np.stack([self.greedy_tokens(f) for f in steps])
+
+
+def bench(artifact: Path, seqs: int, steps: int, tokens: str = "text", metrics: bool = False,
+          decode_steps: int = 1) -> dict[str, float]:
+    engine = LLMEngine(artifact, EngineArgs(num_blocks=seqs * (40 + steps * decode_steps // 16) + 1, max_num_seqs=seqs,
+                                            max_num_batched_tokens=max(2048, seqs * 8), decode_steps=decode_steps,
+                                            device_sampling=decode_steps > 1),
                        metrics=EngineMetrics() if metrics else None)
     model_vocab = engine.vocab_size
+    limit = (engine.max_model_len - 16) // decode_steps - 10
+    if steps > limit:
+        raise SystemExit(f"--steps {steps} with --decode-steps {decode_steps} runs past the model's context "
+                         f"({engine.max_model_len} tokens): at most --steps {limit}")
     cycle = engine.tokenizer.encode(SAMPLE_TEXT) if tokens == "text" else None
     engine.executor = ReplayExecutor(model_vocab, seqs, cycle)
     rng = np.random.default_rng(1)
-    params = SamplingParams(max_tokens=steps + 50, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=(steps + 10) * decode_steps, temperature=0.0, ignore_eos=True)
     for _ in range(seqs):
         engine.add_request([int(t) for t in rng.integers(3, model_vocab, 16)], params)
     while engine.scheduler.stats().num_waiting or not _all_decoding(engine):
@@ -90,6 +109,8 @@ def bench(artifact: Path, seqs: int, steps: int, tokens: str = "text", metrics: 
         cpu.append(time.thread_time() - c0)
     gc.unfreeze()
     assert len(engine.scheduler.running) == seqs, "not all sequences stayed in decode"
+    if decode_steps > 1:
+        assert engine.num_multi_steps >= steps, "the engine did not run its decode steps in one executor call"
     ms, cms = sorted(t * 1e3 for t in times), sorted(t * 1e3 for t in cpu)
     p99 = int(0.99 * (len(ms) - 1))
     return {"median": statistics.median(ms), "p99": ms[p99], "cpu_median": statistics.median(cms),
@@ -107,15 +128,18 @@ def main() -> None:
     ap.add_argument("--tokens", choices=("text", "repeat"), default="text",
                     help="what the sequences generate (see above)")
     ap.add_argument("--metrics", action="store_true", help="with the server's Prometheus metrics attached")
+    ap.add_argument("--decode-steps", type=int, default=1, help="the engine's decode_steps (K tokens per step())")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         artifact = compile_tiny(Path(tmp), TINY)
-        r = bench(artifact, args.seqs, args.steps, args.tokens, args.metrics)
+        r = bench(artifact, args.seqs, args.steps, args.tokens, args.metrics, args.decode_steps)
+        k = args.decode_steps
         print(f"engine host time per step, {args.seqs} running sequences in decode (model excluded, vocabulary "
-              f"{TINY['vocab_size']}, --tokens {args.tokens}, metrics {'on' if args.metrics else 'off'}), "
-              f"{args.steps} steps:")
-        print(f"  wall clock: median {r['median']:.2f} ms, p99 {r['p99']:.2f} ms")
-        print(f"  thread CPU: median {r['cpu_median']:.2f} ms, p99 {r['cpu_p99']:.2f} ms")
+              f"{TINY['vocab_size']}, --tokens {args.tokens}, metrics {'on' if args.metrics else 'off'}, "
+              f"{k} decode step{'s' if k > 1 else ''} a step), {args.steps} steps:")
+        print(f"  wall clock: median {r['median']:.3f} ms, p99 {r['p99']:.3f} ms"
+              + (f" ({r["median"] / k * 1e3:.1f} us a decode step)" if k > 1 else ""))
+        print(f"  thread CPU: median {r['cpu_median']:.3f} ms, p99 {r['cpu_p99']:.3f} ms")
         print(f"  budget (issue 4): 2.00 ms -> median at {r['median'] / 2:.0%} of it")
         big = np.random.default_rng(0).standard_normal((args.seqs, 49152)).astype(np.float32)
         t = []

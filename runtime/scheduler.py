@@ -229,6 +229,30 @@ def build_step_inputs(
     )
 
 
+def decode_steps_inputs(first: np.ndarray, num_steps: int, rows: Sequence[int], block_table: np.ndarray,
+                        block_size: int) -> list[StepInputs]:
+    """``build_step_inputs`` of decode steps ``1 .. num_steps - 1`` of one-token rows whose step 0 computes position
+    ``first[s]`` (``Scheduler.plan_decode_steps``), all steps in one pass of array operations: step ``j`` computes
+    position ``first[s] + j`` with a placeholder id (0). The same arrays as ``build_step_inputs`` gives per step
+    (the block tables as views of one gather; ``query_start_loc``, ``logits_indices`` and the ids shared between
+    the steps, read-only)."""
+    num_rows = len(first)
+    row_idx = np.array(rows, np.intp)
+    positions = np.asarray(first, np.int64)[None, :] + np.arange(1, num_steps, dtype=np.int64)[:, None]
+    blk, off = np.divmod(positions, block_size)
+    slots = block_table[row_idx[None, :], blk].astype(np.int64)
+    slots *= block_size
+    slots += off
+    seq_lens = (positions + 1).astype(np.int32)
+    widths = (-(-(positions.max(axis=1, initial=0) + 1) // block_size)).clip(min=1).tolist()
+    tables = block_table[row_idx, : max(widths, default=1)]
+    ids = np.zeros(num_rows, np.int64)
+    qsl = np.arange(num_rows + 1, dtype=np.int32)
+    last = np.arange(num_rows, dtype=np.int64)
+    return [StepInputs(ids, positions[j], slots[j], tables[:, :w], seq_lens[j], qsl, last)
+            for j, w in enumerate(widths)]
+
+
 class _WaitingQueue:
     """FCFS: a deque (preempted requests go to the front). Priority: a heap on (priority, arrival, seq)."""
 
@@ -607,12 +631,7 @@ class Scheduler:
                 raise RuntimeError(f"request {req.request_id!r}: no blocks for its decode steps")
         rows = [kv.req_rows[r.request_id] for r in reqs]
         first = np.array([r.num_computed_tokens - 1 for r in reqs], np.int64)  # the position step 0 computes
-        placeholders = np.zeros(num_rows, np.int64)
-        ones = [1] * num_rows
-        steps = [output.step_inputs]
-        for j in range(1, k):
-            steps.append(build_step_inputs(placeholders, first + j, ones, rows, kv.block_table, bs))
-        return DecodeSteps(output, steps)
+        return DecodeSteps(output, [output.step_inputs, *decode_steps_inputs(first, k, rows, kv.block_table, bs)])
 
     def update_from_decode_step(self, plan: DecodeSteps, step: int, sampled_token_ids: Sequence[int]) -> list[Request]:
         """``update_from_output`` for step ``step`` of ``plan``; call it for steps 0, 1, ... in order.

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ingot.runtime.request import Request, RequestStatus
-from ingot.runtime.scheduler import CacheConfig, Scheduler, SchedulerConfig, build_step_inputs
+from ingot.runtime.scheduler import CacheConfig, Scheduler, SchedulerConfig, build_step_inputs, decode_steps_inputs
 
 BS = 4
 
@@ -62,6 +62,26 @@ def test_build_step_inputs_matches_the_serving_form_example():
         "query_start_loc",
         "logits_indices",
     }
+
+
+@pytest.mark.parametrize("num_rows", [1, 3, 16])
+def test_decode_steps_inputs_are_build_step_inputs_per_step(num_rows):
+    """The decode steps' inputs made in one pass (``Scheduler.plan_decode_steps``) equal ``build_step_inputs`` of
+    each step: values, dtypes and shapes, with steps crossing block boundaries and rows of other lengths."""
+    r = np.random.default_rng(num_rows)
+    bs, blocks = 4, 12
+    table = r.permutation(400)[: 20 * blocks].reshape(20, blocks).astype(np.int32)
+    rows = r.choice(20, num_rows, replace=False).tolist()
+    first = r.integers(0, bs * blocks - 9, num_rows).astype(np.int64)
+    first[0] = bs - 2  # the next steps cross into a new block
+    got = decode_steps_inputs(first, 8, rows, table, bs)
+    assert len(got) == 7
+    for j, si in enumerate(got, start=1):
+        want = build_step_inputs(np.zeros(num_rows, np.int64), first + j, [1] * num_rows, rows, table, bs)
+        for name, a in want.as_feeds().items():
+            b = si.as_feeds()[name]
+            assert b.dtype == a.dtype and b.shape == a.shape and np.array_equal(a, b), (j, name)
+    assert decode_steps_inputs(first, 1, rows, table, bs) == []
 
 
 def test_prefill_then_decode():
