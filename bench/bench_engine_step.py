@@ -138,7 +138,7 @@ def main() -> None:
               f"{TINY['vocab_size']}, --tokens {args.tokens}, metrics {'on' if args.metrics else 'off'}, "
               f"{k} decode step{'s' if k > 1 else ''} a step), {args.steps} steps:")
         print(f"  wall clock: median {r['median']:.3f} ms, p99 {r['p99']:.3f} ms"
-              + (f" ({r["median"] / k * 1e3:.1f} us a decode step)" if k > 1 else ""))
+              + (f" ({r['median'] / k * 1e3:.1f} us a decode step)" if k > 1 else ""))
         print(f"  thread CPU: median {r['cpu_median']:.3f} ms, p99 {r['cpu_p99']:.3f} ms")
         print(f"  budget (issue 4): 2.00 ms -> median at {r['median'] / 2:.0%} of it")
         big = np.random.default_rng(0).standard_normal((args.seqs, 49152)).astype(np.float32)
