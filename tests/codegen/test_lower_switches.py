@@ -1,14 +1,15 @@
 """Every lowering switch at once, without a GPU: the kernel table stays coherent.
 
-Four steps change the launch list after ``plan_launches``, each tested alone beside its module: rope-cache fusion (on by
+Five steps change the launch list after ``plan_launches``, each tested alone beside its module: rope-cache fusion (on by
 default, ``INGOT_ROPE_CACHE_FUSION=0`` turns it off; drops the attention's cache-write launch), the quantized prefill
 GEMM (on by default, ``INGOT_QUANT_PREFILL_GEMM=0`` turns it off; one launch becomes two), the wgmma prefill attention
-(the default on sm_90a, ``INGOT_PREFILL_ATTENTION=flash`` turns it off) and decode fusion (on by default,
-``INGOT_DECODE_FUSION=0`` turns it off; skips launches by index). Here they run together on the tiny quantized Llama
-(FP8 weight-only, and unquantized) for h200, and the table is checked as the executor reads it: every launch and variant
-binds exactly its kernel's parameters to buffers of the memory plan (or null / a dim), every ``skip`` points forward at
-a launch of the right node, every named kernel is in the table, and each switch left its mark (as many launches removed
-and added as its own test predicts).
+(the default on sm_90a, ``INGOT_PREFILL_ATTENTION=flash`` turns it off), decode fusion (on by default,
+``INGOT_DECODE_FUSION=0`` turns it off; skips launches by index) and qkv-rope fusion (on by default for bf16 weights,
+``all`` here for the FP8 ones too; skips the rope launch into the qkv GEMV before it). Here they run together on the
+tiny quantized Llama (FP8 weight-only, and unquantized) for h200, and the table is checked as the executor reads it:
+every launch and variant binds exactly its kernel's parameters to buffers of the memory plan (or null / a dim), every
+``skip`` points at a launch of the right node (forward, or back at the qkv GEMV for the rope launch), every named
+kernel is in the table, and each switch left its mark (as many launches removed and added as its own test predicts).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import ingot
-from ingot.codegen import decode_fusion, quant_prefill, rope_cache_fusion
+from ingot.codegen import decode_fusion, qkv_rope_fusion, quant_prefill, rope_cache_fusion
 from ingot.codegen.kernels.attention import prefill_rule
 from ingot.runtime.artifact import load_graph
 from tests.codegen import test_lower_quant
@@ -28,10 +29,10 @@ from tests.codegen.common import needs_compiler
 from tests.codegen.test_lower_quant import FAST
 
 SWITCHES = {rope_cache_fusion.ENV: "1", quant_prefill.ENV: "1", "INGOT_PREFILL_ATTENTION": "wgmma",
-            "INGOT_DECODE_FUSION": "1"}
-#: each switch's off value (all four are on by default)
+            "INGOT_DECODE_FUSION": "1", qkv_rope_fusion.ENV: "all"}
+#: each switch's off value (all five are on by default, qkv-rope fusion for bf16 weights)
 OFF = {rope_cache_fusion.ENV: "0", quant_prefill.ENV: "0", "INGOT_PREFILL_ATTENTION": "flash",
-       "INGOT_DECODE_FUSION": "0"}
+       "INGOT_DECODE_FUSION": "0", qkv_rope_fusion.ENV: "0"}
 LAYERS = 2
 #: quantized linears of the tiny Llama: qkv, o_proj, gate_up, down per layer (the lm_head stays bf16)
 QUANTIZED = 4 * LAYERS
@@ -91,9 +92,10 @@ def test_all_switches_at_once_keep_the_kernel_table_coherent(ckpt, tmp_path, mon
             _check_binding(f"launch {j} alternative {alt['kernel']}", kernels[alt["kernel"]]["spec"], ln["args"],
                            buffers)
         skip = ln.get("skip")
-        if skip:  # the launch that computes the skipped one's work in small steps: later, counting the same rows
-            into = launches[skip["into"]]
-            assert skip["into"] > j and into.get("variants"), (j, skip)
+        if skip:  # the launch that computes the skipped one's work in small steps, counting the same rows: later,
+            into = launches[skip["into"]]  # or for the rope launch the qkv GEMV whose output it reads
+            back = ln["op"] == "rope_qkv" and into["args"].get("out") == ln["args"]["qkv"]
+            assert (skip["into"] < j if back else skip["into"] > j) and into.get("variants"), (j, skip)
             assert max(v["max_rows"] for v in into["variants"]) >= skip["max_rows"], (j, skip)
             rows = ln["args"][ln["rows_arg"]]
             assert rows in (into["args"].get("M"), into["args"].get(into.get("rows_arg", "M"))), (j, rows)
@@ -112,6 +114,7 @@ def test_all_switches_at_once_keep_the_kernel_table_coherent(ckpt, tmp_path, mon
     assert all(ln["variants"][0]["max_rows"] == prefill_rule.DECODE_MAX_ROWS for ln in attention)
     fused_skips = [ln for ln in launches if ln.get("skip") and not ln["kernel"].startswith("dequant_")]
     assert fused_skips, "decode fusion skipped nothing (at least the final norm into the bf16 lm_head)"
+    assert sum(ln["op"] == "rope_qkv" and "skip" in ln for ln in launches) == LAYERS  # qkv-rope fusion
 
     # the graph in the artifact is the CPU backend's, unchanged by the lowering's switches
     graph, _ = load_graph(tmp_path / "on.ingot")
