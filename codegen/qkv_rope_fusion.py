@@ -81,8 +81,10 @@ def mode() -> str:
     raw = os.environ.get(ENV, "").strip().lower()
     if raw in ("", "1"):
         return "bf16"
-    if raw in ("all", "0"):
-        return {"all": "all", "0": "off"}[raw]
+    if raw == "all":
+        return "all"
+    if raw == "0":
+        return "off"
     raise ValueError(f"{ENV}={raw!r}: expected 1 (the default: bf16 weights), all (also FP8 / NVFP4) or 0 (off)")
 
 
@@ -97,7 +99,7 @@ def epilogue(rope: KernelSpec) -> gemv.RopeEpilogue | None:
         return None
     v = dict(rope.values)
     d = int(v["HEAD_DIM"])
-    if v["DT"] != "bf16" or int(v["ROT"]) != d or d % 16 or int(v.get("PF_CTAS", 0) or 0):
+    if v["DT"] != "bf16" or int(v["ROT"]) != d or d % 16:
         return None
     return gemv.RopeEpilogue(int(v["NQ"]), int(v["NKV"]), d, bool(v["INTERLEAVED"]), int(v["BLOCK_SIZE"]),
                              str(v["KT"]), str(v["CT"]), bool(v["KV_SCALED"]))

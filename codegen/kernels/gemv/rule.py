@@ -31,6 +31,11 @@ tolerance. ``codegen/decode_fusion.py`` pairs them in the lowering and skips the
 a fused variant keeps the configuration of the plain variant it replaces (tuned or not), and autotuning never sees
 it (``tune.py``).
 
+**Rope epilogue** (``RopeEpilogue``, ``with_rope``; ``rope_epilogue.cuh``, shared with ``quant.cu``): the qkv
+projection's decode variant rotates q and k and writes q and the paged KV cache as ``rope/qkv_cache.cu`` does, bit
+for bit, instead of storing the qkv row; its tiles stream each rotating pair's two weight rows side by side. Extra
+parameters ``ROPE_PARAMS``; ``codegen/qkv_rope_fusion.py`` binds them and skips the rope launch in decode steps.
+
 **Weights before the grid-dependency wait** (``weights_first``): ptxas moves ``ld.global.nc`` across the PDL wait,
 so the variants measured so far wait first and only then load weights (their SASS: ``ACQBULK`` at the top).
 ``weights_first`` loads the first weight stage, and reads what the previous kernel wrote, with coherent loads, which
