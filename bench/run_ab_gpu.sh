@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# An end-to-end A/B of switches on the GPU machine: the Llama-1B-shaped checkpoint compiled once per variant (each
+# with its own INGOT_* variables, compile-time and run-time alike), then RUNS rounds of bench_e2e.py runs, the
+# variants' order reversed every other round, and bench/ab_summary.py's medians against the first variant.
+#
+#   OUT=/dir bash bench/run_ab_gpu.sh base "qr_off:INGOT_QKV_ROPE_FUSION=0"
+#   OUT=/dir FORMATS=fp8-w8a16 RUNS=3 bash bench/run_ab_gpu.sh base "all:INGOT_GEMV_KW=all,INGOT_QKV_ROPE_FUSION=all"
+#
+# A variant is NAME or NAME:VAR=VALUE[,VAR=VALUE...]; the first is the reference. Each run: batch 1 and 64, 1 and 8
+# decode steps a call, no HF references (bench_e2e.py --skip-hf), INGOT_AUTOTUNE=0 at compile time so that the
+# variants differ only by their switches. Results under $OUT: e2e_<i>_<variant>.json, summary.txt / summary.json.
+# From the repository root or anywhere (the script goes there); wheels in .whl/ and CUTLASS cubins in .gpu_cache/
+# (this workspace's carry convention) are used when present. About 2 minutes a compile after the first, 10 s a run.
+set -u
+OUT=${OUT:-/tmp/ab-out}
+FORMATS=${FORMATS:-bf16}
+RUNS=${RUNS:-3}
+W=${WORKDIR:-/tmp/ab-work}
+cd "$(dirname "$0")/.."
+[ $# -ge 2 ] || { echo "usage: OUT=/dir bash bench/run_ab_gpu.sh NAME[:VAR=VALUE,...] NAME[:VAR=VALUE,...] ..."; exit 2; }
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+. bench/gpu_run_lib.sh
+[ -d .gpu_cache ] && mkdir -p "$INGOT_CACHE_DIR" && cp -rn .gpu_cache/. "$INGOT_CACHE_DIR"/ 2>/dev/null
+MB="--max-num-batched-tokens 16384"
+names=()
+envs=()
+for v in "$@"; do
+  name=${v%%:*}
+  e=""
+  [ "$name" != "$v" ] && e=${v#*:}
+  case $name in ""|*/*|*" "*) echo "bad variant name: '$name'"; exit 2 ;; esac
+  names+=("$name")
+  envs+=("${e//,/ }")
+done
+for i in "${!names[@]}"; do
+  n=${names[$i]}
+  mkdir -p "$W/$n"
+  [ "$i" -gt 0 ] && ln -sfn "$W/${names[0]}/llama1b-ckpt" "$W/$n/llama1b-ckpt"
+  # shellcheck disable=SC2086 (the variant's assignments, word-split on purpose)
+  step "compile_$n" timeout=600 env INGOT_AUTOTUNE=0 ${envs[$i]} python3 bench/bench_e2e.py --compile-only --reuse \
+    --workdir "$W/$n" $MB --formats "$FORMATS"
+done
+k=0
+for r in $(seq 1 "$RUNS"); do
+  order=("${!names[@]}")
+  [ $((r % 2)) -eq 0 ] && mapfile -t order < <(printf '%s\n' "${order[@]}" | tac)
+  for i in "${order[@]}"; do
+    k=$((k + 1))
+    n=${names[$i]}
+    # shellcheck disable=SC2086
+    TAILN=2 step "e2e_${k}_$n" timeout=180 env ${envs[$i]} python3 bench/bench_e2e.py --reuse $MB --decode-steps 1,8 \
+      --batches 1,64 --skip-hf --prefill-repeats 1 --formats "$FORMATS" --workdir "$W/$n" --out "$OUT/e2e_${k}_$n.json"
+  done
+done
+python3 bench/ab_summary.py "$OUT" --format "${FORMATS%%,*}" --json "$OUT/summary.json" | tee "$OUT/summary.txt"
+finish
