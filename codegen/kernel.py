@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import string
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .switches import env_choice
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 
@@ -190,12 +191,8 @@ _KERNEL_BODY = re.compile(r'(extern "C" __global__[^{;]*\{)')
 def pdl_prologue() -> str:
     """The prologue ``render`` gives template kernels: ``PDL_PROLOGUE``, or ``PDL_PROLOGUE_EARLY`` with
     ``INGOT_PDL_TRIGGER=early``; another value is an error naming the variable."""
-    v = os.environ.get(PDL_TRIGGER_ENV, "").strip().lower()
-    if v in ("", "wait"):
-        return PDL_PROLOGUE
-    if v == "early":
-        return PDL_PROLOGUE_EARLY
-    raise ValueError(f"{PDL_TRIGGER_ENV}={v!r}: expected 'wait' (the default) or 'early'")
+    return env_choice(PDL_TRIGGER_ENV, {"": PDL_PROLOGUE, "wait": PDL_PROLOGUE, "early": PDL_PROLOGUE_EARLY},
+                      "'wait' (the default) or 'early'")
 
 
 def has_pdl(source: str) -> bool:

@@ -37,7 +37,6 @@ no faster with it (GPU step 0.899 vs 0.891 ms, its split-K tail then carries the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +45,7 @@ from ..ir.graph import Graph, Node
 from .kernel import KernelSpec
 from .kernels.gemv import quant_rule
 from .kernels.gemv import rule as gemv
+from .switches import env_choice
 from .target import Target
 
 #: compile-time switch: 0 turns the fusion off (the kernel table then is as before it existed); unset or 1: on for
@@ -78,14 +78,8 @@ def mode() -> str:
     """``INGOT_QKV_ROPE_FUSION``: ``"bf16"`` (unset, empty or ``1``: ``kernel.cu``'s variants, the default),
     ``"all"`` (also ``quant.cu``'s, FP8 / NVFP4 weights: measured no faster, docs/PERF.md) or ``"off"`` (``0``);
     another value is an error naming the variable."""
-    raw = os.environ.get(ENV, "").strip().lower()
-    if raw in ("", "1"):
-        return "bf16"
-    if raw == "all":
-        return "all"
-    if raw == "0":
-        return "off"
-    raise ValueError(f"{ENV}={raw!r}: expected 1 (the default: bf16 weights), all (also FP8 / NVFP4) or 0 (off)")
+    return env_choice(ENV, {"": "bf16", "1": "bf16", "all": "all", "0": "off"},
+                      "1 (the default: bf16 weights), all (also FP8 / NVFP4) or 0 (off)")
 
 
 def enabled() -> bool:

@@ -38,10 +38,10 @@ A bucket with no configuration (x's slice too large for the budget even when spl
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 from ...kernel import GridDim, KernelSpec
+from ...switches import env_choice
 from ...target import Target
 from .quant_rule import PARAMS as QUANT_PARAMS
 from .rule import BUCKETS, PARAMS, PROLOGUES, Prologue
@@ -91,14 +91,7 @@ def mode() -> str:
     """``INGOT_GEMV_BULK``: ``off`` (unset or 0), ``on`` (1: bf16 buckets up to ``MAX_BUCKET``, where it was
     measured faster) or ``all`` (every bf16 bucket and the FP8 weight-only variants: for benchmarks; the FP8 ones
     ran at ~0.7x quant.cu's speed on the H200)."""
-    v = os.environ.get(ENV, "").strip().lower()
-    if v in ("", "0"):
-        return "off"
-    if v == "all":
-        return "all"
-    if v == "1":
-        return "on"
-    raise ValueError(f"{ENV}={v!r}: expected 0, 1 or all")
+    return env_choice(ENV, {"": "off", "0": "off", "1": "on", "all": "all"}, "0, 1 or all")
 
 
 def enabled() -> bool:

@@ -56,7 +56,6 @@ for any M). ``codegen/registry.py`` lists this family in ``FAMILY_NAMES`` after 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,6 +63,7 @@ from ....ir.op import Op
 from ....ir.types import DType, TensorType
 from ...family import Family, static_dim
 from ...kernel import GridDim, KernelSpec
+from ...switches import env_choice
 from ...target import Target
 
 PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"),
@@ -107,14 +107,7 @@ def kw_mode() -> str:
     """``INGOT_GEMV_KW``: ``on`` (unset or 1: the rule's row groups in bf16 ``kernel.cu`` variants, measured), ``all``
     (also in ``quant.cu``'s FP8 / NVFP4 variants: written, compiled and SASS-checked, not yet run on a GPU) or ``off``
     (0: none); another value is an error."""
-    v = os.environ.get(KW_ENV, "").strip().lower()
-    if v in ("", "1"):
-        return "on"
-    if v == "all":
-        return "all"
-    if v == "0":
-        return "off"
-    raise ValueError(f"{KW_ENV}={v!r}: expected 0, 1 or all")
+    return env_choice(KW_ENV, {"": "on", "1": "on", "all": "all", "0": "off"}, "0, 1 or all")
 
 
 def kw_enabled() -> bool:
