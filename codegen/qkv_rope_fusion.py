@@ -116,11 +116,11 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_lists: Mapping[int, S
     out = QkvRopeFusion()
     users = graph.users()
     outputs = set(graph.outputs)
-    producer_launch: dict[int, list[int]] = {}
+    per_node: dict[int, list[int]] = {}  # node index -> its launches
     for j, (i, _, _, _) in enumerate(launches):
-        producer_launch.setdefault(i, []).append(j)
+        per_node.setdefault(i, []).append(j)
     for jr, (i, node, spec, args) in enumerate(launches):
-        if spec is None or node.op.name != "rope_qkv" or len(producer_launch[i]) != 1:
+        if spec is None or node.op.name != "rope_qkv" or len(per_node[i]) != 1:
             continue
         ep = epilogue(spec)
         qkv = node.inputs[0]
@@ -132,7 +132,7 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_lists: Mapping[int, S
         ci = graph.nodes.index(linear)
         # the node's launch with decode variants (a weight-only quantized linear also has a dequantize launch,
         # skipped at decode: codegen/quant_prefill.py)
-        with_variants = [j for j in producer_launch.get(ci, ()) if j in variant_lists]
+        with_variants = [j for j in per_node.get(ci, ()) if j in variant_lists]
         if len(with_variants) != 1:
             continue
         jc = with_variants[0]
@@ -141,27 +141,26 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_lists: Mapping[int, S
         if (not planned or "M" not in cargs or args.get("num_tokens") != cargs["M"] or "dim" not in cargs["M"]
                 or any(a not in args for a in ROPE_ARGS)):
             continue
-        fusable = [(mr, s, a) for mr, s, a in planned if mr <= MAX_ROWS and _takes_epilogue(s, ep)]
-        if not fusable or fusable[0][0] != planned[0][0]:  # the smallest bucket must be among them
+        fuse = [mr <= MAX_ROWS and _takes_epilogue(s, ep) for mr, s, _ in planned]
+        if not fuse[0]:  # the smallest bucket must be among them
             continue
-        variants: list[Variant] = []
-        largest = 0
-        for mr, s, own in planned:
-            if (mr, s, own) not in fusable:
-                variants.append((mr, s, own))
-                continue
-            f = (gemv.with_rope if s.template == "kernel.cu" else quant_rule.with_rope)(s, ep, target)
-            bound = {**(own if own is not None else cargs), **{n: args[n] for n in ROPE_ARGS}}
-            if {p.name for p in f.params} != set(bound):  # the binding and the kernel must agree
-                raise ValueError(f"qkv-rope fusion: {f.entry} takes {sorted(p.name for p in f.params)}, "
-                                 f"bound {sorted(bound)}")
-            out.made_from[f.key] = s
-            variants.append((mr, f, bound))
-            largest = max(largest, mr)
-        if any(mr <= largest and f is s for (mr, f, _), (_, s, _) in zip(variants, planned)):
-            continue  # a bucket the rope launch would be skipped for kept an unfused variant
+        largest = max(mr for (mr, _, _), f in zip(planned, fuse) if f)
+        if not all(f for (mr, _, _), f in zip(planned, fuse) if mr <= largest):
+            continue  # a bucket the rope launch would be skipped for would keep an unfused variant
         if not isinstance(cargs["M"]["dim"], str) and int(cargs["M"]["dim"]) > largest:
             continue  # graph mode: a static count too large for the fused buckets
+        variants: list[Variant] = []
+        for (mr, s, own), f in zip(planned, fuse):
+            if not f:
+                variants.append((mr, s, own))
+                continue
+            fused = (gemv.with_rope if s.template == "kernel.cu" else quant_rule.with_rope)(s, ep, target)
+            bound = {**(own if own is not None else cargs), **{n: args[n] for n in ROPE_ARGS}}
+            if {p.name for p in fused.params} != set(bound):  # the binding and the kernel must agree
+                raise ValueError(f"qkv-rope fusion: {fused.entry} takes {sorted(p.name for p in fused.params)}, "
+                                 f"bound {sorted(bound)}")
+            out.made_from[fused.key] = s
+            variants.append((mr, fused, bound))
         out.variants[jc] = variants
         out.skips[jr] = ("num_tokens", largest)
         out.into[jr] = jc
