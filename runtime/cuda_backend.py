@@ -562,10 +562,10 @@ class CudaExecutor:
     def greedy_tokens_steps(self, steps: Sequence[Mapping[str, np.ndarray]]) -> np.ndarray:
         """``K = len(steps)`` decode steps back to back, ``i64[K, S]``: step ``j > 0`` takes step ``j - 1``'s ids as
         its ``input_ids`` (its own are placeholders), so only the first step's ids must be real (module docstring,
-        "Decode steps"). The ``K`` steps run as one CUDA graph, captured once per (bucket, ``K``), after one copy of
-        every step's inputs, with no host round trip in between; ``INGOT_STEPS_GRAPH=0`` (or no step kernel) launches
-        the bucket's graph once per step instead. The ids are those of ``greedy_tokens`` step by step. Without the
-        device argmax or CUDA graphs, or for steps that are not one decode token per sequence, it runs
+        "Decode steps"). The bucket's graph runs once per step with stream copies in between, no host round trip; with
+        ``INGOT_STEPS_GRAPH=1`` (and the step kernel built) the ``K`` steps run as one CUDA graph, captured once per
+        (bucket, ``K``), after one copy of every step's inputs. The ids are those of ``greedy_tokens`` step by step.
+        Without the device argmax or CUDA graphs, or for steps that are not one decode token per sequence, it runs
         ``greedy_tokens`` step by step (same ids, host in between)."""
         k = len(steps)
         ids_in = next((v for v in self.inputs if v.name == "input_ids"), None)
@@ -638,8 +638,8 @@ class CudaExecutor:
         return sg
 
     def _steps_graph_each(self, steps: Sequence[Mapping[str, np.ndarray]], bucket: int) -> np.ndarray:
-        """``greedy_tokens_steps`` with the bucket's graph once per step and stream copies in between
-        (``INGOT_STEPS_GRAPH=0``)."""
+        """``greedy_tokens_steps`` with the bucket's graph once per step and stream copies in between (the default;
+        ``INGOT_STEPS_GRAPH=1``: ``_steps_one_graph``)."""
         k, s = len(steps), len(steps[0]["seq_lens"])
         graph = self._bucket_graph(bucket)
         dev, host = self._steps_ids_buffers(k * s * 8)
@@ -780,7 +780,7 @@ class CudaExecutor:
 
     def _stage_decode(self, feeds: Mapping[str, np.ndarray], bucket: int, copy: int = 0) -> int:
         """Write a decode step padded to ``bucket`` straight into pinned staging copy ``copy`` (0: ``staging``;
-        others: ``greedy_tokens_steps``' with ``INGOT_STEPS_GRAPH=0``); returns its end. ``query_start_loc`` and
+        others: ``greedy_tokens_steps``' per-step path); returns its end. ``query_start_loc`` and
         ``logits_indices`` are written only when the copy's bucket changes."""
         st = self._staged_views(bucket, copy)
         self._write_decode(st, feeds)
