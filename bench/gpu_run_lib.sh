@@ -7,6 +7,13 @@
 # A step that runs past its timeout exits 124, which is a failure like any other (a hung kernel shows as that).
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 INGOT_CACHE_DIR=${INGOT_CACHE_DIR:-/tmp/ingot-kernel-cache} INGOT_TEST_SEED=${INGOT_TEST_SEED:-random}
+# carried with the working tree when present: wheels the GPU machine lacks (.whl/, installed beside the system's
+# packages) and built kernels (.gpu_cache/, a kernel cache: CUTLASS cubins take minutes to build)
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [ -d .gpu_cache ]; then mkdir -p "$INGOT_CACHE_DIR" && cp -rn .gpu_cache/. "$INGOT_CACHE_DIR"/ 2>/dev/null; fi
 status=0
 step() {
   local name=$1; shift

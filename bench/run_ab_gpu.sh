@@ -9,8 +9,8 @@
 # A variant is NAME or NAME:VAR=VALUE[,VAR=VALUE...]; the first is the reference. Each run: batch 1 and 64, 1 and 8
 # decode steps a call, no HF references (bench_e2e.py --skip-hf), INGOT_AUTOTUNE=0 at compile time so that the
 # variants differ only by their switches. Results under $OUT: e2e_<i>_<variant>.json, summary.txt / summary.json.
-# From the repository root or anywhere (the script goes there); wheels in .whl/ and CUTLASS cubins in .gpu_cache/
-# (this workspace's carry convention) are used when present. About 2 minutes a compile after the first, 10 s a run.
+# From the repository root or anywhere (the script goes there); bench/gpu_run_lib.sh installs what .whl/ carries and
+# seeds the kernel cache from .gpu_cache/. About 2 minutes a compile after the first, 10 s a run.
 set -u
 OUT=${OUT:-/tmp/ab-out}
 FORMATS=${FORMATS:-bf16}
@@ -18,12 +18,7 @@ RUNS=${RUNS:-3}
 W=${WORKDIR:-/tmp/ab-work}
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: OUT=/dir bash bench/run_ab_gpu.sh NAME[:VAR=VALUE,...] NAME[:VAR=VALUE,...] ..."; exit 2; }
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
 . bench/gpu_run_lib.sh
-[ -d .gpu_cache ] && mkdir -p "$INGOT_CACHE_DIR" && cp -rn .gpu_cache/. "$INGOT_CACHE_DIR"/ 2>/dev/null
 MB="--max-num-batched-tokens 16384"
 names=()
 envs=()
