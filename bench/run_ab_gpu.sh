@@ -11,6 +11,8 @@
 # variants differ only by their switches. Results under $OUT: e2e_<i>_<variant>.json, summary.txt / summary.json.
 # From the repository root or anywhere (the script goes there); bench/gpu_run_lib.sh installs what .whl/ carries and
 # seeds the kernel cache from .gpu_cache/. About 2 minutes a compile after the first, 10 s a run.
+# SHARED=1: the variants differ only by run-time switches (INGOT_DECODE_OVERLAP, INGOT_STEPS_GRAPH, ...), so only
+# the first variant's artifact is compiled and every variant runs it.
 set -u
 OUT=${OUT:-/tmp/ab-out}
 FORMATS=${FORMATS:-bf16}
@@ -30,8 +32,11 @@ for v in "$@"; do
   names+=("$name")
   envs+=("${e//,/ }")
 done
+SHARED=${SHARED:-0}
+work() { if [ "$SHARED" = 1 ]; then echo "$W/${names[0]}"; else echo "$W/${names[$1]}"; fi; }
 for i in "${!names[@]}"; do
   n=${names[$i]}
+  [ "$SHARED" = 1 ] && [ "$i" -gt 0 ] && break
   mkdir -p "$W/$n"
   [ "$i" -gt 0 ] && ln -sfn "$W/${names[0]}/llama1b-ckpt" "$W/$n/llama1b-ckpt"
   # shellcheck disable=SC2086 (the variant's assignments, word-split on purpose)
@@ -47,7 +52,7 @@ for r in $(seq 1 "$RUNS"); do
     n=${names[$i]}
     # shellcheck disable=SC2086
     TAILN=2 step "e2e_${k}_$n" timeout=180 env ${envs[$i]} python3 bench/bench_e2e.py --reuse $MB --decode-steps 1,8 \
-      --batches 1,64 --skip-hf --prefill-repeats 1 --formats "$FORMATS" --workdir "$W/$n" --out "$OUT/e2e_${k}_$n.json"
+      --batches 1,64 --skip-hf --prefill-repeats 1 --formats "$FORMATS" --workdir "$(work "$i")" --out "$OUT/e2e_${k}_$n.json"
   done
 done
 python3 bench/ab_summary.py "$OUT" --format "${FORMATS%%,*}" --json "$OUT/summary.json" | tee "$OUT/summary.txt"

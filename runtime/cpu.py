@@ -76,6 +76,7 @@ class CpuExecutor:
         for v, i in last_use.items():
             if v not in keep:
                 self._free_after[i].append(v)
+        self._last_ids: np.ndarray | None = None  # the last submitted plan's last step's ids (a chained plan's input)
 
     def run(self, feeds: Mapping[str, np.ndarray], check: bool = True) -> dict[str, np.ndarray]:
         g = self.graph
@@ -119,6 +120,22 @@ class CpuExecutor:
                 feeds = {**feeds, "input_ids": ids[-1].astype(np.int64)}
             ids.append(self.greedy_tokens(feeds))
         return np.stack(ids)
+
+    def submit_greedy_steps(self, steps: Sequence[Mapping[str, np.ndarray]], chained: bool = False) -> np.ndarray:
+        """``greedy_tokens_steps``, run now (nothing runs beside the host here); the CUDA executor queues it instead
+        (``runtime/engine.py``, "Overlap"). ``chained``: step 0's ``input_ids`` are the previous call's last ids
+        (its own are placeholders). Returns the ticket for ``collect_greedy_steps``: here the ids ``i64[K, S]``."""
+        if chained:
+            if self._last_ids is None or len(self._last_ids) != len(steps[0]["seq_lens"]):
+                raise ValueError("chained decode steps need the previous submission's ids for the same rows")
+            steps = [{**steps[0], "input_ids": self._last_ids}, *steps[1:]]
+        ids = self.greedy_tokens_steps(steps)
+        self._last_ids = ids[-1].astype(np.int64)
+        return ids
+
+    def collect_greedy_steps(self, ticket: np.ndarray) -> np.ndarray:
+        """The ids ``i64[K, S]`` of a ``submit_greedy_steps`` call."""
+        return ticket
 
 
 def _matches(t: TensorType, a: np.ndarray) -> bool:

@@ -177,6 +177,18 @@ class _StepsGraph:
             b.free()
 
 
+class _StepsTicket:
+    """A ``submit_greedy_steps`` call: ``K`` steps of ``S`` rows queued with staging parity ``parity`` (-1: run at
+    once), the pinned host copy of their ids and the event after it; ``ids`` once collected."""
+
+    __slots__ = ("k", "s", "parity", "host", "done", "ids")
+
+    def __init__(self, k: int, s: int, parity: int, host: cd.PinnedBuffer | None = None,
+                 done: cd.Event | None = None) -> None:
+        self.k, self.s, self.parity, self.host, self.done = k, s, parity, host, done
+        self.ids: np.ndarray | None = None
+
+
 def block_runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
     """``(position in block_ids, first block id, count)`` of each run of consecutive block ids (one copy each)."""
     runs: list[tuple[int, int, int]] = []
@@ -320,14 +332,11 @@ class CudaExecutor:
         self.graphs: dict[int, cd.CudaGraph] = {}
         #: ``steps_graphs``: captures of K-step graphs (``greedy_tokens_steps``), one per (bucket, K)
         self.stats = {"graph_steps": 0, "eager_steps": 0, "captures": 0, "argmax_steps": 0, "multi_steps": 0,
-                      "steps_graphs": 0}
+                      "steps_graphs": 0, "chained_submits": 0}
         self._staged: dict[tuple[int, int], _StagedBucket] = {}  # (staging copy, bucket) -> views
         #: per staging copy, the bucket whose constant inputs it holds (copy 0 is ``staging``)
         self._staged_bucket: list[int | None] = [None]
-        #: ``greedy_tokens_steps``: staging copies of steps 1, 2, ... (``_step_staging[0]`` is ``staging``), and
-        #: the device ``i64[K, S]`` ids with their pinned host copy (grown on demand)
-        self._step_staging: list[cd.PinnedBuffer] = [self.staging]
-        self._steps_ids: tuple[cd.DeviceMemory, cd.PinnedBuffer] | None = None
+        self._init_submissions()
         #: the greedy-sampling kernel (``greedy_tokens``); None: ``greedy_tokens`` takes the argmax on the host
         self.argmax: GreedyArgmax | None = self._load_argmax() if device_argmax and self.serving else None
         #: ``greedy_tokens_steps``' one graph per (bucket, K), and the kernel that feeds its steps (function, spec);
@@ -335,6 +344,18 @@ class CudaExecutor:
         self.steps_graphs: dict[tuple[int, int], _StepsGraph] = {}
         self.step_kernel: tuple[Any, KernelSpec] | None = self._load_step_kernel() if self.argmax is not None else None
         self.ctx.synchronize()
+
+    def _init_submissions(self) -> None:
+        """The state of ``submit_greedy_steps``: staging copies (``_step_staging[0]`` is ``staging``; step ``j`` of a
+        submission of parity ``p`` uses copy ``1 + 2 * j + p``), and per parity the device ``i64[K, S]`` ids with
+        their pinned host copy (grown on demand), the event after their copy back, and the submission in flight."""
+        self._step_staging: list[cd.PinnedBuffer] = [self.staging]
+        self._steps_ids: list[tuple[cd.DeviceMemory, cd.PinnedBuffer] | None] = [None, None]
+        self._steps_done: list[cd.Event | None] = [None, None]
+        self._pending: list[_StepsTicket | None] = [None, None]
+        self._submits = 0
+        #: the last submission, while the argmax ids on the device are its last step's (a chained one's input)
+        self._last_ticket: _StepsTicket | None = None
 
     def set_communicator(self, communicator: Any) -> None:
         """The tensor-parallel group's all-reduce (``runtime/tp/nccl.py``) for this rank's ``all_reduce`` launches."""
@@ -567,25 +588,94 @@ class CudaExecutor:
         (bucket, ``K``), after one copy of every step's inputs. The ids are those of ``greedy_tokens`` step by step.
         Without the device argmax or CUDA graphs, or for steps that are not one decode token per sequence, it runs
         ``greedy_tokens`` step by step (same ids, host in between)."""
+        return self.collect_greedy_steps(self.submit_greedy_steps(steps))
+
+    def submit_greedy_steps(self, steps: Sequence[Mapping[str, np.ndarray]], chained: bool = False) -> _StepsTicket:
+        """Queue ``greedy_tokens_steps(steps)`` and return at once; ``collect_greedy_steps`` waits for its ids (the
+        engine's overlap, runtime/engine.py "Overlap"). ``chained``: step 0's ``input_ids`` are the last ids of the
+        previous submission, which must be this executor's last work and have the same rows (fed on the device;
+        its own are placeholders). Two submissions may be in flight: a third waits for the first. Where the
+        per-step graphs do not apply (see ``greedy_tokens_steps``, and ``INGOT_STEPS_GRAPH=1``), the steps run
+        before this returns."""
         k = len(steps)
-        ids_in = next((v for v in self.inputs if v.name == "input_ids"), None)
-        bucket = self._decode_bucket(steps[0]) if self.cuda_graphs and self.argmax is not None and k else None
-        if bucket is None or ids_in is None or ids_in.type.dtype != DType.i64:
-            out: list[np.ndarray] = []
-            for feeds in steps:
-                out.append(self.greedy_tokens(feeds if not out else {**feeds, "input_ids": out[-1]}))
-            return np.stack(out)
+        if not k:
+            raise ValueError("decode steps: no steps")
         s = len(steps[0]["seq_lens"])
         for j, feeds in enumerate(steps):
             if len(feeds["seq_lens"]) != s:
                 raise ValueError(f"decode steps: step {j} has {len(feeds['seq_lens'])} sequences, step 0 has {s}")
+        prev = self._last_ticket
+        if chained and (prev is None or prev.s != s):
+            raise ValueError("chained decode steps need the previous submission's ids for the same rows, and it must "
+                             "be the executor's last work")
+        ids_in = next((v for v in self.inputs if v.name == "input_ids"), None)
+        bucket = self._decode_bucket(steps[0]) if self.cuda_graphs and self.argmax is not None else None
+        if bucket is None or ids_in is None or ids_in.type.dtype != DType.i64 or (
+                self.step_kernel is not None and steps_graph_enabled()):
+            if chained:
+                steps = [{**steps[0], "input_ids": self.collect_greedy_steps(prev)[-1]}, *steps[1:]]
+            for t in self._pending:
+                if t is not None:
+                    self.collect_greedy_steps(t)
+            ticket = _StepsTicket(k, s, -1)
+            ticket.ids = self._steps_now(steps, bucket)
+            self._last_ticket = ticket
+            return ticket
         self.ctx.make_current()
-        if self.step_kernel is not None and steps_graph_enabled():
-            ids = self._steps_one_graph(steps, bucket)
-        else:
-            ids = self._steps_graph_each(steps, bucket)
+        p = self._submits % 2
+        self._submits += 1
+        if self._pending[p] is not None:  # its staging copies and ids buffers are this submission's
+            self.collect_greedy_steps(self._pending[p])
+        graph = self._bucket_graph(bucket)
+        dev, host = self._steps_ids_buffers(k * s * 8, p)
+        io = self.arena.ptr + self.base["io"]
+        input_ids, tokens = self.address("input_ids"), self.argmax.tokens.ptr
+        stream = self.stream
+        for j, feeds in enumerate(steps):
+            copy = 1 + 2 * j + p
+            staging = self._staging_copy(copy)
+            end = self._stage_decode(feeds, bucket, copy)
+            cd.memcpy_htod(io, staging.ptr, end, stream)
+            if j or chained:
+                cd.memcpy_dtod(input_ids, tokens, s * 8, stream)
+            graph.launch(stream)
+            cd.memcpy_dtod(dev.ptr + j * s * 8, tokens, s * 8, stream)
+        cd.memcpy_dtoh(host.ptr, dev.ptr, k * s * 8, stream)
+        done = self._steps_done[p]
+        if done is None:
+            done = self._steps_done[p] = cd.Event()
+        done.record(stream)
+        ticket = _StepsTicket(k, s, p, host, done)
+        self._pending[p] = ticket
+        self._last_ticket = ticket
         self.stats["graph_steps"] += k
         self.stats["argmax_steps"] += k
+        self.stats["multi_steps"] += 1
+        self.stats["chained_submits"] += int(chained)
+        return ticket
+
+    def collect_greedy_steps(self, ticket: _StepsTicket) -> np.ndarray:
+        """The ids ``i64[K, S]`` of a ``submit_greedy_steps`` call, once its copy back is done (waits for it only)."""
+        if ticket.ids is None:
+            assert ticket.done is not None and ticket.host is not None
+            ticket.done.synchronize()
+            ticket.ids = ticket.host.view(0, np.int64, (ticket.k, ticket.s)).copy()
+            if self._pending[ticket.parity] is ticket:
+                self._pending[ticket.parity] = None
+        return ticket.ids
+
+    def _steps_now(self, steps: Sequence[Mapping[str, np.ndarray]], bucket: int | None) -> np.ndarray:
+        """``greedy_tokens_steps`` where the per-step graphs do not apply: one graph of the K steps, or
+        ``greedy_tokens`` step by step."""
+        if bucket is None:
+            out: list[np.ndarray] = []
+            for feeds in steps:
+                out.append(self.greedy_tokens(feeds if not out else {**feeds, "input_ids": out[-1]}))
+            return np.stack(out)
+        self.ctx.make_current()
+        ids = self._steps_one_graph(steps, bucket)
+        self.stats["graph_steps"] += len(steps)
+        self.stats["argmax_steps"] += len(steps)
         self.stats["multi_steps"] += 1
         return ids
 
@@ -637,29 +727,8 @@ class CudaExecutor:
         self.stats["steps_graphs"] += 1
         return sg
 
-    def _steps_graph_each(self, steps: Sequence[Mapping[str, np.ndarray]], bucket: int) -> np.ndarray:
-        """``greedy_tokens_steps`` with the bucket's graph once per step and stream copies in between (the default;
-        ``INGOT_STEPS_GRAPH=1``: ``_steps_one_graph``)."""
-        k, s = len(steps), len(steps[0]["seq_lens"])
-        graph = self._bucket_graph(bucket)
-        dev, host = self._steps_ids_buffers(k * s * 8)
-        io = self.arena.ptr + self.base["io"]
-        input_ids, tokens = self.address("input_ids"), self.argmax.tokens.ptr
-        stream = self.stream
-        for j, feeds in enumerate(steps):
-            staging = self._staging_copy(j)
-            end = self._stage_decode(feeds, bucket, j)
-            cd.memcpy_htod(io, staging.ptr, end, stream)
-            if j:
-                cd.memcpy_dtod(input_ids, tokens, s * 8, stream)
-            graph.launch(stream)
-            cd.memcpy_dtod(dev.ptr + j * s * 8, tokens, s * 8, stream)
-        cd.memcpy_dtoh(host.ptr, dev.ptr, k * s * 8, stream)
-        stream.synchronize()
-        return host.view(0, np.int64, (k, s)).copy()
-
     def _staging_copy(self, j: int) -> cd.PinnedBuffer:
-        """Step ``j``'s pinned staging copy for ``greedy_tokens_steps`` (0: ``staging``), made on first use."""
+        """Pinned staging copy ``j`` for ``submit_greedy_steps`` (0: ``staging``), made on first use."""
         if len(self._step_staging) <= j:
             # up to the end of the largest bucket's inputs (``staging`` also spans the outputs: the logits)
             dims = self._graph_dims(self.buckets[-1])
@@ -670,19 +739,21 @@ class CudaExecutor:
                 self._staged_bucket.append(None)
         return self._step_staging[j]
 
-    def _steps_ids_buffers(self, nbytes: int) -> tuple[cd.DeviceMemory, cd.PinnedBuffer]:
-        if self._steps_ids is None or self._steps_ids[0].nbytes < nbytes:
-            if self._steps_ids is not None:
+    def _steps_ids_buffers(self, nbytes: int, parity: int) -> tuple[cd.DeviceMemory, cd.PinnedBuffer]:
+        bufs = self._steps_ids[parity]
+        if bufs is None or bufs[0].nbytes < nbytes:
+            if bufs is not None:
                 self.stream.synchronize()
-                for b in self._steps_ids:
+                for b in bufs:
                     b.free()
-            self._steps_ids = (cd.DeviceMemory(nbytes), cd.PinnedBuffer(nbytes))
-        return self._steps_ids
+            bufs = self._steps_ids[parity] = (cd.DeviceMemory(nbytes), cd.PinnedBuffer(nbytes))
+        return bufs
 
     def _launch_step(self, feeds: Mapping[str, np.ndarray], check: bool, argmax: bool) -> dict[str, int]:
         """Stage the inputs and queue one step (a decode graph, else plain launches, then the argmax when asked
         for); returns the step's dims (``S``: its sequences)."""
         self.ctx.make_current()
+        self._last_ticket = None  # the argmax ids on the device are no longer a submission's
         if self.cuda_graphs:
             bucket = self._decode_bucket(feeds)
             if bucket is not None:
@@ -856,9 +927,12 @@ class CudaExecutor:
         self.modules.clear()
         for staging in self._step_staging:  # [0] is self.staging
             staging.free()
-        if self._steps_ids is not None:
-            for b in self._steps_ids:
+        for bufs in self._steps_ids:
+            for b in bufs or ():
                 b.free()
+        for ev in self._steps_done:
+            if ev is not None:
+                ev.destroy()
         self.out_staging.free()
         if self.argmax is not None:
             self.argmax.free()

@@ -43,6 +43,22 @@ a request waiting to run, too few free blocks, fewer than 2 tokens left, tensor 
 ``greedy_tokens_steps``. Outputs arrive in bursts of up to ``K`` tokens (one ``RequestOutput`` per request and step;
 the inter-token latencies recorded are the ones a client sees: one gap, then zeros).
 
+**Overlap** (``EngineArgs.decode_overlap``; default: on for ``device="cuda"``, off on the CPU backend;
+``INGOT_DECODE_OVERLAP=0``/``1`` sets it). A step that runs device-sampled decode steps (the plan above, ``K`` >= 1)
+queues them (``executor.submit_greedy_steps``), then queues the steps that follow them before their tokens are known
+(``Scheduler.plan_next_decode_steps``: the same rows one plan further, step 0 fed on the device with the last ids),
+and only then waits for the first plan's ids (``executor.collect_greedy_steps``) and takes them. The next ``step()``
+finds that second plan in flight: it queues a third, takes the second, and so on. So the GPU always has the next
+plan queued while the host takes tokens, detokenizes and schedules, and the host's time per step leaves the GPU's
+critical path. The chain stops (the plan in flight is only taken, and the next ``step()`` schedules as usual) when
+a request waits to run (it would otherwise wait for ever), when one of the rows stopped or was aborted, or when the
+free blocks do not hold the next plan. A row that stops inside a plan has computed the plan after it for nothing:
+those tokens are discarded with its blocks (never published, so no other request reads them). Outputs and tokens
+are those of the engine without overlap, with one caveat on the GPU: the rows that go on after another stopped run
+one plan longer in the larger batch's graph (a bucket's kernels may round differently from a smaller one's, as with
+``K`` itself). A stopping row costs one plan of wasted work. Executors without ``submit_greedy_steps`` run without
+overlap.
+
 Host time per step (bench/bench_engine_step.py, docs/PERF.md): ~1.2 ms for 256 decoding sequences,
 the model excluded. Per request and step: one ``DecodeStream`` call (detokenizer.py), one
 ``CompletionOutput`` and ``RequestOutput`` that share the sequence's token list instead of copying
@@ -116,6 +132,7 @@ class EngineArgs:
     block_size: int | None = None  # None: the artifact's; the CPU backend takes any (its cache shape says it)
     device_sampling: bool | None = None  # greedy steps' argmax on the executor; None: on unless INGOT_DEVICE_SAMPLING=0
     decode_steps: int | None = None  # decode steps per engine step (module docstring); None: INGOT_DECODE_STEPS or 1
+    decode_overlap: bool | None = None  # queue the next decode steps before taking tokens (module docstring, "Overlap")
 
 
 def device_sampling_default() -> bool:
@@ -136,6 +153,20 @@ def decode_steps_default() -> int:
     if k < 1:
         raise ValueError(f"INGOT_DECODE_STEPS={raw!r}: a positive integer (1: one decode step per engine step)")
     return k
+
+
+def decode_overlap_default(device: str) -> bool:
+    """``EngineArgs.decode_overlap`` when not given: ``INGOT_DECODE_OVERLAP`` (``0``/``false``/``off``/``no``: off,
+    ``1``/``true``/``on``/``yes``: on), else on for ``device="cuda"`` and off on the CPU backend, where nothing runs
+    beside the host and a stopping row's wasted plan would only cost time."""
+    raw = os.environ.get("INGOT_DECODE_OVERLAP", "").strip().lower()
+    if not raw:
+        return device == "cuda"
+    if raw in ("0", "false", "off", "no"):
+        return False
+    if raw in ("1", "true", "on", "yes"):
+        return True
+    raise ValueError(f"INGOT_DECODE_OVERLAP={raw!r}: use 1 (on) or 0 (off), or leave it unset (on for the GPU)")
 
 
 def check_prompt_length(prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int,
@@ -339,6 +370,12 @@ class LLMEngine:
         self.decode_steps = decode_steps_default() if args.decode_steps is None else int(args.decode_steps)
         if self.decode_steps < 1:
             raise ValueError(f"decode_steps must be >= 1, got {self.decode_steps}")
+        #: queue the next decode steps before taking a plan's tokens (module docstring, "Overlap"); may be changed
+        #: between steps
+        self.decode_overlap = (decode_overlap_default(device) if args.decode_overlap is None
+                               else bool(args.decode_overlap))
+        #: the decode steps queued by the last ``step()`` and their executor ticket, taken by the next ``step()``
+        self._inflight: tuple[DecodeSteps, Any] | None = None
         from .tp.artifact import is_tp_artifact, load_tp
 
         #: a tensor-parallel artifact: ``self.executor`` is a ``TpExecutor`` (runtime/tp) owning the ranks' caches
@@ -397,6 +434,8 @@ class LLMEngine:
         self.num_device_sampled_steps = 0
         #: engine steps that ran several decode steps in one ``executor.greedy_tokens_steps`` call
         self.num_multi_steps = 0
+        #: plans of decode steps queued before the previous plan's tokens were taken (module docstring, "Overlap")
+        self.num_overlapped_plans = 0
 
     def _cuda_executor(self, args: EngineArgs, spec: dict[str, Any], info: dict[str, Any],
                        bytes_per_token: int) -> EngineArgs:
@@ -439,6 +478,7 @@ class LLMEngine:
     def close(self) -> None:
         """Free the GPU executor's memory (``device="cuda"``) and stop a tensor-parallel model's worker
         processes; the engine is unusable afterwards."""
+        self._drop_inflight()
         if (self.device == "cuda" or self.tp) and self.executor is not None:
             self.executor.close()
             self.executor = None
@@ -691,6 +731,13 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model, sample, update; returns the outputs of requests that progressed."""
+        if self._inflight is not None:
+            plan, ticket = self._inflight
+            self._inflight = None
+            results = self._run_overlapped(plan, ticket, time.monotonic())
+            if results or self._inflight is not None:
+                return results
+            # the plan in flight gave nothing (its requests were all aborted): schedule now rather than return nothing
         sched = self.scheduler
         out = sched.schedule()
         t_start = time.monotonic()
@@ -700,8 +747,13 @@ class LLMEngine:
         rows = np.flatnonzero(out.do_sample)
         seqs = [self._seqs[out.req_ids[r]] for r in rows.tolist()]
         greedy_tokens = self._greedy_tokens(seqs)
-        if greedy_tokens is not None and self.decode_steps > 1 and not self.tp:
-            steps_fn = getattr(self.executor, "greedy_tokens_steps", None)
+        if greedy_tokens is not None and not self.tp:
+            submit = getattr(self.executor, "submit_greedy_steps", None) if self.decode_overlap else None
+            if submit is not None:
+                plan = sched.plan_decode_steps(out, self.decode_steps, min_steps=1)
+                if plan is not None:
+                    return self._run_overlapped(plan, submit(self._plan_feeds(plan), chained=False), t_start)
+            steps_fn = getattr(self.executor, "greedy_tokens_steps", None) if self.decode_steps > 1 else None
             plan = sched.plan_decode_steps(out, self.decode_steps) if steps_fn is not None else None
             if plan is not None:
                 return self._run_decode_steps(plan, steps_fn, t_start)
@@ -731,19 +783,52 @@ class LLMEngine:
                      [r for r in results if r.finished])
         return results
 
-    def _run_decode_steps(self, plan: DecodeSteps, steps_fn: Callable[[list[Any]], np.ndarray],
-                          t_start: float) -> list[RequestOutput]:
-        """Run ``plan``'s decode steps in one executor call, then take their tokens step by step (module
-        docstring, "Decode steps")."""
-        sched = self.scheduler
+    def _plan_feeds(self, plan: DecodeSteps) -> list[dict[str, np.ndarray]]:
         feeds = []
         for step_inputs in plan.step_inputs:
             f = step_inputs.as_feeds()
             f.update(self.kv_caches)
             feeds.append(f)
-        ids = steps_fn(feeds)  # [K, S]
-        self.num_device_sampled_steps += plan.num_steps
+        return feeds
+
+    def _run_decode_steps(self, plan: DecodeSteps, steps_fn: Callable[[list[Any]], np.ndarray],
+                          t_start: float) -> list[RequestOutput]:
+        """Run ``plan``'s decode steps in one executor call, then take their tokens step by step (module
+        docstring, "Decode steps")."""
+        ids = steps_fn(self._plan_feeds(plan))  # [K, S]
         self.num_multi_steps += 1
+        return self._take_plan(plan, ids, t_start)
+
+    def _run_overlapped(self, plan: DecodeSteps, ticket: Any, t_start: float) -> list[RequestOutput]:
+        """``plan`` is queued (``ticket``): queue the plan after it when the chain goes on, then wait for ``plan``'s
+        ids and take them (module docstring, "Overlap"). The plan queued here is the next ``step()``'s."""
+        ex = self.executor
+        nxt = None
+        if (self.decode_overlap and self.device_sampling and not self.tp
+                and getattr(ex, "submit_greedy_steps", None) is not None):
+            nxt = self.scheduler.plan_next_decode_steps(plan, self.decode_steps)
+        if nxt is not None:
+            self._inflight = (nxt, ex.submit_greedy_steps(self._plan_feeds(nxt), chained=True))
+            self.num_overlapped_plans += 1
+        ids = ex.collect_greedy_steps(ticket)  # [K, S]
+        if plan.num_steps > 1:
+            self.num_multi_steps += 1
+        return self._take_plan(plan, ids, t_start)
+
+    def _drop_inflight(self) -> None:
+        """Wait for the plan in flight and discard it: its requests go back to the decode state before it (the
+        tokens it computed are recomputed by the next step), its blocks stay with them."""
+        if self._inflight is None:
+            return
+        plan, ticket = self._inflight
+        self._inflight = None
+        if self.executor is not None:
+            self.executor.collect_greedy_steps(ticket)
+
+    def _take_plan(self, plan: DecodeSteps, ids: np.ndarray, t_start: float) -> list[RequestOutput]:
+        """Take ``plan``'s tokens ``ids`` (``[K, S]``) step by step, with the usual stop checks."""
+        sched = self.scheduler
+        self.num_device_sampled_steps += plan.num_steps
         now = time.monotonic()
         touched: dict[str, _Group] = {}
         itl: list[float] = []

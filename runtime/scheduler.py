@@ -160,6 +160,9 @@ class DecodeSteps:
 
     output: SchedulerOutput
     step_inputs: list[StepInputs]
+    #: planned by ``plan_next_decode_steps`` before the previous plan's tokens were taken: step 0's ids are the
+    #: previous plan's last ones too (fed on the device), and step 0's token is counted computed in its update
+    chained: bool = False
 
     @property
     def num_steps(self) -> int:
@@ -598,27 +601,30 @@ class Scheduler:
             self.running = [r for r in self.running if r.status is RUNNING]
         return out
 
-    def plan_decode_steps(self, output: SchedulerOutput, num_steps: int) -> DecodeSteps | None:
+    def plan_decode_steps(self, output: SchedulerOutput, num_steps: int, min_steps: int = 2) -> DecodeSteps | None:
         """Extend ``output``, just returned by ``schedule()``, to ``num_steps`` decode steps of the same rows
         (module docstring, "Decode steps"); call ``update_from_decode_step`` for each step instead of
         ``update_from_output``.
 
         ``num_steps`` is cut to the fewest tokens a row may still generate (``max_tokens``, ``max_model_len``).
-        None, changing nothing, when fewer than 2 steps remain, when a row is not one sampled decode token,
-        when a request waits to run (it would wait ``num_steps`` steps), or when the free blocks do not hold
-        every row's ``num_steps - 1`` more tokens.
+        None, changing nothing, when fewer than ``min_steps`` steps remain (1: a plan of ``output``'s one step,
+        which ``plan_next_decode_steps`` can follow), when a row is not one sampled decode token, when a request
+        waits to run (it would wait ``num_steps`` steps), or when the free blocks do not hold every row's
+        ``num_steps - 1`` more tokens.
         """
         reqs = output.requests
         num_rows = len(reqs)
-        if (num_steps < 2 or not num_rows or output.total_num_scheduled_tokens != num_rows
+        if (num_steps < min_steps or not num_rows or output.total_num_scheduled_tokens != num_rows
                 or not output.do_sample.all() or len(self.waiting)):
             return None
         max_len = self.config.max_model_len
         k = num_steps
         for req in reqs:
             k = min(k, req.max_tokens - len(req.output_token_ids), max_len - len(req.all_token_ids))
-        if k < 2:
+        if k < max(min_steps, 1):
             return None
+        if k == 1:
+            return DecodeSteps(output, [output.step_inputs])
         kv = self.kv
         bs = self.block_size
         held = kv.req_blocks
@@ -633,14 +639,57 @@ class Scheduler:
         first = np.array([r.num_computed_tokens - 1 for r in reqs], np.int64)  # the position step 0 computes
         return DecodeSteps(output, [output.step_inputs, *decode_steps_inputs(first, k, rows, kv.block_table, bs)])
 
+    def plan_next_decode_steps(self, plan: DecodeSteps, num_steps: int) -> DecodeSteps | None:
+        """The ``num_steps`` decode steps that follow ``plan``, planned before ``plan``'s tokens are taken (the
+        engine's overlap, runtime/engine.py "Overlap"): the same rows, each at its position after ``plan``'s last
+        step, whose step 0 takes the token ``plan``'s last step samples (on the device). Every plan before ``plan``
+        must have been taken (``update_from_decode_step``), ``plan`` itself not yet; take the result's steps after
+        ``plan``'s, with the same calls.
+
+        ``num_steps`` is cut to the fewest tokens a row may still generate after ``plan``'s. None, changing nothing,
+        when fewer than 1 step remains, when one of ``plan``'s requests no longer runs (finished, aborted) or a
+        running request is not one of its rows, when a request waits to run, or when the free blocks do not hold
+        every row's tokens to the end of the new steps. A row that stops during ``plan`` (known only when its
+        tokens are taken) still computes the new steps: their tokens are discarded with its blocks, as for a stop
+        inside a plan (module docstring, "Decode steps").
+        """
+        reqs = plan.output.requests
+        if num_steps < 1 or len(self.waiting) or len(reqs) != len(self.running):
+            return None
+        running = RequestStatus.RUNNING
+        if any(r.status is not running for r in reqs):
+            return None
+        k0 = plan.num_steps
+        max_len = self.config.max_model_len
+        k = num_steps
+        for req in reqs:
+            k = min(k, req.max_tokens - len(req.output_token_ids) - k0, max_len - len(req.all_token_ids) - k0)
+        if k < 1:
+            return None
+        kv = self.kv
+        bs = self.block_size
+        held = kv.req_blocks
+        first = plan.step_inputs[0].positions + k0  # the position the new step 0 computes, per row
+        ends = (first + k).tolist()  # tokens each row holds after the new steps
+        need = sum(max(0, -(-e // bs) - len(held[r.request_id])) for r, e in zip(reqs, ends))
+        if need > kv.num_free_blocks:
+            return None
+        for req, e in zip(reqs, ends):
+            if kv.allocate_slots(req, e - req.num_computed_tokens) is None:  # counted above: cannot fail
+                raise RuntimeError(f"request {req.request_id!r}: no blocks for its next decode steps")
+        rows = [kv.req_rows[r.request_id] for r in reqs]
+        # decode_steps_inputs gives steps 1 .. k of a plan whose step 0 computes first - 1
+        return DecodeSteps(plan.output, decode_steps_inputs(first - 1, k + 1, rows, kv.block_table, bs), chained=True)
+
     def update_from_decode_step(self, plan: DecodeSteps, step: int, sampled_token_ids: Sequence[int]) -> list[Request]:
         """``update_from_output`` for step ``step`` of ``plan``; call it for steps 0, 1, ... in order.
 
-        Before step ``j > 0``'s tokens, each request still running counts the token step ``j - 1`` gave it as
-        computed (step ``j`` wrote its K/V) and publishes the block that token fills. A request finished at an
-        earlier step, by its own stop or by ``finish_request``, is skipped: its later tokens are discarded.
+        Before step ``j > 0``'s tokens (every step's, for a ``chained`` plan), each request still running counts
+        the token the step before gave it as computed (step ``j`` wrote its K/V) and publishes the block that token
+        fills. A request finished at an earlier step, by its own stop or by ``finish_request``, is skipped: its
+        later tokens are discarded.
         """
-        if step:
+        if step or plan.chained:
             bs = self.block_size
             kv = self.kv
             RUNNING = RequestStatus.RUNNING

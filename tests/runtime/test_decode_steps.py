@@ -354,10 +354,27 @@ class FakeMemory:
         return buf
 
     def copy(self, dst: int, src: int, n: int, stream: Any = None) -> None:
-        self.mem[dst : dst + n] = self.mem[src : src + n].copy()
+        self.run(lambda: self.mem.__setitem__(slice(dst, dst + n), self.mem[src : src + n].copy()))
+
+    def run(self, op: Any) -> None:
+        """Run a stream's work (a copy, a graph launch); ``DeferredMemory`` queues it instead."""
+        op()
 
     def read(self, ptr: int, dtype: Any, n: int) -> np.ndarray:
         return self.mem[ptr : ptr + n * np.dtype(dtype).itemsize].view(dtype).copy()
+
+
+class FakeEvent:
+    """``cuda_driver.Event`` where copies run when queued: nothing to wait for."""
+
+    def record(self, stream: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def destroy(self) -> None:
+        pass
 
 
 class FakeCapture:
@@ -406,36 +423,33 @@ def fake_host_launch(fake: FakeMemory) -> Any:
     return launch
 
 
-@pytest.mark.parametrize("path", ["one_graph", "graph_each"])
-def test_cuda_decode_steps_queue(tmp_path, monkeypatch, path):
-    """``CudaExecutor.greedy_tokens_steps`` against a fake driver whose decode graph "samples" a token from each
-    row's staged input id, position and context: every step sees its own step's positions, slots, lengths and
-    block tables (and padding rows), step ``j > 0`` the previous step's ids, and the ids come back ``[K, S]``.
-    ``one_graph``: the K steps captured as one graph per (bucket, K) (the step kernel built for the host, its
-    arguments as captured), every step's inputs staged in one buffer, a (bucket, K) seen again replaying its graph
-    with the new inputs; padding rows feed on their own samples. ``graph_each`` (``INGOT_STEPS_GRAPH=0``): the
-    bucket's graph per step, padding rows' ids 0."""
+def fake_executor(tmp_path: Any, monkeypatch: Any, one: bool = False, fake: FakeMemory | None = None,
+                  event: Any = None) -> tuple[Any, FakeMemory, list[dict[str, np.ndarray]], Any]:
+    """A ``CudaExecutor`` of the tiny Llama (h200) holding only the state the decode-steps queue reads, over
+    ``cuda_driver`` faked by ``fake`` (default: a ``FakeMemory``; ``event``: the fake ``Event`` class). Its decode
+    graph "samples" a token from each row's staged input id, position and context (``sample``) into the argmax
+    ids, and logs the inputs it saw in ``seen``. ``one``: the step kernel built for the host
+    (``INGOT_STEPS_GRAPH=1``). Returns (executor, fake memory, seen, sample)."""
     import ingot
     from ingot.codegen.kernels.copy.step_rule import step_inputs_spec
     from ingot.codegen.memory_plan import eval_dim
     from ingot.codegen.target import get_target
     from ingot.runtime import cuda_driver as cd
     from ingot.runtime.artifact import load_graph
-    from ingot.runtime.cuda_backend import STEP_STRIDE_ALIGN, CudaExecutor
+    from ingot.runtime.cuda_backend import CudaExecutor
     from tests.codegen.host_emulation import CXX, HostKernel
     from tests.runtime.test_cuda_backend import FIXTURES
 
-    one = path == "one_graph"
     if one and CXX is None:
         pytest.skip("no host C++ compiler for the step kernel")
     monkeypatch.setenv("INGOT_STEPS_GRAPH", "1" if one else "0")
     path = ingot.compile(FIXTURES / "tiny_llama_kv.onnx", target="h200", out=tmp_path / "t.ingot", mode="llm")
     graph, manifest = load_graph(path)
     plan = manifest["cuda"]["memory_plan"]
-    fake = FakeMemory(16 * int(plan["regions"]["io"]) + (4 << 20))
+    fake = fake or FakeMemory(64 * int(plan["regions"]["io"]) + (4 << 20))
     for name, fn in (("memcpy_htod", fake.copy), ("memcpy_dtod", fake.copy), ("memcpy_dtoh", fake.copy),
                      ("PinnedBuffer", fake.alloc), ("DeviceMemory", fake.alloc), ("CudaGraph", FakeCapture),
-                     ("launch", fake_host_launch(fake))):
+                     ("launch", fake_host_launch(fake)), ("Event", event or FakeEvent)):
         monkeypatch.setattr(cd, name, fn)
     ex = CudaExecutor.__new__(CudaExecutor)  # the state greedy_tokens_steps reads, over the fake memory
     ex.buffers, ex.num_blocks, ex.kv_inputs, ex.kv_layer_bytes = plan["buffers"], 64, [], 0
@@ -444,9 +458,11 @@ def test_cuda_decode_steps_queue(tmp_path, monkeypatch, path):
     ex.staging = fake.alloc(int(plan["regions"]["io"]))
     ex.arena = fake.alloc(int(plan["regions"]["io"]))
     ex.base = {"io": 0}
-    ex._staged, ex._staged_bucket, ex._step_staging, ex._steps_ids = {}, [None], [ex.staging], None
+    ex._staged, ex._staged_bucket = {}, [None]
+    ex._init_submissions()
     ex.cuda_graphs, ex.buckets = True, [b for b in (1, 2, 4, 8) if b <= ex.bounds["S"]]
-    ex.stats = {"graph_steps": 0, "argmax_steps": 0, "multi_steps": 0, "captures": 0, "steps_graphs": 0}
+    ex.stats = {"graph_steps": 0, "argmax_steps": 0, "multi_steps": 0, "captures": 0, "steps_graphs": 0,
+                "chained_submits": 0}
     ex.ctx = ex.stream = SimpleNamespace(make_current=lambda: None, synchronize=lambda: None)
     ex.argmax = SimpleNamespace(tokens=fake.alloc(8 * ex.bounds["S"]))
     ex.steps_graphs = {}
@@ -472,8 +488,25 @@ def test_cuda_decode_steps_queue(tmp_path, monkeypatch, path):
         fake.mem[ex.argmax.tokens.ptr : ex.argmax.tokens.ptr + 8 * bucket] = sample(got).astype(
             np.int64).view(np.uint8)
 
-    ex.graphs = {b: SimpleNamespace(launch=lambda stream, b=b: decode_graph(b)) for b in ex.buckets}
+    ex.graphs = {b: SimpleNamespace(launch=lambda stream, b=b: fake.run(lambda: decode_graph(b)))
+                 for b in ex.buckets}
     ex._record_graph = lambda dims: FakeCapture.queue(lambda: decode_graph(dims["S"]))
+    return ex, fake, seen, sample
+
+
+@pytest.mark.parametrize("path", ["one_graph", "graph_each"])
+def test_cuda_decode_steps_queue(tmp_path, monkeypatch, path):
+    """``CudaExecutor.greedy_tokens_steps`` against a fake driver whose decode graph "samples" a token from each
+    row's staged input id, position and context: every step sees its own step's positions, slots, lengths and
+    block tables (and padding rows), step ``j > 0`` the previous step's ids, and the ids come back ``[K, S]``.
+    ``one_graph``: the K steps captured as one graph per (bucket, K) (the step kernel built for the host, its
+    arguments as captured), every step's inputs staged in one buffer, a (bucket, K) seen again replaying its graph
+    with the new inputs; padding rows feed on their own samples. ``graph_each`` (``INGOT_STEPS_GRAPH=0``): the
+    bucket's graph per step, padding rows' ids 0."""
+    from ingot.runtime.cuda_backend import STEP_STRIDE_ALIGN
+
+    one = path == "one_graph"
+    ex, fake, seen, sample = fake_executor(tmp_path, monkeypatch, one)
     rng = np.random.default_rng(0)
     # (sequences, K): (4, 4) replays (3, 4)'s graph (bucket 4) with other inputs and one row more
     calls = ((3, 4), (1, 5), (3, 2), (2, 3), (4, 4))

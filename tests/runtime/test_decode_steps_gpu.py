@@ -127,8 +127,10 @@ def test_one_graph_equals_a_graph_per_step_and_single_steps(artifact, rows, monk
         ex.close()
 
 
-def _run(artifact: Path, k: int, requests: list, eos: tuple[int, ...] | None = None) -> tuple[list, dict, bool]:
-    engine = LLMEngine(artifact, EngineArgs(num_blocks=256, decode_steps=k, device_sampling=True), device="cuda")
+def _run(artifact: Path, k: int, requests: list, eos: tuple[int, ...] | None = None,
+         overlap: bool = False) -> tuple[list, dict, bool]:
+    engine = LLMEngine(artifact, EngineArgs(num_blocks=256, decode_steps=k, device_sampling=True,
+                                            decode_overlap=overlap), device="cuda")
     if eos is not None:
         engine.eos_token_ids = eos
     try:
@@ -170,3 +172,34 @@ def test_engine_streams_equal_single_steps(artifact):
     assert stats["multi_steps"] > 0 and free1 and free8
     for i, (a, b) in enumerate(zip(one, eight)):
         assert a == b, f"request {i}: K=1 {a[0][0]} ({a[0][3]}), K=8 {b[0][0]} ({b[0][3]})"
+
+
+@pytest.mark.parametrize("k", [1, 8])
+def test_engine_overlap_streams_equal(artifact, k):
+    """The engine's overlap (runtime/engine.py, "Overlap": the next plan queued on the GPU before the last one's ids
+    are read, its step 0 fed the last ids on the device, two submissions' staging in flight): with three requests
+    stopping early (eos, a stop token id, a stop string), the streams equal the engine's without overlap, and every
+    block comes back."""
+    prompts = _prompts(8, 3)
+    plain = SamplingParams(temperature=0.0, max_tokens=41, ignore_eos=True)
+    first, _, _ = _run(artifact, 1, [(p, plain) for p in prompts])
+    toks = [c[0][0] for c in first]
+    text = first[7][0][2]
+    stop = next(text[i : i + 2] for i in range(5, len(text) - 2) if text[i : i + 2] not in text[: i + 1])
+
+    def g(**kw) -> SamplingParams:
+        return SamplingParams(temperature=0.0, **{"max_tokens": 41, "ignore_eos": True, **kw})
+
+    # five rows go on to the end, so every step stays in bucket 8 (rows are computed independently within a
+    # bucket): the rows stopping early compute one more plan with overlap, which changes no other row
+    requests = [(p, plain) for p in prompts[:5]]
+    requests += [(prompts[5], g(ignore_eos=False)), (prompts[6], g(stop_token_ids=[toks[6][11]])),
+                 (prompts[7], g(stop=[stop]))]
+    eos = (toks[5][19],)
+    want, _, free0 = _run(artifact, k, requests, eos)
+    got, stats, free1 = _run(artifact, k, requests, eos, overlap=True)
+    print(f"K={k} overlap", stats)
+    assert [c[0][3] for c in want[5:]] == ["stop"] * 3
+    assert stats["chained_submits"] > 3 and free0 and free1
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert a == b, f"request {i}: no overlap {a[0][0]} ({a[0][3]}), overlap {b[0][0]} ({b[0][3]})"
