@@ -162,11 +162,16 @@ class _StepsGraph:
         self.ids_host = cd.PinnedBuffer(k * bucket * 8)
         self.graph: cd.CudaGraph | None = None
 
-    def enqueue(self, stream: cd.Stream) -> None:
-        """Every step's staged inputs in (one copy), the graph, every step's ids out (one copy)."""
+    def enqueue(self, stream: cd.Stream, ids_from: tuple[int, int, int] | None = None) -> None:
+        """Every step's staged inputs in (one copy), the graph, every step's ids out (one copy). ``ids_from``
+        (device address, offset of ``input_ids`` in the layout, rows): step 0's ids copied from that address on the
+        device after the staged inputs (a chained submission: the previous one's last ids)."""
         if self.graph is None:
             raise RuntimeError(f"the decode steps graph of bucket {self.bucket}, K = {self.k} was not captured")
         cd.memcpy_htod(self.staged.ptr, self.staging.ptr, (self.k - 1) * self.stride + self.end, stream)
+        if ids_from is not None:
+            src, offset, rows = ids_from
+            cd.memcpy_dtod(self.staged.ptr + offset, src, rows * 8, stream)
         self.graph.launch(stream)
         cd.memcpy_dtoh(self.ids_host.ptr, self.ids.ptr, self.k * self.bucket * 8, stream)
 
@@ -179,13 +184,17 @@ class _StepsGraph:
 
 class _StepsTicket:
     """A ``submit_greedy_steps`` call: ``K`` steps of ``S`` rows queued with staging parity ``parity`` (-1: run at
-    once), the pinned host copy of their ids and the event after it; ``ids`` once collected."""
+    once), the pinned host copy of their ids (``i64[K, width]``, the first ``S`` of each row theirs) and the event
+    after it, ``seq`` its submission's number; ``ids`` once collected."""
 
-    __slots__ = ("k", "s", "parity", "host", "done", "ids")
+    __slots__ = ("k", "s", "parity", "host", "width", "done", "seq", "ids")
 
     def __init__(self, k: int, s: int, parity: int, host: cd.PinnedBuffer | None = None,
-                 done: cd.Event | None = None) -> None:
-        self.k, self.s, self.parity, self.host, self.done = k, s, parity, host, done
+                 width: int | None = None) -> None:
+        self.k, self.s, self.parity, self.host = k, s, parity, host
+        self.width = s if width is None else width
+        self.done: cd.Event | None = None
+        self.seq = -1
         self.ids: np.ndarray | None = None
 
 
@@ -594,9 +603,9 @@ class CudaExecutor:
         """Queue ``greedy_tokens_steps(steps)`` and return at once; ``collect_greedy_steps`` waits for its ids (the
         engine's overlap, runtime/engine.py "Overlap"). ``chained``: step 0's ``input_ids`` are the last ids of the
         previous submission, which must be this executor's last work and have the same rows (fed on the device;
-        its own are placeholders). Two submissions may be in flight: a third waits for the first. Where the
-        per-step graphs do not apply (see ``greedy_tokens_steps``, and ``INGOT_STEPS_GRAPH=1``), the steps run
-        before this returns."""
+        its own are placeholders). Two submissions may be in flight, each with its own staging, ids and (for one
+        graph of the ``K`` steps) graph: a third waits for the older. Without the device argmax or CUDA graphs, or
+        for steps that are not one decode token per sequence, the steps run before this returns."""
         k = len(steps)
         if not k:
             raise ValueError("decode steps: no steps")
@@ -610,27 +619,34 @@ class CudaExecutor:
                              "be the executor's last work")
         ids_in = next((v for v in self.inputs if v.name == "input_ids"), None)
         bucket = self._decode_bucket(steps[0]) if self.cuda_graphs and self.argmax is not None else None
-        if bucket is None or ids_in is None or ids_in.type.dtype != DType.i64 or (
-                self.step_kernel is not None and steps_graph_enabled()):
+        if bucket is None or ids_in is None or ids_in.type.dtype != DType.i64:
             if chained:
                 steps = [{**steps[0], "input_ids": self.collect_greedy_steps(prev)[-1]}, *steps[1:]]
             for t in self._pending:
                 if t is not None:
                     self.collect_greedy_steps(t)
+            out: list[np.ndarray] = []
+            for feeds in steps:
+                out.append(self.greedy_tokens(feeds if not out else {**feeds, "input_ids": out[-1]}))
             ticket = _StepsTicket(k, s, -1)
-            ticket.ids = self._steps_now(steps, bucket)
+            ticket.ids = np.stack(out)
             self._last_ticket = ticket
             return ticket
         self.ctx.make_current()
-        p = self._submits % 2
-        self._submits += 1
-        if self._pending[p] is not None:  # its staging copies and ids buffers are this submission's
-            self.collect_greedy_steps(self._pending[p])
+        p = self._free_parity()
+        stream = self.stream
+        tokens = self.argmax.tokens.ptr
+        if self.step_kernel is not None and steps_graph_enabled():
+            sg = self._steps_graph(bucket, k, p)
+            for st, feeds in zip(sg.steps, steps):
+                self._write_decode(st, feeds)
+            ids_offset = int(self.buffers["input_ids"]["offset"])
+            sg.enqueue(stream, (tokens, ids_offset, s) if chained else None)
+            return self._submitted(_StepsTicket(k, s, p, sg.ids_host, width=bucket), chained)
         graph = self._bucket_graph(bucket)
         dev, host = self._steps_ids_buffers(k * s * 8, p)
         io = self.arena.ptr + self.base["io"]
-        input_ids, tokens = self.address("input_ids"), self.argmax.tokens.ptr
-        stream = self.stream
+        input_ids = self.address("input_ids")
         for j, feeds in enumerate(steps):
             copy = 1 + 2 * j + p
             staging = self._staging_copy(copy)
@@ -641,15 +657,32 @@ class CudaExecutor:
             graph.launch(stream)
             cd.memcpy_dtod(dev.ptr + j * s * 8, tokens, s * 8, stream)
         cd.memcpy_dtoh(host.ptr, dev.ptr, k * s * 8, stream)
+        return self._submitted(_StepsTicket(k, s, p, host), chained)
+
+    def _free_parity(self) -> int:
+        """The staging parity for the next submission: one with nothing in flight (0 first, so that calls one at a
+        time keep to one set of buffers), else the older submission's, after waiting for it."""
+        for p, t in enumerate(self._pending):
+            if t is None:
+                return p
+        oldest = min((t for t in self._pending if t is not None), key=lambda t: t.seq)
+        self.collect_greedy_steps(oldest)
+        return oldest.parity
+
+    def _submitted(self, ticket: _StepsTicket, chained: bool) -> _StepsTicket:
+        """Record the event after ``ticket``'s queued work and file it as its parity's submission in flight."""
+        p = ticket.parity
         done = self._steps_done[p]
         if done is None:
             done = self._steps_done[p] = cd.Event()
-        done.record(stream)
-        ticket = _StepsTicket(k, s, p, host, done)
+        done.record(self.stream)
+        ticket.done = done
+        ticket.seq = self._submits
+        self._submits += 1
         self._pending[p] = ticket
         self._last_ticket = ticket
-        self.stats["graph_steps"] += k
-        self.stats["argmax_steps"] += k
+        self.stats["graph_steps"] += ticket.k
+        self.stats["argmax_steps"] += ticket.k
         self.stats["multi_steps"] += 1
         self.stats["chained_submits"] += int(chained)
         return ticket
@@ -659,42 +692,17 @@ class CudaExecutor:
         if ticket.ids is None:
             assert ticket.done is not None and ticket.host is not None
             ticket.done.synchronize()
-            ticket.ids = ticket.host.view(0, np.int64, (ticket.k, ticket.s)).copy()
+            ticket.ids = ticket.host.view(0, np.int64, (ticket.k, ticket.width))[:, : ticket.s].copy()
             if self._pending[ticket.parity] is ticket:
                 self._pending[ticket.parity] = None
         return ticket.ids
 
-    def _steps_now(self, steps: Sequence[Mapping[str, np.ndarray]], bucket: int | None) -> np.ndarray:
-        """``greedy_tokens_steps`` where the per-step graphs do not apply: one graph of the K steps, or
-        ``greedy_tokens`` step by step."""
-        if bucket is None:
-            out: list[np.ndarray] = []
-            for feeds in steps:
-                out.append(self.greedy_tokens(feeds if not out else {**feeds, "input_ids": out[-1]}))
-            return np.stack(out)
-        self.ctx.make_current()
-        ids = self._steps_one_graph(steps, bucket)
-        self.stats["graph_steps"] += len(steps)
-        self.stats["argmax_steps"] += len(steps)
-        self.stats["multi_steps"] += 1
-        return ids
-
-    def _steps_one_graph(self, steps: Sequence[Mapping[str, np.ndarray]], bucket: int) -> np.ndarray:
-        """``greedy_tokens_steps`` as one graph: every step staged, one copy in, the (bucket, K) graph, one copy out."""
-        k, s = len(steps), len(steps[0]["seq_lens"])
-        sg = self._steps_graph(bucket, k)
-        for st, feeds in zip(sg.steps, steps):
-            self._write_decode(st, feeds)
-        sg.enqueue(self.stream)
-        self.stream.synchronize()
-        return sg.ids_host.view(0, np.int64, (k, bucket))[:, :s].copy()
-
-    def _steps_graph(self, bucket: int, k: int) -> _StepsGraph:
+    def _steps_graph(self, bucket: int, k: int, parity: int = 0) -> _StepsGraph:
         """The (bucket, K) graph with its buffers, captured on first use: for each step ``j`` the step kernel
         (``step = j``: step ``j``'s inputs into the io region, the previous step's ids into ``input_ids`` and row
         ``j - 1`` of the ids) and the bucket's launches and argmax (``_record_graph``); last, the step kernel with
         ``step = K`` (row ``K - 1`` of the ids). The staging's constant inputs are written here, once."""
-        sg = self.steps_graphs.get((bucket, k))
+        sg = self.steps_graphs.get((bucket, k, parity))
         if sg is not None:
             return sg
         assert self.step_kernel is not None and self.argmax is not None
@@ -723,7 +731,7 @@ class CudaExecutor:
         except BaseException:
             sg.free()
             raise
-        self.steps_graphs[(bucket, k)] = sg
+        self.steps_graphs[(bucket, k, parity)] = sg
         self.stats["steps_graphs"] += 1
         return sg
 

@@ -258,11 +258,13 @@ class DeferredMemory(FakeMemory):
             self.ran += 1
 
 
-def test_cuda_submissions_in_flight(tmp_path, monkeypatch):
+@pytest.mark.parametrize("path", ["graph_each", "one_graph"])
+def test_cuda_submissions_in_flight(tmp_path, monkeypatch, path):
     """Plans submitted back to back, each chained to the one before, collected one behind: each step sees its own
     inputs (not a later submission's, written to the staging while it waited), a chained plan's step 0 the previous
-    plan's last ids, and the ids come back right. A third submission waits for the first; a chained one after other
-    work, or with other rows, is refused."""
+    plan's last ids, and the ids come back right. A third submission waits for the older; a chained one after other
+    work, or with other rows, is refused. ``one_graph`` (``INGOT_STEPS_GRAPH=1``): a graph of the K steps per
+    (bucket, K, parity), step 0's ids copied into its staged inputs on the device."""
     from ingot.runtime import cuda_driver as cd
 
     fake = DeferredMemory(1 << 24)
@@ -277,7 +279,8 @@ def test_cuda_submissions_in_flight(tmp_path, monkeypatch):
         def destroy(self) -> None:
             pass
 
-    ex, _, seen, sample = fake_executor(tmp_path, monkeypatch, fake=fake, event=Event)
+    one = path == "one_graph"
+    ex, _, seen, sample = fake_executor(tmp_path, monkeypatch, one, fake=fake, event=Event)
     ex.stream = type("Stream", (), {"synchronize": staticmethod(fake.drain)})()
     assert cd.Event is Event
     rng = np.random.default_rng(0)
@@ -288,6 +291,10 @@ def test_cuda_submissions_in_flight(tmp_path, monkeypatch):
         plans.append([build_step_inputs(rng.integers(3, 90, s) if not plans and j == 0 else np.zeros(s, np.int64),
                                         pos + j, [1] * s, list(range(s)), table, 4).as_feeds() for j in range(k)])
         pos = pos + k
+    if one:  # captured up front: a capture waits for the stream, which would hide what this test looks for
+        for k in range(1, 5):
+            for parity in (0, 1):
+                ex._steps_graph(4, k, parity)
     tickets = [ex.submit_greedy_steps(plans[0])]
     tickets.append(ex.submit_greedy_steps(plans[1], chained=True))
     assert not seen  # nothing ran yet
@@ -315,6 +322,7 @@ def test_cuda_submissions_in_flight(tmp_path, monkeypatch):
         assert want.tolist() == sample(g)[:s].tolist()
         prev = want
     assert ex.stats["chained_submits"] == len(plans) - 1 and ex.stats["multi_steps"] == len(plans) + 2
+    assert ex.stats["steps_graphs"] == (8 if one else 0)  # none captured while submissions were in flight
     with pytest.raises(ValueError, match="same rows"):
         ex.submit_greedy_steps([{**f, "seq_lens": f["seq_lens"][:2]} for f in plans[1]], chained=True)
     ex._launch_step(plans[0][0], False, argmax=True)  # other work: the ids on the device are not a submission's

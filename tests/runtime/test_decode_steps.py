@@ -397,8 +397,13 @@ class FakeCapture:
         FakeCapture.recording.append(op)
 
     def launch(self, stream: Any) -> None:
-        for op in self.ops:
-            op()
+        ops = self.ops
+        FakeCapture.runner(lambda: [op() for op in ops])
+
+    @staticmethod
+    def runner(work: Any) -> None:
+        """How a stream runs a launched graph's work (``DeferredMemory.run`` queues it): now."""
+        work()
 
     def destroy(self) -> None:
         self.ops = []
@@ -451,6 +456,7 @@ def fake_executor(tmp_path: Any, monkeypatch: Any, one: bool = False, fake: Fake
                      ("PinnedBuffer", fake.alloc), ("DeviceMemory", fake.alloc), ("CudaGraph", FakeCapture),
                      ("launch", fake_host_launch(fake)), ("Event", event or FakeEvent)):
         monkeypatch.setattr(cd, name, fn)
+    monkeypatch.setattr(FakeCapture, "runner", staticmethod(fake.run))
     ex = CudaExecutor.__new__(CudaExecutor)  # the state greedy_tokens_steps reads, over the fake memory
     ex.buffers, ex.num_blocks, ex.kv_inputs, ex.kv_layer_bytes = plan["buffers"], 64, [], 0
     ex.bounds = {k: int(v) for k, v in plan["bindings"].items()}
@@ -540,7 +546,7 @@ def test_cuda_decode_steps_queue(tmp_path, monkeypatch, path):
             prev = ids[j]
     assert ex.stats["multi_steps"] == 5 and ex.stats["graph_steps"] == ex.stats["argmax_steps"] == 18
     if one:
-        assert sorted(ex.steps_graphs) == [(1, 5), (2, 3), (4, 2), (4, 4)] and ex.stats["steps_graphs"] == 4
+        assert sorted(ex.steps_graphs) == [(1, 5, 0), (2, 3, 0), (4, 2, 0), (4, 4, 0)] and ex.stats["steps_graphs"] == 4
         assert all(sg.stride % STEP_STRIDE_ALIGN == 0 and sg.stride >= sg.end for sg in ex.steps_graphs.values())
     else:
         assert not ex.steps_graphs and ex.stats["steps_graphs"] == 0
