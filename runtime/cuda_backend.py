@@ -21,8 +21,9 @@ are written straight into typed views of the pinned staging copy (no per-step ar
 the device"), whose ids ``greedy_tokens`` copies back instead of the logits. Steps with
 prefill tokens, or more sequences than the largest bucket, run as plain launches.
 
-**Decode steps** (``greedy_tokens_steps``, the engine's ``decode_steps``): ``K`` decode steps of one bucket run as
-one CUDA graph, captured once per (bucket, ``K``) on first use, never waiting for the host in between. All ``K``
+**Decode steps** (``greedy_tokens_steps`` / ``submit_greedy_steps``, the engine's ``decode_steps``): ``K >= 2``
+decode steps of one bucket run as one CUDA graph, captured once per (bucket, ``K``, staging parity) on first use,
+never waiting for the host in between. All ``K``
 steps' inputs are staged up front, padded as above, into one pinned buffer (step ``j`` at ``j * stride``, ``stride``
 the bucket's input bytes rounded up to 256) and sent in one copy to a device buffer of the same layout. In the graph,
 a small kernel (``codegen/kernels/copy/step_inputs.cu``) before each step's launches copies that step's bytes into the
@@ -35,12 +36,13 @@ no KV)::
 
 The step kernels are PDL launches like the model's: between two steps there is a kernel boundary, no stream copy and
 no graph boundary. The engine cuts ``K`` where rows end, so a bucket may collect a graph (of ``K`` steps' nodes, and
-its own staging) for each ``K`` up to its ``decode_steps``. **Opt-in** (``INGOT_STEPS_GRAPH=1``, read at each call):
-on the H200 (docs/PERF.md, "Decode steps as one CUDA graph") it took the GPU time of 8 batch-1 steps of the 1B
-shape from 7.41 to 7.19 ms, but the engine step was no shorter (7.88 vs 7.87 ms): the host's staging of every step
-and the launch of the K-step graph come before any GPU work, where the per-step path overlaps them with the steps.
-By default (or where the step kernel did not build) each step is staged in a pinned copy of its own
-(``_step_staging[j]``) and the bucket's graph launched once per step with stream copies in between::
+its own staging) for each ``K`` up to its ``decode_steps``. The staging of every step comes before any GPU work; with
+the engine's overlap (``submit_greedy_steps``: the next ``K`` steps staged and queued while the GPU runs these) that
+costs nothing, and on the H200 the one graph gave 1,106 batch-1 tok/s at ``K = 8`` against 1,085 for the graph per
+step (docs/PERF.md, "Overlap of the host with the GPU"). ``K = 1`` (where the per-step path was 1% faster), or
+``INGOT_STEPS_GRAPH=0``, or a step kernel that did not build: each step is staged in a pinned copy of its own and the
+bucket's graph launched once per step with stream copies in between (``INGOT_STEPS_GRAPH=1``: one graph at ``K = 1``
+too)::
 
     H2D(step 0) graph D2D(ids->out[0]) | H2D(step 1) D2D(ids->input_ids) graph D2D(ids->out[1]) | ... | D2H(out)
 
@@ -133,17 +135,19 @@ class _StagedBucket:
         self.end = layout_end(layout)
 
 
-#: ``INGOT_STEPS_GRAPH=1``: ``greedy_tokens_steps`` runs its K steps as one graph (module docstring); unset or
-#: anything else: the bucket's graph once per step
+#: ``INGOT_STEPS_GRAPH``: how ``submit_greedy_steps`` runs K steps (``steps_graph_enabled``, module docstring)
 STEPS_GRAPH_ENV = "INGOT_STEPS_GRAPH"
 #: bytes between two steps' inputs in a ``_StepsGraph``'s staging (the device copy's 16-byte units stay aligned)
 STEP_STRIDE_ALIGN = 256
 
 
-def steps_graph_enabled() -> bool:
-    """K decode steps as one CUDA graph (opt-in: ``INGOT_STEPS_GRAPH=1``, after stripping spaces; off by default:
-    measured no faster end to end, docs/PERF.md "Decode steps as one CUDA graph")."""
-    return os.environ.get(STEPS_GRAPH_ENV, "").strip() == "1"
+def steps_graph_enabled(k: int) -> bool:
+    """Whether ``k`` decode steps run as one CUDA graph: ``INGOT_STEPS_GRAPH`` (after stripping spaces) ``1``:
+    always; ``0``: never (the bucket's graph per step); unset or anything else: for ``k >= 2`` (with the engine's
+    overlap the faster of the two on the H200 at ``K = 8``, the graph per step at ``K = 1``; docs/PERF.md, "Overlap
+    of the host with the GPU")."""
+    raw = os.environ.get(STEPS_GRAPH_ENV, "").strip()
+    return raw == "1" or (raw != "0" and k >= 2)
 
 
 class _StepsGraph:
@@ -592,11 +596,11 @@ class CudaExecutor:
     def greedy_tokens_steps(self, steps: Sequence[Mapping[str, np.ndarray]]) -> np.ndarray:
         """``K = len(steps)`` decode steps back to back, ``i64[K, S]``: step ``j > 0`` takes step ``j - 1``'s ids as
         its ``input_ids`` (its own are placeholders), so only the first step's ids must be real (module docstring,
-        "Decode steps"). The bucket's graph runs once per step with stream copies in between, no host round trip; with
-        ``INGOT_STEPS_GRAPH=1`` (and the step kernel built) the ``K`` steps run as one CUDA graph, captured once per
-        (bucket, ``K``), after one copy of every step's inputs. The ids are those of ``greedy_tokens`` step by step.
-        Without the device argmax or CUDA graphs, or for steps that are not one decode token per sequence, it runs
-        ``greedy_tokens`` step by step (same ids, host in between)."""
+        "Decode steps"). For ``K >= 2`` (``steps_graph_enabled``) and with the step kernel built, the ``K`` steps run
+        as one CUDA graph, captured once per (bucket, ``K``, parity), after one copy of every step's inputs; else the
+        bucket's graph runs once per step with stream copies in between, no host round trip. The ids are those of
+        ``greedy_tokens`` step by step. Without the device argmax or CUDA graphs, or for steps that are not one
+        decode token per sequence, it runs ``greedy_tokens`` step by step (same ids, host in between)."""
         return self.collect_greedy_steps(self.submit_greedy_steps(steps))
 
     def submit_greedy_steps(self, steps: Sequence[Mapping[str, np.ndarray]], chained: bool = False) -> _StepsTicket:
@@ -636,7 +640,7 @@ class CudaExecutor:
         p = self._free_parity()
         stream = self.stream
         tokens = self.argmax.tokens.ptr
-        if self.step_kernel is not None and steps_graph_enabled():
+        if self.step_kernel is not None and steps_graph_enabled(k):
             sg = self._steps_graph(bucket, k, p)
             for st, feeds in zip(sg.steps, steps):
                 self._write_decode(st, feeds)
