@@ -217,7 +217,9 @@ class StepProbe:
     ``greedy_tokens`` where the engine samples on the device; wrapped on the instance, the outermost call timed)
     and, on the CUDA backend, the GPU time from the step's input copy to its first copy back (CUDA events
     recorded by hooks on ``cuda_driver.memcpy_htod`` / ``memcpy_dtoh``, as ``bench/bench_decode_step.py`` does).
-    Slightly perturbs what it measures: use it after the clean timing."""
+    Slightly perturbs what it measures: use it after the clean timing. The engine's overlap (runtime/engine.py,
+    "Overlap") is off while it probes: with a plan queued behind the one being waited for, the executor's calls and
+    the GPU time of one step could not be told apart."""
 
     METHODS = ("run", "greedy_tokens", "greedy_tokens_steps")
 
@@ -230,6 +232,10 @@ class StepProbe:
 
     def __enter__(self) -> StepProbe:
         ex = self.engine.executor
+        engine = self.engine
+        if getattr(engine, "decode_overlap", False):
+            engine.decode_overlap = False
+            self._undo.append(lambda: setattr(engine, "decode_overlap", True))
         events = self._hook_copies() if self.engine.device == "cuda" else None
         depth = [0]
 

@@ -329,3 +329,43 @@ def test_cuda_submissions_in_flight(tmp_path, monkeypatch, path):
     fake.drain()
     with pytest.raises(ValueError, match="last work"):
         ex.submit_greedy_steps(plans[1], chained=True)
+
+
+def test_async_engine_streams_and_abort(artifact):
+    """Through ``AsyncEngine`` (the server's path) with overlap: each stream's deltas add up to the tokens of the
+    engine without overlap; a client that stops reading (abort while plans are in flight) leaves the others' streams
+    whole, and every block comes back."""
+    import asyncio
+
+    from ingot.runtime.engine import AsyncEngine
+
+    prompts = _prompts(5, 6, hi=30)
+    params = SamplingParams(temperature=0.0, max_tokens=29, ignore_eos=True)
+    want = [c[0][0] for c in run_requests(_engine(artifact, 1, False)[0], [(p, params) for p in prompts])]
+    llm = LLMEngine(artifact, num_blocks=128, decode_steps=4, decode_overlap=True)
+    engine = AsyncEngine(llm)
+
+    async def one(p: list[int], stop_after: int | None = None) -> list[int]:
+        toks: list[int] = []
+        gen = engine.generate(p, params)
+        async for out in gen:
+            toks += out.outputs[0].delta_token_ids
+            if stop_after is not None and len(toks) >= stop_after:
+                await gen.aclose()  # the client goes away: the engine aborts the request
+                break
+        return toks
+
+    async def main() -> list[list[int]]:
+        jobs = [one(p) for p in prompts] + [one(prompts[0], stop_after=6)]
+        return list(await asyncio.wait_for(asyncio.gather(*jobs), 60))
+
+    engine.start()
+    try:
+        got = asyncio.run(main())
+    finally:
+        engine.stop(10)
+    assert got[:-1] == want
+    assert 6 <= len(got[-1]) < 29 and got[-1] == want[0][: len(got[-1])]
+    assert llm.num_overlapped_plans > 0
+    llm.step()  # a plan still in flight for the aborted request, if any
+    assert _all_free(llm)
