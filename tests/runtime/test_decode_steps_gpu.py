@@ -141,6 +141,25 @@ def _run(artifact: Path, k: int, requests: list, eos: tuple[int, ...] | None = N
         engine.close()
 
 
+def _early_stops(prompts: list[list[int]], free: list, max_tokens: int, stop_token_at: int,
+                 eos_at: int) -> tuple[list, tuple[int, ...]]:
+    """Eight requests of ``max_tokens`` greedy tokens, three of them stopping early, the stops picked from ``free``
+    (``run_requests``' result for the same prompts without stops) so that they fire: request 5 at an eos id (its
+    token ``eos_at``), 6 at a stop token id (its token ``stop_token_at``), 7 at a stop string from its text. The
+    five others keep the batch in bucket 8 to the end. Returns the requests and the eos ids for the engine."""
+    toks = [c[0][0] for c in free]
+    text = free[7][0][2]
+    stop = next(text[i : i + 2] for i in range(5, len(text) - 2) if text[i : i + 2] not in text[: i + 1])
+
+    def g(**kw) -> SamplingParams:
+        return SamplingParams(temperature=0.0, **{"max_tokens": max_tokens, "ignore_eos": True, **kw})
+
+    requests = [(p, g()) for p in prompts[:5]]
+    requests += [(prompts[5], g(ignore_eos=False)), (prompts[6], g(stop_token_ids=[toks[6][stop_token_at]])),
+                 (prompts[7], g(stop=[stop]))]
+    return requests, (toks[5][eos_at],)
+
+
 def test_engine_streams_equal_single_steps(artifact):
     """Eight greedy requests (one prefill step, then decode steps in bucket 8) with ``K = 1`` and ``K = 8``. Same
     lengths: every model step has the same rows (``K`` is cut where they end), so the streams are equal bit for
@@ -155,17 +174,7 @@ def test_engine_streams_equal_single_steps(artifact):
     assert eight == one and free1 and free8
     assert stats["multi_steps"] > 0 and one_stats["multi_steps"] == 0
     assert stats["argmax_steps"] == one_stats["argmax_steps"]
-    toks = [c[0][0] for c in one]
-    text = one[7][0][2]
-    stop = next(text[i : i + 2] for i in range(5, len(text) - 2) if text[i : i + 2] not in text[: i + 1])
-
-    def g(**kw) -> SamplingParams:
-        return SamplingParams(temperature=0.0, **{"max_tokens": 37, "ignore_eos": True, **kw})
-
-    requests = [(p, same) for p in prompts[:5]]
-    requests += [(prompts[5], g(ignore_eos=False)), (prompts[6], g(stop_token_ids=[toks[6][9]])),
-                 (prompts[7], g(stop=[stop]))]
-    eos = (toks[5][13],)
+    requests, eos = _early_stops(prompts, one, 37, stop_token_at=9, eos_at=13)
     one, _, free1 = _run(artifact, 1, requests, eos)
     eight, stats, free8 = _run(artifact, 8, requests, eos)
     assert [c[0][3] for c in one[5:]] == ["stop"] * 3
@@ -185,19 +194,9 @@ def test_engine_overlap_streams_equal(artifact, k, path, monkeypatch):
     prompts = _prompts(8, 3)
     plain = SamplingParams(temperature=0.0, max_tokens=41, ignore_eos=True)
     first, _, _ = _run(artifact, 1, [(p, plain) for p in prompts])
-    toks = [c[0][0] for c in first]
-    text = first[7][0][2]
-    stop = next(text[i : i + 2] for i in range(5, len(text) - 2) if text[i : i + 2] not in text[: i + 1])
-
-    def g(**kw) -> SamplingParams:
-        return SamplingParams(temperature=0.0, **{"max_tokens": 41, "ignore_eos": True, **kw})
-
-    # five rows go on to the end, so every step stays in bucket 8 (rows are computed independently within a
+    # the five rows going on to the end keep every step in bucket 8 (rows are computed independently within a
     # bucket): the rows stopping early compute one more plan with overlap, which changes no other row
-    requests = [(p, plain) for p in prompts[:5]]
-    requests += [(prompts[5], g(ignore_eos=False)), (prompts[6], g(stop_token_ids=[toks[6][11]])),
-                 (prompts[7], g(stop=[stop]))]
-    eos = (toks[5][19],)
+    requests, eos = _early_stops(prompts, first, 41, stop_token_at=11, eos_at=19)
     want, _, free0 = _run(artifact, k, requests, eos)
     got, stats, free1 = _run(artifact, k, requests, eos, overlap=True)
     print(f"K={k} {path} overlap", stats)
