@@ -509,7 +509,7 @@ def test_cuda_decode_steps_queue(tmp_path, monkeypatch, path):
     arguments as captured), every step's inputs staged in one buffer, a (bucket, K) seen again replaying its graph
     with the new inputs; padding rows feed on their own samples. ``graph_each`` (``INGOT_STEPS_GRAPH=0``): the
     bucket's graph per step, padding rows' ids 0."""
-    from ingot.runtime.cuda_backend import STEP_STRIDE_ALIGN
+    from ingot.runtime.cuda_steps import STEP_STRIDE_ALIGN
 
     one = path == "one_graph"
     ex, fake, seen, sample = fake_executor(tmp_path, monkeypatch, one)
