@@ -34,6 +34,17 @@ def module_kernel_cache(tmp_path_factory):
         os.environ["INGOT_CACHE_DIR"] = old
 
 
+@pytest.fixture
+def session_kernel_cache(tmp_path_factory, monkeypatch):
+    """For one test (``@pytest.mark.usefixtures("session_kernel_cache")``), the session's kernel cache instead of the
+    module's: the one test_lower.py, test_lower_quant.py and test_gemv.py compile into (``$INGOT_TEST_KERNEL_CACHE``
+    where set). For whole-model compiles: the tiny Llama's kernels under one set of switches are the same whichever
+    module compiles them, so a session builds each once (a repeat is a cache hit, keyed by source, options and
+    compiler: the same cubin)."""
+    monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
+                       or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+
+
 def compiled(spec: KernelSpec) -> cc.CompiledKernel:
     """``spec`` compiled: a cubin, and PTX that holds its entry."""
     built = cc.compile_spec(spec)

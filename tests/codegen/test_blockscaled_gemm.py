@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -114,10 +115,16 @@ def test_no_cutlass_declines(monkeypatch):
     not os.environ.get("INGOT_SLOW"), reason="set INGOT_SLOW=1 to probe the MXFP4 layout too (~40 s in CI)"))])
 def test_params_layout_reproduces_cutlass(fmt, tmp_path_factory, monkeypatch):
     """``derive_layout`` checks the layout against all probe shapes (it raises otherwise); here: the scale-factor
-    descriptors and layout integers it found, and a blob for one more shape."""
+    descriptors and layout integers it found, and a blob for one more shape; for both epilogues (plain, residual).
+
+    The two probes build side by side, one a core, into the session's kernel cache (test_lower_quant.py's): the W4A4
+    lowering there needs both layouts (its plain and residual GEMMs), and finds them there instead of building the
+    residual one alone beside its cubins."""
     monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
                        or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
-    layout = cp.params_layout(bs.blockscaled_spec(fmt, B200))
+    with ThreadPoolExecutor(2) as pool:
+        layout, res_layout = pool.map(lambda r: cp.params_layout(bs.blockscaled_spec(fmt, B200, residual=r)),
+                                      (False, True))
     kt = "K/64" if fmt == "nvfp4" else "K/128"
     sfa = next(t for t in layout["tma"] if t["tensor"] == "x_block_scale")
     assert sfa["dims"] == [[256, ""], [1, kt], [1, "M/128"], [1, ""]]  # 512-byte atoms of u16, per K atom, M atom
@@ -145,3 +152,13 @@ def test_params_layout_reproduces_cutlass(fmt, tmp_path_factory, monkeypatch):
     assert encoded["x"] == (0x1000, [k, m, 1], [k // 2, 0])
     # 128x128 tiles, 1-SM: 7 x 12 tiles, rasterized along M (more N tiles than M)
     assert launch["grid"] == (7, 12, 1)
+    # the residual epilogue (o_proj, down): the same operands and scale-factor descriptors, plus its C operand read
+    # like the output (bf16 [M, N] rows), and the same tiles
+    assert {t["tensor"] for t in res_layout["tma"]} == {t["tensor"] for t in layout["tma"]} | {"residual"}
+    assert next(t for t in res_layout["tma"] if t["tensor"] == "x_block_scale") == sfa
+    encoded.clear()
+    res_blob, res_launch = cp.build_params(res_layout, {**ptrs, "residual": 0x7000}, m, n, k, 148, encode=encode)
+    assert len(res_blob) == res_layout["size"]
+    assert struct.unpack_from("<4i", res_blob, res_layout["problem_shape"]) == (m, n, k, 1)
+    assert encoded["out"] == (0x5000, [n, m, 1], [2 * n, 0]) and encoded["residual"] == (0x7000, [n, m, 1], [2 * n, 0])
+    assert res_launch["grid"] == (7, 12, 1)

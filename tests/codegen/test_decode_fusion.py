@@ -44,6 +44,7 @@ from tests.codegen.common import (  # noqa: F401 (autouse fixture)
     module_kernel_cache,
     needs_compiler,
     sass_opcodes,
+    session_kernel_cache,
 )
 from tests.codegen.test_fuse_split_lower import _graph
 from tests.codegen.test_prefill_wgmma import _registers
@@ -180,6 +181,7 @@ def test_the_memory_plan_keeps_fused_inputs_alive(tmp_path):
     assert not any(overlap(fused, a, b) for a, b in pairs)
 
 
+@pytest.mark.usefixtures("session_kernel_cache")  # whole-model compiles: see common.py
 @needs_compiler
 def test_kernel_table_of_the_tiny_llama(tmp_path, monkeypatch):
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")

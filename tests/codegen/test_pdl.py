@@ -22,7 +22,12 @@ from ingot.codegen.sass import disassemble, opcodes
 from ingot.codegen.target import get_target
 from ingot.ir.types import DType
 from ingot.runtime import cuda_driver
-from tests.codegen.common import module_kernel_cache, needs_compiler, needs_cuobjdump  # noqa: F401 (autouse fixture)
+from tests.codegen.common import (  # noqa: F401 (autouse fixture)
+    module_kernel_cache,
+    needs_compiler,
+    needs_cuobjdump,
+    session_kernel_cache,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -67,6 +72,7 @@ def test_prologue_is_in_the_sass(target):
     assert "ACQBULK" in ops and "PREEXIT" in ops  # griddepcontrol.wait / .launch_dependents
 
 
+@pytest.mark.usefixtures("session_kernel_cache")  # whole-model compiles: see common.py
 @needs_compiler
 def test_kernel_table_marks_pdl_kernels(tmp_path, monkeypatch):
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")

@@ -31,6 +31,7 @@ from tests.codegen.common import (  # noqa: F401 (autouse fixture)
     module_kernel_cache,
     needs_compiler,
     sass_opcodes,
+    session_kernel_cache,
 )
 from tests.codegen.test_decode_attention import attn_types
 from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
@@ -97,6 +98,7 @@ def test_spec_shares_the_decode_parameters():
         prefill_spec(bf16, f8, 32, 8, 128, 16, 0.088, h200)
 
 
+@pytest.mark.usefixtures("session_kernel_cache")  # whole-model compiles: see common.py
 def test_lowering_makes_prefill_the_launch_and_decode_its_variant(tmp_path, monkeypatch):
     """A head_dim-64 GQA model in the serving form: the attention launch runs the prefill kernel, with the decode
     kernel the family picked as its variant for steps of at most DECODE_MAX_ROWS tokens."""

@@ -37,6 +37,7 @@ from tests.codegen.common import (  # noqa: F401 (autouse fixture)
     disassembled,
     module_kernel_cache,
     needs_compiler,
+    session_kernel_cache,
 )
 from tests.codegen.test_prefill_attention import family_attend
 from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
@@ -165,6 +166,7 @@ def test_selection_is_the_default(monkeypatch):
         prefill_kernel()
 
 
+@pytest.mark.usefixtures("session_kernel_cache")  # whole-model compiles: see common.py
 def test_lowering_takes_wgmma_unless_told_otherwise(tmp_path, monkeypatch):
     """The serving form of a head_dim-64 GQA model: by default the attention launch runs the wgmma kernel (the decode
     kernel still its variant); with ``INGOT_PREFILL_ATTENTION=flash``, the flash kernel."""

@@ -30,6 +30,7 @@ from tests.codegen.common import (  # noqa: F401 (autouse fixture)
     module_kernel_cache,
     needs_compiler,
     sass_opcodes,
+    session_kernel_cache,
 )
 from tests.codegen.test_lower import FIXTURES
 
@@ -46,6 +47,7 @@ def _table(tmp_path, target: str, name: str, monkeypatch, flag: str | None) -> d
     return json.loads((path / "manifest.json").read_text())["cuda"]
 
 
+@pytest.mark.usefixtures("session_kernel_cache")  # whole-model compiles: see common.py
 @needs_compiler
 @pytest.mark.parametrize("target", ["h200", "b200"])
 def test_kernel_table_of_the_tiny_llama(tmp_path, target, monkeypatch):
@@ -84,6 +86,7 @@ def test_kernel_table_of_the_tiny_llama(tmp_path, target, monkeypatch):
             assert a == b
 
 
+@pytest.mark.usefixtures("session_kernel_cache")  # whole-model compiles: see common.py
 @needs_compiler
 @pytest.mark.parametrize("decode_fusion", ["1", "0"])
 def test_q_is_placed_from_the_qkv_node_on(tmp_path, monkeypatch, decode_fusion):
@@ -105,6 +108,7 @@ def test_q_is_placed_from_the_qkv_node_on(tmp_path, monkeypatch, decode_fusion):
                 assert hi <= lo, f"{a} and {b} share bytes"
 
 
+@pytest.mark.usefixtures("session_kernel_cache")  # whole-model compiles: see common.py
 @needs_compiler
 @pytest.mark.parametrize("quant", ["fp8:wo", "fp8", "nvfp4"])
 def test_quantized_qkv_gets_the_quant_epilogue(tmp_path, monkeypatch, quant):
@@ -135,6 +139,7 @@ def test_quantized_qkv_gets_the_quant_epilogue(tmp_path, monkeypatch, quant):
         assert not any(cuda["variant_kernels"][v["kernel"]]["spec"]["values"]["ROPE"] for v in rest)
 
 
+@pytest.mark.usefixtures("session_kernel_cache")  # whole-model compiles: see common.py
 @needs_compiler
 def test_nothing_fuses_when_the_qkv_row_has_another_reader(tmp_path, monkeypatch):
     """Without rope-cache fusion the rope launch is qkv.cu (k and v to their own buffers for the cache write): the

@@ -34,6 +34,7 @@ from tests.codegen.common import (  # noqa: F401 (autouse fixture)
     module_kernel_cache,
     needs_compiler,
     sass_opcodes,
+    session_kernel_cache,
 )
 from tests.codegen.host_emulation import CXX, HostKernel, aligned
 from tests.codegen.test_fuse_split_lower import LAYER, _graph
@@ -153,6 +154,7 @@ def _table(tmp_path, target: str, name: str, monkeypatch, flag: str, decode_fusi
     return json.loads((path / "manifest.json").read_text())["cuda"]
 
 
+@pytest.mark.usefixtures("session_kernel_cache")  # whole-model compiles: see common.py
 @needs_compiler
 @pytest.mark.parametrize("target", ["h200", "b200"])
 def test_kernel_table_of_the_tiny_llama(tmp_path, target, monkeypatch):
@@ -191,6 +193,7 @@ def test_kernel_table_of_the_tiny_llama(tmp_path, target, monkeypatch):
                            for a in args.values())
 
 
+@pytest.mark.usefixtures("session_kernel_cache")  # whole-model compiles: see common.py
 @needs_compiler
 def test_fp8_kv_cache_binds_kv_scale(tmp_path, monkeypatch):
     from tests.codegen.test_lower_quant import CASES, compile_quant, quant_checkpoint
@@ -357,6 +360,7 @@ def test_fused_kernel_on_the_host_writes_what_the_two_launches_write(case):
         assert changed <= 2 * written and (written == 0 or changed > 0)
 
 
+@pytest.mark.usefixtures("session_kernel_cache")  # whole-model compiles: see common.py
 @needs_compiler
 def test_with_decode_fusion_the_skips_point_at_their_linears(tmp_path, monkeypatch):
     """Both fusions on (both are the default): rope-cache fusion removes launches
