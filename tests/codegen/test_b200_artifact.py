@@ -131,3 +131,30 @@ def test_without_cutlass_the_plain_gemm_is_planned(monkeypatch, tmp_path):
         inputs = ()
 
     assert cp.plan_linear(_Node(), spec, b200) is None  # type: ignore[arg-type]
+
+
+def _probe_runs(runs: list) -> list:
+    return [(tuple(r["shape"]), *({**x, "blob": bytes.fromhex(x["blob"])} for x in r["runs"])) for r in runs]
+
+
+def test_layout_from_a_gpu_host_probe_equals_a_cpu_hosts():
+    """The Params probe's runs of the b200 bf16 GEMM (5 shapes, 5 stack fills each), recorded on this CPU-only
+    machine and on an H200 host compiling for b200 (2026-11-30; each spec's runs captured around
+    ``cutlass_params._probe`` during a b200 compile of the tiny Llama): on the GPU host the second half of every TMA
+    atom (aux params and padding) held host-stack words that are the same in every fill but differ between shapes,
+    which failed the derivation with ``LayoutError``. Both hosts' runs now give the same layout, with those bytes
+    zero, and the descriptors, pointers and scheduler fields where they were."""
+    import gzip
+
+    data = json.loads(gzip.decompress((FIXTURES / "cutlass_probe_runs_b200_bf16.json.gz").read_bytes()))
+    spec = cp.generic_linear_spec("bf16", get_target("b200"))
+    cpu, gpu = _probe_runs(data["cpu_host"]), _probe_runs(data["gpu_host"])
+    tails = [(off, off + cp.TMA_BYTES) for off in (256, 512, 768, 1024, 1792)]
+    assert any(gpu[0][1]["blob"][a:b] != bytes(b - a) for a, b in tails)  # the dirty bytes are in the recording
+    layout = cp.derive_layout(spec, gpu)
+    assert layout == cp.derive_layout(spec, cpu)
+    template = bytes.fromhex(layout["template"])
+    assert all(template[a:b] == bytes(b - a) for a, b in tails)
+    assert [t["offset"] for t in layout["tma"]] == [128, 384, 640, 896, 1664]
+    assert {t["tensor"] for t in layout["tma"]} == {"x", "weight", "out"}
+    assert {name for _, name in layout["pointers"]} >= {"bias", "weight_scale"}

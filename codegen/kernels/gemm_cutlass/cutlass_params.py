@@ -325,6 +325,12 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
     if kind == "sm90":  # every sm90 field is written per launch: the rest of the struct is padding
         fields = _scheduler_field_bytes(kind)
         padding |= {sched + i for i in range(known[kind]) if i not in fields}
+    if spec.template == "sm100.cu":
+        # each TMA atom (256 bytes, aligned to 128) is its descriptor, then aux params that are static types here
+        # and padding: indeterminate too. On a GPU host (an H200 compiling for b200) those bytes held the same
+        # host-stack words in every fill, which differed between shapes and failed the derivation; a CPU host reads
+        # 0 there (docs/PERF.md, "Overlap of the host with the GPU", run 4). Not the block-scaled template.
+        padding |= {t["offset"] + TMA_BYTES + i for t in tmas for i in range(TMA_BYTES)} - tma_bytes
     variable = set(tma_bytes) | {o + j for o, _ in pointers for j in range(8)}
     variable |= set(range(layout["problem_shape"], layout["problem_shape"] + 16))
     variable |= set(range(layout["sm_count"], layout["sm_count"] + 4))
