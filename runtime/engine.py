@@ -30,18 +30,18 @@ path; any other step (one row sampling, with penalties or logprobs) runs the hos
 ``EngineArgs.device_sampling`` (default: on, unless ``INGOT_DEVICE_SAMPLING=0``) switches it; executors without
 ``greedy_tokens`` (tensor parallelism, test stand-ins) always take the host path.
 
-**Decode steps** (opt-in: ``EngineArgs.decode_steps`` or ``INGOT_DECODE_STEPS=K``; default 1, off). A step whose
-rows are all decode tokens sampled on the device (as above) runs ``K`` decode steps back to back in one executor call,
+**Decode steps** (opt-in: ``EngineArgs.decode_steps`` or ``INGOT_DECODE_STEPS=K``; default 1, off). A step whose rows
+are all decode tokens sampled on the device (as above) runs ``K`` decode steps back to back in one executor call,
 ``executor.greedy_tokens_steps``: step ``j + 1``'s input ids are step ``j``'s argmax, fed on the device (the CUDA
-executor queues every step's graph on one stream and copies ``K x S`` ids back once), positions, slots and sequence
-lengths are computed up front (``Scheduler.plan_decode_steps``, which allocates the blocks of the ``K - 1`` extra
-tokens). The host work of ``K - 1`` steps disappears behind the GPU. The engine then takes the tokens one step at a
-time with its usual stop checks (eos, stop token ids, max_tokens, stop strings): tokens after a stop are discarded
-and their blocks freed with the request. ``K`` is cut to the fewest tokens a row may still generate; a step runs
-alone whenever the plan does not fit: a row sampling otherwise (temperature, penalties, logprobs), a prefill chunk,
+executor runs the ``K`` steps as one CUDA graph and copies ``K x S`` ids back once; runtime/cuda_steps.py), positions,
+slots and sequence lengths are computed up front (``Scheduler.plan_decode_steps``, which allocates the blocks of the
+``K - 1`` extra tokens). The host work of ``K - 1`` steps disappears behind the GPU. The engine then takes the tokens
+one step at a time with its usual stop checks (eos, stop token ids, max_tokens, stop strings): tokens after a stop are
+discarded and their blocks freed with the request. ``K`` is cut to the fewest tokens a row may still generate; a step
+runs alone whenever the plan does not fit: a row sampling otherwise (temperature, penalties, logprobs), a prefill chunk,
 a request waiting to run, too few free blocks, fewer than 2 tokens left, tensor parallelism, or an executor without
-``greedy_tokens_steps``. Outputs arrive in bursts of up to ``K`` tokens (one ``RequestOutput`` per request and step;
-the inter-token latencies recorded are the ones a client sees: one gap, then zeros).
+``greedy_tokens_steps``. Outputs arrive in bursts of up to ``K`` tokens (one ``RequestOutput`` per request and step; the
+inter-token latencies recorded are the ones a client sees: one gap, then zeros).
 
 **Overlap** (``EngineArgs.decode_overlap``; default: on for ``device="cuda"``, off on the CPU backend;
 ``INGOT_DECODE_OVERLAP=0``/``1`` sets it). A step that runs device-sampled decode steps (the plan above, ``K`` >= 1)
