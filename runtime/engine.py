@@ -39,25 +39,25 @@ slots and sequence lengths are computed up front (``Scheduler.plan_decode_steps`
 one step at a time with its usual stop checks (eos, stop token ids, max_tokens, stop strings): tokens after a stop are
 discarded and their blocks freed with the request. ``K`` is cut to the fewest tokens a row may still generate; a step
 runs alone whenever the plan does not fit: a row sampling otherwise (temperature, penalties, logprobs), a prefill chunk,
-a request waiting to run, too few free blocks, fewer than 2 tokens left, tensor parallelism, or an executor without
-``greedy_tokens_steps``. Outputs arrive in bursts of up to ``K`` tokens (one ``RequestOutput`` per request and step; the
-inter-token latencies recorded are the ones a client sees: one gap, then zeros).
+a waiting request that could join (a seat free among ``max_num_seqs``), too few free blocks, fewer than 2 tokens left,
+tensor parallelism, or an executor without ``greedy_tokens_steps``. Outputs arrive in bursts of up to ``K`` tokens (one
+``RequestOutput`` per request and step; the inter-token latencies recorded are the ones a client sees: one gap, then
+zeros).
 
 **Overlap** (``EngineArgs.decode_overlap``; default: on for ``device="cuda"``, off on the CPU backend;
 ``INGOT_DECODE_OVERLAP=0``/``1`` sets it). A step that runs device-sampled decode steps (the plan above, ``K`` >= 1)
 queues them (``executor.submit_greedy_steps``), then queues the steps that follow them before their tokens are known
-(``Scheduler.plan_next_decode_steps``: the same rows one plan further, step 0 fed on the device with the last ids),
-and only then waits for the first plan's ids (``executor.collect_greedy_steps``) and takes them. The next ``step()``
-finds that second plan in flight: it queues a third, takes the second, and so on. So the GPU always has the next
-plan queued while the host takes tokens, detokenizes and schedules, and the host's time per step leaves the GPU's
-critical path. The chain stops (the plan in flight is only taken, and the next ``step()`` schedules as usual) when
-a request waits to run (it would otherwise wait for ever), when one of the rows stopped or was aborted, or when the
-free blocks do not hold the next plan. A row that stops inside a plan has computed the plan after it for nothing:
-those tokens are discarded with its blocks (never published, so no other request reads them). Outputs and tokens
-are those of the engine without overlap, with one caveat on the GPU: the rows that go on after another stopped run
-one plan longer in the larger batch's graph (a bucket's kernels may round differently from a smaller one's, as with
-``K`` itself). A stopping row costs one plan of wasted work. Executors without ``submit_greedy_steps`` run without
-overlap.
+(``Scheduler.plan_next_decode_steps``: the same rows one plan further, step 0 fed on the device with the last ids), and
+only then waits for the first plan's ids (``executor.collect_greedy_steps``) and takes them. The next ``step()`` finds
+that second plan in flight: it queues a third, takes the second, and so on. So the GPU always has the next plan queued
+while the host takes tokens, detokenizes and schedules, and the host's time per step leaves the GPU's critical path. The
+chain stops (the plan in flight is only taken, and the next ``step()`` schedules as usual) when a waiting request could
+join (it would otherwise wait for ever), when one of the rows stopped or was aborted, or when the free blocks do not
+hold the next plan. A row that stops inside a plan has computed the plan after it for nothing: those tokens are
+discarded with its blocks (never published, so no other request reads them). Outputs and tokens are those of the engine
+without overlap, with one caveat on the GPU: the rows that go on after another stopped run one plan longer in the larger
+batch's graph (a bucket's kernels may round differently from a smaller one's, as with ``K`` itself). A stopping row
+costs one plan of wasted work. Executors without ``submit_greedy_steps`` run without overlap.
 
 Host time per step (bench/bench_engine_step.py, docs/PERF.md): ~1.2 ms for 256 decoding sequences,
 the model excluded. Per request and step: one ``DecodeStream`` call (detokenizer.py), one

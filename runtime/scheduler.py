@@ -601,6 +601,13 @@ class Scheduler:
             self.running = [r for r in self.running if r.status is RUNNING]
         return out
 
+    def waiting_can_join(self) -> bool:
+        """A waiting request could join the running set at the next ``schedule()``: one waits and a seat is free
+        (fewer than ``max_num_seqs`` run). Plans of several decode steps, and plans queued ahead, are refused then:
+        the request would wait for them. With every seat taken it can only join when a running request ends, which
+        ends a plan's rows anyway."""
+        return bool(len(self.waiting)) and len(self.running) < self.config.max_num_seqs
+
     def plan_decode_steps(self, output: SchedulerOutput, num_steps: int, min_steps: int = 2) -> DecodeSteps | None:
         """Extend ``output``, just returned by ``schedule()``, to ``num_steps`` decode steps of the same rows
         (module docstring, "Decode steps"); call ``update_from_decode_step`` for each step instead of
@@ -608,14 +615,14 @@ class Scheduler:
 
         ``num_steps`` is cut to the fewest tokens a row may still generate (``max_tokens``, ``max_model_len``).
         None, changing nothing, when fewer than ``min_steps`` steps remain (1: a plan of ``output``'s one step,
-        which ``plan_next_decode_steps`` can follow), when a row is not one sampled decode token, when a request
-        waits to run (it would wait ``num_steps`` steps), or when the free blocks do not hold every row's
-        ``num_steps - 1`` more tokens.
+        which ``plan_next_decode_steps`` can follow), when a row is not one sampled decode token, when a waiting
+        request could join (``waiting_can_join``: it would wait ``num_steps`` steps), or when the free blocks do not
+        hold every row's ``num_steps - 1`` more tokens.
         """
         reqs = output.requests
         num_rows = len(reqs)
         if (num_steps < min_steps or not num_rows or output.total_num_scheduled_tokens != num_rows
-                or not output.do_sample.all() or len(self.waiting)):
+                or not output.do_sample.all() or self.waiting_can_join()):
             return None
         max_len = self.config.max_model_len
         k = num_steps
@@ -648,13 +655,13 @@ class Scheduler:
 
         ``num_steps`` is cut to the fewest tokens a row may still generate after ``plan``'s. None, changing nothing,
         when fewer than 1 step remains, when one of ``plan``'s requests no longer runs (finished, aborted) or a
-        running request is not one of its rows, when a request waits to run, or when the free blocks do not hold
-        every row's tokens to the end of the new steps. A row that stops during ``plan`` (known only when its
-        tokens are taken) still computes the new steps: their tokens are discarded with its blocks, as for a stop
-        inside a plan (module docstring, "Decode steps").
+        running request is not one of its rows, when a waiting request could join (``waiting_can_join``), or when
+        the free blocks do not hold every row's tokens to the end of the new steps. A row that stops during ``plan``
+        (known only when its tokens are taken) still computes the new steps: their tokens are discarded with its
+        blocks, as for a stop inside a plan (module docstring, "Decode steps").
         """
         reqs = plan.output.requests
-        if num_steps < 1 or len(self.waiting) or len(reqs) != len(self.running):
+        if num_steps < 1 or self.waiting_can_join() or len(reqs) != len(self.running):
             return None
         running = RequestStatus.RUNNING
         if any(r.status is not running for r in reqs):

@@ -59,7 +59,7 @@ class OverlapSpy:
         assert all(len(f["input_ids"]) == len(f["seq_lens"]) for f in steps), "a prefill row in decode steps"
         if chained:
             assert self.in_flight, "a chained submission with nothing before it in flight"
-            assert self.engine.scheduler.num_waiting == 0, "chained decode steps while a request waits"
+            assert not self.engine.scheduler.waiting_can_join(), "chained steps while a waiting request could join"
         else:
             assert not self.in_flight
         self.submits.append((len(steps), chained))
@@ -233,6 +233,29 @@ def test_next_plan_refuses_and_changes_nothing():
         s.update_from_decode_step(plan, j, [9, 9])
     a.max_tokens = len(a.output_token_ids) + 4  # no token left after the next plan
     assert s.plan_next_decode_steps(nxt, 4) is None
+
+
+def test_plans_while_requests_wait_for_a_seat():
+    """A request that waits while every seat is taken (``max_num_seqs``) cannot join before a running one ends, so
+    decode steps and the plan after them go ahead; once a seat is free, a waiting request stops both."""
+    s = _scheduler(64, max_num_seqs=2)
+    a, b, c = (Request(x, [3 + i] * 6, max_tokens=30) for i, x in enumerate("abc"))
+    for r in (a, b, c):
+        s.add_request(r)
+    s.update_from_output(s.schedule(), [5, 5])
+    out = s.schedule()
+    assert out.req_ids == ["a", "b"] and s.num_waiting == 1 and not s.waiting_can_join()
+    plan = s.plan_decode_steps(out, 4)
+    assert plan is not None and s.plan_next_decode_steps(plan, 4) is not None
+    # a free seat (max_num_seqs 3): a request added while a plan runs could join, so nothing is queued ahead
+    s = _scheduler(64, max_num_seqs=3)
+    for r in (Request("a", [3] * 6, max_tokens=30), Request("b", [4] * 6, max_tokens=30)):
+        s.add_request(r)
+    s.update_from_output(s.schedule(), [5, 5])
+    plan = s.plan_decode_steps(s.schedule(), 4)
+    assert plan is not None and s.plan_next_decode_steps(plan, 4) is not None
+    s.add_request(Request("c", [6] * 6, max_tokens=30))
+    assert s.waiting_can_join() and s.plan_next_decode_steps(plan, 4) is None
 
 
 # -- the CUDA executor's submissions, against a fake driver whose stream runs only when waited for --------------

@@ -54,7 +54,7 @@ class Spy:
         return self.executor.greedy_tokens(feeds)
 
     def _steps(self, steps: list[Any]) -> np.ndarray:
-        assert self.engine.scheduler.num_waiting == 0, "decode steps while a request waits"
+        assert not self.engine.scheduler.waiting_can_join(), "decode steps while a waiting request could join"
         assert all(len(f["input_ids"]) == len(f["seq_lens"]) for f in steps), "a prefill row in decode steps"
         self.calls.append(("greedy_tokens_steps", len(steps)))
         ids = self.executor.greedy_tokens_steps(steps)
@@ -199,12 +199,13 @@ def test_prefix_cache_hits_blocks_published_by_decode_steps(artifact):
 
 
 def test_fallbacks_run_single_steps(artifact):
-    """No decode steps while a request waits (max_num_seqs 1), while a request samples or wants logprobs, with
+    """Decode steps while requests wait for a seat (max_num_seqs 1: they cannot join before a running one ends),
+    none while a waiting request could join (the Spy checks), while a request samples or wants logprobs, with
     device sampling off, or for an executor without ``greedy_tokens_steps``; the tokens stay the same."""
     greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     prompts = _prompts(3, 5)
     want = run_requests(_engine(artifact, 1)[0], [(p, greedy) for p in prompts])
-    # a request waiting: the Spy asserts no decode steps run while it waits
+    # requests waiting for the one seat: decode steps run (the Spy asserts none could join meanwhile)
     engine, spy = _engine(artifact, 4, max_num_seqs=1)
     assert run_requests(engine, [(p, greedy) for p in prompts]) == want and engine.num_multi_steps > 0
     # device sampling off, or an executor without the method: single steps only

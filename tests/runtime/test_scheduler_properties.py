@@ -152,7 +152,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         event("decode steps")
         reqs = out.requests
-        assert 2 <= plan.num_steps <= k and not s.waiting and all(n == 1 for n in out.num_scheduled_tokens.values())
+        assert 2 <= plan.num_steps <= k and not s.waiting_can_join()
+        assert all(n == 1 for n in out.num_scheduled_tokens.values())
         sampled = [[tokens[(j * len(reqs) + row) % 64] for row in range(len(reqs))] for j in range(plan.num_steps)]
         # the executor: every step, each taking the previous step's ids, before the engine sees a token
         for j, si in enumerate(plan.step_inputs):
