@@ -604,8 +604,9 @@ class Scheduler:
     def waiting_can_join(self) -> bool:
         """A waiting request could join the running set at the next ``schedule()``: one waits and a seat is free
         (fewer than ``max_num_seqs`` run). Plans of several decode steps, and plans queued ahead, are refused then:
-        the request would wait for them. With every seat taken it can only join when a running request ends, which
-        ends a plan's rows anyway."""
+        the request would wait for them. With every seat taken it can only join once a running request ends; a plan
+        under way then delays it by at most the plan's remaining steps (and a plan queued ahead by one plan more),
+        the price of the plans' throughput on a saturated server."""
         return bool(len(self.waiting)) and len(self.running) < self.config.max_num_seqs
 
     def plan_decode_steps(self, output: SchedulerOutput, num_steps: int, min_steps: int = 2) -> DecodeSteps | None:
