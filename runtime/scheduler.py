@@ -625,27 +625,44 @@ class Scheduler:
         if (num_steps < min_steps or not num_rows or output.total_num_scheduled_tokens != num_rows
                 or not output.do_sample.all() or self.waiting_can_join()):
             return None
-        max_len = self.config.max_model_len
-        k = num_steps
-        for req in reqs:
-            k = min(k, req.max_tokens - len(req.output_token_ids), max_len - len(req.all_token_ids))
+        k = self._steps_left(reqs, num_steps)
         if k < max(min_steps, 1):
             return None
         if k == 1:
             return DecodeSteps(output, [output.step_inputs])
+        # after schedule(), num_computed_tokens == num_tokens: step 0 computes the last token's position
+        first = np.array([r.num_computed_tokens - 1 for r in reqs], np.int64)
+        rows = self._hold_steps(reqs, first, k)
+        if rows is None:
+            return None
+        steps = decode_steps_inputs(first, k, rows, self.kv.block_table, self.block_size)
+        return DecodeSteps(output, [output.step_inputs, *steps])
+
+    def _steps_left(self, reqs: Sequence[Request], num_steps: int, planned: int = 0) -> int:
+        """``num_steps`` cut to the fewest tokens a request of ``reqs`` may still generate (``max_tokens``,
+        ``max_model_len``) after the ``planned`` steps already queued for it."""
+        max_len = self.config.max_model_len
+        k = num_steps
+        for req in reqs:
+            k = min(k, req.max_tokens - len(req.output_token_ids) - planned,
+                    max_len - len(req.all_token_ids) - planned)
+        return k
+
+    def _hold_steps(self, reqs: Sequence[Request], first: np.ndarray, k: int) -> list[int] | None:
+        """Blocks for ``k`` decode steps of ``reqs`` whose step 0 computes position ``first[s]``: each request then
+        holds ``first[s] + k`` tokens. Returns the requests' block-table rows; None, allocating nothing, when the
+        free blocks do not hold them all."""
         kv = self.kv
         bs = self.block_size
         held = kv.req_blocks
-        # after schedule(), num_computed_tokens == num_tokens: k - 1 more tokens' K/V to hold
-        need = sum(max(0, -(-(r.num_computed_tokens + k - 1) // bs) - len(held[r.request_id])) for r in reqs)
+        ends = (first + k).tolist()
+        need = sum(max(0, -(-e // bs) - len(held[r.request_id])) for r, e in zip(reqs, ends))
         if need > kv.num_free_blocks:
             return None
-        for req in reqs:
-            if kv.allocate_slots(req, k - 1) is None:  # counted above: cannot fail
+        for req, e in zip(reqs, ends):
+            if kv.allocate_slots(req, e - req.num_computed_tokens) is None:  # counted above: cannot fail
                 raise RuntimeError(f"request {req.request_id!r}: no blocks for its decode steps")
-        rows = [kv.req_rows[r.request_id] for r in reqs]
-        first = np.array([r.num_computed_tokens - 1 for r in reqs], np.int64)  # the position step 0 computes
-        return DecodeSteps(output, [output.step_inputs, *decode_steps_inputs(first, k, rows, kv.block_table, bs)])
+        return [kv.req_rows[r.request_id] for r in reqs]
 
     def plan_next_decode_steps(self, plan: DecodeSteps, num_steps: int) -> DecodeSteps | None:
         """The ``num_steps`` decode steps that follow ``plan``, planned before ``plan``'s tokens are taken (the
@@ -668,26 +685,16 @@ class Scheduler:
         if any(r.status is not running for r in reqs):
             return None
         k0 = plan.num_steps
-        max_len = self.config.max_model_len
-        k = num_steps
-        for req in reqs:
-            k = min(k, req.max_tokens - len(req.output_token_ids) - k0, max_len - len(req.all_token_ids) - k0)
+        k = self._steps_left(reqs, num_steps, k0)
         if k < 1:
             return None
-        kv = self.kv
-        bs = self.block_size
-        held = kv.req_blocks
         first = plan.step_inputs[0].positions + k0  # the position the new step 0 computes, per row
-        ends = (first + k).tolist()  # tokens each row holds after the new steps
-        need = sum(max(0, -(-e // bs) - len(held[r.request_id])) for r, e in zip(reqs, ends))
-        if need > kv.num_free_blocks:
+        rows = self._hold_steps(reqs, first, k)
+        if rows is None:
             return None
-        for req, e in zip(reqs, ends):
-            if kv.allocate_slots(req, e - req.num_computed_tokens) is None:  # counted above: cannot fail
-                raise RuntimeError(f"request {req.request_id!r}: no blocks for its next decode steps")
-        rows = [kv.req_rows[r.request_id] for r in reqs]
         # decode_steps_inputs gives steps 1 .. k of a plan whose step 0 computes first - 1
-        return DecodeSteps(plan.output, decode_steps_inputs(first - 1, k + 1, rows, kv.block_table, bs), chained=True)
+        steps = decode_steps_inputs(first - 1, k + 1, rows, self.kv.block_table, self.block_size)
+        return DecodeSteps(plan.output, steps, chained=True)
 
     def update_from_decode_step(self, plan: DecodeSteps, step: int, sampled_token_ids: Sequence[int]) -> list[Request]:
         """``update_from_output`` for step ``step`` of ``plan``; call it for steps 0, 1, ... in order.
