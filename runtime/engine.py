@@ -748,7 +748,7 @@ class LLMEngine:
         seqs = [self._seqs[out.req_ids[r]] for r in rows.tolist()]
         greedy_tokens = self._greedy_tokens(seqs)
         if greedy_tokens is not None and not self.tp:
-            submit = getattr(self.executor, "submit_greedy_steps", None) if self.decode_overlap else None
+            submit = self._overlap_submit()
             if submit is not None:
                 plan = sched.plan_decode_steps(out, self.decode_steps, min_steps=1)
                 if plan is not None:
@@ -799,18 +799,21 @@ class LLMEngine:
         self.num_multi_steps += 1
         return self._take_plan(plan, ids, t_start)
 
+    def _overlap_submit(self) -> Callable[..., Any] | None:
+        """The executor's ``submit_greedy_steps`` when the overlap is on (module docstring, "Overlap"), else None."""
+        if not self.decode_overlap or self.tp:
+            return None
+        return getattr(self.executor, "submit_greedy_steps", None)
+
     def _run_overlapped(self, plan: DecodeSteps, ticket: Any, t_start: float) -> list[RequestOutput]:
         """``plan`` is queued (``ticket``): queue the plan after it when the chain goes on, then wait for ``plan``'s
         ids and take them (module docstring, "Overlap"). The plan queued here is the next ``step()``'s."""
-        ex = self.executor
-        nxt = None
-        if (self.decode_overlap and self.device_sampling and not self.tp
-                and getattr(ex, "submit_greedy_steps", None) is not None):
-            nxt = self.scheduler.plan_next_decode_steps(plan, self.decode_steps)
+        submit = self._overlap_submit() if self.device_sampling else None
+        nxt = self.scheduler.plan_next_decode_steps(plan, self.decode_steps) if submit is not None else None
         if nxt is not None:
-            self._inflight = (nxt, ex.submit_greedy_steps(self._plan_feeds(nxt), chained=True))
+            self._inflight = (nxt, submit(self._plan_feeds(nxt), chained=True))
             self.num_overlapped_plans += 1
-        ids = ex.collect_greedy_steps(ticket)  # [K, S]
+        ids = self.executor.collect_greedy_steps(ticket)  # [K, S]
         if plan.num_steps > 1:
             self.num_multi_steps += 1
         return self._take_plan(plan, ids, t_start)
@@ -820,7 +823,7 @@ class LLMEngine:
         tokens it computed are recomputed by the next step), its blocks stay with them."""
         if self._inflight is None:
             return
-        plan, ticket = self._inflight
+        ticket = self._inflight[1]
         self._inflight = None
         if self.executor is not None:
             self.executor.collect_greedy_steps(ticket)
