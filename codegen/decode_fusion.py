@@ -34,8 +34,11 @@ A pair is fused when:
 
 - the producer is one launch of the norm / activation family's kernel (``rms_norm`` without residual or bias,
   bf16 x and weight; ``swiglu`` packed, ``alpha`` any), and its output is no graph output and is read only by
-  the ``linear``, as its x;
-- the linear's launch has plain bf16 GEMV variants (``rule.is_plain``) whose K is the producer's width;
+  the ``linear`` (or weight-only FP8 ``quantized_linear``), as its x;
+- the linear's launch with decode variants (a weight-only quantized linear's other launch, the dequantize, is
+  skipped at decode: ``codegen/quant_prefill.py``) has plain ``kernel.cu`` variants (``rule.is_plain``: bf16
+  weights, or FP8 ones with ``INGOT_GEMV_FP8=kernel``) for the buckets fused, and all its variants have the
+  producer's width as K;
 - both launches count the same rows (the producer's ``rows`` / ``num_tokens`` argument and the linear's ``M``
   are the same dim expression: every step selects the same way for both, CUDA-graph buckets included);
 - the fused variants fit the target's shared memory (the swiglu prologue stages up's slice beside x's).
@@ -105,9 +108,12 @@ def _prologue(node: Node, spec: KernelSpec, args: Mapping[str, Any]) -> tuple[ge
 
 
 def plan(graph: Graph, launches: Sequence[Launch], variant_plans: Mapping[int, Sequence[tuple[int, KernelSpec]]],
-         target: Target) -> DecodeFusion:
+         target: Target, variant_args: Mapping[int, Mapping[str, Any]] | None = None) -> DecodeFusion:
     """The fused pairs among ``launches`` (``lower.plan_launches``' list) given each launch's planned variants
-    (``variant_plans``: launch index -> ``(max rows, spec)``, smallest first). Changes nothing itself."""
+    (``variant_plans``: launch index -> ``(max rows, spec)``, smallest first) and the launches whose variants have
+    arguments of their own (``variant_args``: ``quant_prefill``'s GEMM launches, whose variants take the quantized
+    operands). Changes nothing itself."""
+    variant_args = variant_args or {}
     out = DecodeFusion()
     users = graph.users()
     outputs = set(graph.outputs)
@@ -120,24 +126,29 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_plans: Mapping[int, S
         found = _prologue(node, spec, args)
         y = node.outputs[0]
         readers = users.get(y, [])
-        if found is None or y in outputs or len(readers) != 1 or readers[0].op.name != "linear":
+        if (found is None or y in outputs or len(readers) != 1
+                or readers[0].op.name not in ("linear", "quantized_linear")):
             continue
         consumer = readers[0]
         if consumer.inputs[0] is not y or sum(u is y for u in consumer.inputs) != 1:
             continue
         ci = graph.nodes.index(consumer)
-        if len(per_node.get(ci, ())) != 1:
+        # the node's launch with decode variants (a weight-only quantized linear's dequantize launch has none)
+        with_variants = [jj for jj in per_node.get(ci, ()) if jj in variant_plans]
+        if len(with_variants) != 1 or (consumer.op.name == "linear" and len(per_node[ci]) != 1):
             continue
-        jc = per_node[ci][0]
+        jc = with_variants[0]
         prologue, rows_arg, x_buffer = found
-        cargs = launches[jc][3]
+        base = variant_args.get(jc)  # the variants' own arguments, where they have them
+        cargs = base if base is not None else launches[jc][3]
         planned = list(variant_plans.get(jc, ()))
         width = (y.type.shape or (None,))[-1]
+        fused = [(mr, s) for mr, s in planned if mr <= MAX_ROWS[node.op.name]]
         if (not planned or rows_arg not in args or "dim" not in args[rows_arg] or "M" not in cargs
-                or args[rows_arg] != cargs["M"] or not all(gemv.is_plain(s) for _, s in planned)
+                or args[rows_arg] != cargs["M"] or not all(gemv.is_plain(s) for _, s in fused)
+                or (base is None and not all(gemv.is_plain(s) for _, s in planned))
                 or any(s.value("K") != width for _, s in planned)):
             continue
-        fused = [(mr, s) for mr, s in planned if mr <= MAX_ROWS[node.op.name]]
         rows = cargs["M"]["dim"]
         if not fused or (isinstance(rows, int) and rows > fused[-1][0]):  # graph mode: a static count too large
             continue
@@ -151,7 +162,7 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_plans: Mapping[int, S
         variants: list[tuple[int, KernelSpec, dict[str, Any] | None]] = []
         for mr, s in planned:
             if mr not in made:
-                variants.append((mr, s, None))
+                variants.append((mr, s, None if base is None else dict(base)))
                 continue
             f = made[mr]
             if {p.name for p in f.params} != set(own):  # the binding and the kernel must agree, as in plan_launches

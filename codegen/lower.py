@@ -426,14 +426,14 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
                          for j, found in variant_plans.items()}
     records = {r.chosen.key: r.record() for r in tuned.values()}
     # decode steps: rms_norm / swiglu computed in the next linear's GEMV variant, their launches skipped
-    fusion = (decode_fusion.plan(graph, launches, variant_plans, tgt) if decode_fusion.enabled()
-              else decode_fusion.DecodeFusion())
+    fusion = (decode_fusion.plan(graph, launches, variant_plans, tgt, prefill.variant_args)
+              if decode_fusion.enabled() else decode_fusion.DecodeFusion())
     for key, plain in fusion.made_from.items():  # a fused variant runs the configuration tuned for its plain one
         if plain.key in records:
             records[key] = {**records[plain.key], "tuned_as": plain.entry}
     variant_lists = {j: [(mr, v, None) for mr, v in found] for j, found in variant_plans.items()}
-    variant_lists.update(fusion.variants)
     variant_lists.update(prefill.variant_lists(variant_plans))
+    variant_lists.update(fusion.variants)  # a fused quantized linear's list holds its variants' own arguments
     skips, into = {**fusion.skips, **prefill.skips}, {**fusion.into, **prefill.into}
     # decode steps: the qkv GEMV rotates q / k and writes the KV cache, the rope launch skipped
     # (INGOT_QKV_ROPE_FUSION=0: off)

@@ -1,5 +1,6 @@
 #include "../common.cuh"
 #include "splitk.cuh"
+#include "e4m3.cuh"
 #include "../rope/rotate.cuh"
 
 // Skinny GEMM / GEMV for decode steps: out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) (+ residual[M, N]),
@@ -47,6 +48,15 @@
 //   reference.
 // - rope epilogue (${ROPE}; rope_epilogue.cuh): the qkv projection's GEMV rotates q and k and writes q and the KV
 //   cache as rope/qkv_cache.cu does, so that the rope launch is skipped in decode steps; out is not written.
+// - FP8 weights (WB = ${WB} bytes a weight; 1: ``quantized_linear`` with e4m3 weights and an f32 scale per output
+//   channel, w_scale[N], bf16 activations; quant_rule.py routes them here): a lane's 16-byte load of a row covers 16
+//   columns instead of 8, so a step is 64 columns, 64 bytes of a row as with bf16. Each load is turned into two bf16
+//   fragments in registers (e4m3.cuh: exact), those of two 32-column sub-steps: lane q's 16 codes are physical
+//   columns 16q..16q+15 of the step, sub-step a its columns 16q+8a..16q+8a+7, and x is read at the same columns. The
+//   scale multiplies the f32 sums in the epilogue (as quant.cu and the reference do: bf16 x times the exact e4m3
+//   values, summed in f32, times the scale). Everything else (prologues, row groups, split-K, the rope epilogue) is
+//   the bf16 variant's. x's rows are padded by 16 bytes instead of 64, so that the 32-byte lane stride of the
+//   fragment reads stays free of bank conflicts.
 struct u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ u32x4 gemv_ld_stream(const void* p) {
@@ -105,11 +115,16 @@ __device__ __forceinline__ unsigned gemv_pack(float lo, float hi) {
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, KW = ${KW};
 constexpr int BN = 16 * MT * (WARPS / KW);  // rows of a CTA: WARPS / KW row groups of 16 MT rows
-constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U}, STEPS = KS / 32 / KW, NS = STEPS / U;  // STEPS: a warp's
-constexpr int LDX = KS + 32;  // x row stride in shared memory (bf16): +64 B keeps the 16-B fragment loads conflict-free
+// WB: bytes a weight (2 bf16, 1 e4m3); a step is 16 bytes a lane of each row: CW columns, SUB bf16 fragments
+constexpr int WB = ${WB}, SUB = 2 / WB, CW = 32 * SUB;
+constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U}, STEPS = KS / CW / KW, NS = STEPS / U;  // STEPS: a warp's
+// x row stride in shared memory (bf16): the padding keeps the 16-B fragment loads conflict-free (lanes of a row 16 B
+// apart: +64 B; 32 B apart with FP8 weights: +16 B)
+constexpr int LDX = KS + (WB == 2 ? 32 : 8);
 constexpr int GX = (N + BN - 1) / BN;
 static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
-static_assert(KS % (32 * U * KW) == 0 && K % 32 == 0, "a warp's part of the K slice is whole stages of 32 columns");
+static_assert(WB == 1 || WB == 2, "WB: bf16 or e4m3 weights");
+static_assert(KS % (CW * U * KW) == 0 && K % CW == 0, "a warp's part of the K slice is whole stages of CW columns");
 static_assert(WARPS % KW == 0, "KW divides the warps");
 // the in-CTA reduction's partial tiles ([KW - 1][row group][mt][j][reg][lane] f32) fit x's region
 static_assert(KW == 1 || (KW - 1) * (WARPS / KW) * MT * NT * 4 * 32 * 4 <= MB * LDX * 2, "KW partials fit x's region");
@@ -135,7 +150,10 @@ __device__ unsigned ${KERNEL}_cnt[GX];
 __device__ float ${KERNEL}_ss[PROLOGUE == 1 && SPLITK > 1 ? SPLITK * GX * MB : 1];  // [split][row block][token]
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, const float* __restrict__ w_scale,
+    const bf16* __restrict__ x, const void* __restrict__ w, const float* __restrict__ w_scale,
+#if ${WB} == 1
+    const float* __restrict__ weight_scale_2, const float* __restrict__ input_scale,  // quantized_linear's, unused
+#endif
     const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, long long M
 #if ${PROLOGUE} == 1
     , const bf16* __restrict__ norm_weight
@@ -158,26 +176,26 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
   const int rg = warp / KW, kw = warp % KW;  // the warp's row group and its part of the K slice
   const int row0 = blockIdx.x * BN + rg * 16 * MT + g;  // tile mt: rows row0 + 16 mt (+ 8)
   const int kb = blockIdx.y * KS, kc = kw * STEPS * 32;  // the slice's first column; the warp's part's, in the slice
-  const unsigned short* wbits = reinterpret_cast<const unsigned short*>(w);
-  const unsigned short* p[MT][2];
+  const unsigned char* wbytes = static_cast<const unsigned char*>(w);
+  const unsigned char* p[MT][2];  // lane q's 16 bytes of each row's first step; a step is 64 bytes further
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = row0 + 16 * mt + 8 * h;
-      p[mt][h] = wbits + (i64)(r < N ? gemv_rope_row(r) : N - 1) * K + kb + kc + 8 * q;
+      p[mt][h] = wbytes + ((i64)(r < N ? gemv_rope_row(r) : N - 1) * K + kb + kc) * WB + 16 * q;
     }
 
   u32x4 buf[2][U][MT][2];
   // stage 0 of w first, so the weight stream starts before x is staged
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const bool ok = (K % KS == 0) || kb + kc + 32 * u < K;
+    const bool ok = (K % KS == 0) || kb + kc + CW * u < K;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const unsigned short* a = p[mt][h] + 32 * u;
+        const unsigned char* a = p[mt][h] + 64 * u;
         buf[0][u][mt][h] = ok ? (WEIGHTS_FIRST ? gemv_ld_before_wait(a) : gemv_ld_stream(a)) : u32x4{0, 0, 0, 0};
       }
   }
@@ -273,25 +291,45 @@ ${PDL_WAIT}
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int step = (s + 1) * U + u;
-        const bool ok = (K % KS == 0) || kb + kc + 32 * step < K;
+        const bool ok = (K % KS == 0) || kb + kc + CW * step < K;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            buf[(s + 1) & 1][u][mt][h] = ok ? gemv_ld_stream(p[mt][h] + 32 * step) : u32x4{0, 0, 0, 0};
+            buf[(s + 1) & 1][u][mt][h] = ok ? gemv_ld_stream(p[mt][h] + 64 * step) : u32x4{0, 0, 0, 0};
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int col = kc + 32 * (s * U + u) + 8 * q;
+      u32x4 wf[MT][2][SUB];  // the step's bf16 fragments: the loads themselves, or their e4m3 codes dequantized
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const u32x4 xv = *reinterpret_cast<const u32x4*>(&xs[(8 * j + g) * LDX + col]);
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const u32x4 a = buf[s & 1][u][mt][0], b = buf[s & 1][u][mt][1];
-          gemv_mma(acc[mt][j], a.x, b.x, a.y, b.y, xv.x, xv.y);
-          gemv_mma(acc[mt][j], a.z, b.z, a.w, b.w, xv.z, xv.w);
+        for (int h = 0; h < 2; ++h) {
+          const u32x4 v = buf[s & 1][u][mt][h];
+          if (WB == 2) {
+            wf[mt][h][0] = v;
+          } else {
+            u32x4& lo = wf[mt][h][0];
+            u32x4& hi = wf[mt][h][SUB - 1];
+            qg_e4m3x4_bf16(v.x, lo.x, lo.y);
+            qg_e4m3x4_bf16(v.y, lo.z, lo.w);
+            qg_e4m3x4_bf16(v.z, hi.x, hi.y);
+            qg_e4m3x4_bf16(v.w, hi.z, hi.w);
+          }
+        }
+#pragma unroll
+      for (int sub = 0; sub < SUB; ++sub) {
+        const int col = kc + CW * (s * U + u) + 8 * SUB * q + 8 * sub;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const u32x4 xv = *reinterpret_cast<const u32x4*>(&xs[(8 * j + g) * LDX + col]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const u32x4 a = wf[mt][0][sub], b = wf[mt][1][sub];
+            gemv_mma(acc[mt][j], a.x, b.x, a.y, b.y, xv.x, xv.y);
+            gemv_mma(acc[mt][j], a.z, b.z, a.w, b.w, xv.z, xv.w);
+          }
         }
       }
     }
@@ -327,6 +365,7 @@ ${PDL_WAIT}
         const int t = 8 * j + 2 * q + e;
         if (t >= rows) continue;
         float a = acc[mt][j][e], b = acc[mt][j][2 + e];
+        if (WB == 1) a *= w_scale[lo], b *= w_scale[hi];
         if (PROLOGUE == 1) a *= inv[j][e], b *= inv[j][e];
         if (${HAS_BIAS}) a += to_f32(bias[lo]), b += to_f32(bias[hi]);
         gemv_rope_store(t, lo, hi, gemv_round(a), gemv_round(b), positions, cos_table, sin_table, q_out, kv_cache,
@@ -345,6 +384,7 @@ ${PDL_WAIT}
         const int t = 8 * j + 2 * q + (r & 1), n = row0 + 16 * mt + (r < 2 ? 0 : 8);
         if (t < rows && n < N) {
           float y = acc[mt][j][r];
+          if (WB == 1) y *= w_scale[n];
           if (PROLOGUE == 1) y *= inv[j][r & 1];
           if (${HAS_BIAS}) y += to_f32(bias[n]);
           if (${HAS_RESIDUAL})

@@ -14,6 +14,13 @@ What the template computes, exactly as ``ir/ops/quantized.py``'s reference (up t
 Other combinations (per-tensor/block FP8 scales, MXFP4, NVFP4 activations, the sm100 scale swizzle) are
 not taken (``quant_applies`` returns None).
 
+**FP8 weight-only decode buckets on ``kernel.cu``** (``INGOT_GEMV_FP8``, ``fp8_template``): the bf16 GEMV's template
+with e4m3 weights (``rule.gemv_spec(..., wb=1)``: the same dequantization in registers, the scale in the epilogue),
+so those buckets get what the bf16 path has and ``quant.cu`` lacks: the rms_norm / swiglu prologues
+(``codegen/decode_fusion.py``), the rope epilogue (``codegen/qkv_rope_fusion.py``) and the row groups, with the bf16
+rule's configurations for the same bytes a row. ``INGOT_GEMV_FP8=quant`` keeps ``quant.cu`` for them; the any-M
+launch, FP8 activations and NVFP4 stay on ``quant.cu`` either way.
+
 **Selection**, as for the bf16 GEMV (``rule.py``): ``quant_variants`` gives one variant per token bucket
 (``BUCKETS``, each correct for ``M <= MB``, split-K sized for that bucket); ``quant_plan`` gives the launch for
 any M (``ANY_M``: MB = 64 token chunks on grid.z, no split-K, the weights re-read per chunk), which is the node's
@@ -47,6 +54,7 @@ from ....ir.op import Op
 from ....ir.types import DType, TensorType
 from ...family import static_dim
 from ...kernel import GridDim, KernelSpec
+from ...switches import env_choice
 from ...target import Target
 from .rule import (
     BUCKETS,
@@ -59,6 +67,7 @@ from .rule import (
     SHAPE_BY_BUCKET,
     SMEM_BUDGET,
     RopeEpilogue,
+    gemv_spec,
     kw_quant_enabled,
     row_group_bytes,
     row_groups_apply,
@@ -74,6 +83,17 @@ STEP_COLS = {"fp8": 64, "nvfp4": 128}
 MIN_SLICE_BYTES = 256
 #: the any-M launch's token chunk
 ANY_M_CHUNK = 64
+#: compile-time switch: which template runs the FP8 weight-only decode buckets (``fp8_template``)
+FP8_ENV = "INGOT_GEMV_FP8"
+#: its default
+FP8_DEFAULT = "quant"
+
+
+def fp8_template() -> str:
+    """``INGOT_GEMV_FP8``: ``"kernel.cu"`` (``kernel``) or ``"quant.cu"`` (``quant``) for the FP8 weight-only decode
+    buckets; unset or empty: ``FP8_DEFAULT``; another value is an error naming the variable."""
+    choice = env_choice(FP8_ENV, {"": FP8_DEFAULT, "kernel": "kernel", "quant": "quant"}, "kernel or quant")
+    return f"{choice}.cu"
 
 
 @dataclass(frozen=True)
@@ -283,13 +303,17 @@ def quant_applies(op: Op, inputs: Sequence[TensorType | None], target: Target) -
 
 
 def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[tuple[int, KernelSpec]]:
-    """(max rows, spec) per token bucket, smallest first; empty when ``quant.cu`` does not apply. With
-    ``INGOT_GEMV_BULK=all`` FP8 weight-only buckets are ``bulk.cu``'s where a configuration fits
-    (``bulk_rule.bulk_quant_spec``; slower than ``quant.cu`` on the H200, so only on that request)."""
+    """(max rows, spec) per token bucket, smallest first; empty when ``quant.cu`` does not apply. FP8 weight-only
+    buckets are ``kernel.cu``'s with ``INGOT_GEMV_FP8=kernel`` (``fp8_template``); with ``INGOT_GEMV_BULK=all``
+    ``bulk.cu``'s where a configuration fits (``bulk_rule.bulk_quant_spec``; slower than ``quant.cu`` on the H200,
+    so only on that request)."""
     a = quant_applies(op, inputs, target)
     if a is None:
         return []
     from . import bulk_rule
+
+    if a.weight_format == "fp8" and a.act == "none" and fp8_template() == "kernel.cu" and not bulk_rule.fp8_enabled():
+        return [(mb, gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)) for mb in BUCKETS]
 
     if bulk_rule.fp8_enabled() and a.weight_format == "fp8" and a.act == "none":
         return [(mb, bulk_rule.bulk_quant_spec(a.n, a.k, mb, target, a.bias, a.residual)

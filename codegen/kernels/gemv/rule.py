@@ -68,6 +68,11 @@ from ...target import Target
 
 PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"),
           ("out", "ptr"), ("M", "i64")]
+#: a ``quantized_linear``'s (its inputs by name, as ``quant.cu`` takes them): the FP8-weight variants (``WB`` 1)
+FP8_PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("weight_scale_2", "ptr"),
+              ("input_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"), ("out", "ptr"), ("M", "i64")]
+#: bytes a weight -> columns a load step covers (16 bytes a lane, 4 lanes a row: 64 bytes of each row)
+STEP_COLS = {2: 32, 1: 64}
 #: token buckets: one variant per bucket, each correct for M <= bucket
 BUCKETS = (8, 16, 32, 64)
 #: shared memory a CTA's x slice may take (bytes); above 48 KB the launcher raises the function's limit
@@ -198,9 +203,15 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def smem_bytes(mb: int, slice_k: int, prologue: str = "none") -> int:
+def x_pad(wb: int = 2) -> int:
+    """Columns padding each token's row of x in shared memory (the template's ``LDX``): 64 bytes with bf16 weights,
+    16 with FP8 ones (the fragment reads' lane stride differs)."""
+    return 32 if wb == 2 else 8
+
+
+def smem_bytes(mb: int, slice_k: int, prologue: str = "none", wb: int = 2) -> int:
     """Dynamic shared memory of a variant: x's slice (and up's beside it for the swiglu prologue)."""
-    return mb * (slice_k + 32) * 2 * (2 if prologue == "swiglu" else 1)
+    return mb * (slice_k + x_pad(wb)) * 2 * (2 if prologue == "swiglu" else 1)
 
 
 def row_group_bytes(mb: int, warps: int, tiles: int, kwarps: int) -> int:
@@ -210,9 +221,9 @@ def row_group_bytes(mb: int, warps: int, tiles: int, kwarps: int) -> int:
     return (kwarps - 1) * (warps // kwarps) * tiles * (mb // 8) * 512
 
 
-def kw_fits(mb: int, cfg: GemvConfig) -> bool:
+def kw_fits(mb: int, cfg: GemvConfig, wb: int = 2) -> bool:
     """The row groups' partial tiles fit x's shared-memory region (``row_group_bytes``)."""
-    return row_group_bytes(mb, cfg.warps, cfg.tiles, cfg.kwarps) <= mb * (cfg.slice_k + 32) * 2
+    return row_group_bytes(mb, cfg.warps, cfg.tiles, cfg.kwarps) <= smem_bytes(mb, cfg.slice_k, wb=wb)
 
 
 def row_groups_apply(n: int, mb: int, num_sms: int, x_bytes: int, enabled: bool) -> bool:
@@ -225,11 +236,11 @@ def row_groups_apply(n: int, mb: int, num_sms: int, x_bytes: int, enabled: bool)
     return -(-n // (16 * dw * dt)) < CTAS_PER_SM.get(mb, 1.0) * num_sms
 
 
-def _kwarps(n: int, k: int, num_sms: int, warps: int, tiles: int, stage_steps: int) -> int:
+def _kwarps(n: int, k: int, num_sms: int, warps: int, tiles: int, stage_steps: int, cw: int = 32) -> int:
     """The fewest warps a row group that give ``KW_CTAS_PER_SM`` CTAs per SM (at most all the CTA's warps), each
-    warp's part of K whole load stages."""
+    warp's part of K whole load stages (of ``cw``-column steps)."""
     kw = 1
-    while kw < warps and warps % (2 * kw) == 0 and k % (32 * stage_steps * 2 * kw) == 0:
+    while kw < warps and warps % (2 * kw) == 0 and k % (cw * stage_steps * 2 * kw) == 0:
         kw *= 2
         if -(-n // (16 * tiles * (warps // kw))) >= KW_CTAS_PER_SM * num_sms:
             break
@@ -237,9 +248,12 @@ def _kwarps(n: int, k: int, num_sms: int, warps: int, tiles: int, stage_steps: i
 
 
 def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None, stage_steps: int | None = None,
-                splitk: int | None = None, tiles: int | None = None, kwarps: int | None = None) -> GemvConfig:
+                splitk: int | None = None, tiles: int | None = None, kwarps: int | None = None,
+                wb: int = 2) -> GemvConfig:
     """The launch configuration for ``w[n, k]`` and ``M <= mb`` (see the module docstring). ``kwarps``: warps
-    sharing a row group (None: ``KW_BUCKETS``' rule; 1: none)."""
+    sharing a row group (None: ``KW_BUCKETS``' rule; 1: none). ``wb``: bytes a weight (1: FP8); a step and the
+    smallest slice cover the same bytes of a row in both (so twice the columns with FP8 weights)."""
+    cw = STEP_COLS[wb]
     dw, dt, du = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
     per_sm = CTAS_PER_SM.get(mb, 1.0)
     if mb in LARGE_N_SHAPE:
@@ -250,15 +264,16 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         lw, lt, lu = WIDE_N_SHAPE[mb]
         if -(-n // (16 * lw * lt)) >= WIDE_N_CTAS_PER_SM * num_sms:
             (dw, dt, du), per_sm = (lw, lt, lu), WIDE_N_CTAS_PER_SM
-    if kwarps is None and row_groups_apply(n, mb, num_sms, smem_bytes(mb, k), kw_enabled()):
+    if kwarps is None and row_groups_apply(n, mb, num_sms, smem_bytes(mb, k, wb=wb), kw_enabled()):
         gw, gt, gu = KW_SHAPE
-        kwarps = _kwarps(n, k, num_sms, warps or gw, tiles or gt, stage_steps or gu)
+        kwarps = _kwarps(n, k, num_sms, warps or gw, tiles or gt, stage_steps or gu, cw)
         if kwarps > 1:  # else (K not whole stages for 2 warps) the bucket's own shape, no row groups
             dw, dt, du = gw, gt, gu
     warps, tiles, stage_steps, kwarps = warps or dw, tiles or dt, stage_steps or du, kwarps or 1
     if warps % kwarps:
         raise ValueError(f"gemv: {kwarps} warps a row group do not divide {warps} warps")
-    stage = 32 * stage_steps * kwarps  # a slice is whole stages for each warp of a row group
+    stage = cw * stage_steps * kwarps  # a slice is whole stages for each warp of a row group
+    min_slice = MIN_SLICE * cw // 32
     blocks = -(-n // (16 * tiles * (warps // kwarps)))
     target = (KW_CTAS_PER_SM if kwarps > 1 else per_sm) * num_sms
     if splitk is None:
@@ -266,52 +281,59 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         while True:
             nxt = splitk * 2
             ks = _round_up(-(-k // nxt), stage)
-            if blocks * splitk >= target or ks < MIN_SLICE or (nxt - 1) * ks >= k:
+            if blocks * splitk >= target or ks < min_slice or (nxt - 1) * ks >= k:
                 break
             splitk = nxt
     ks = _round_up(-(-k // splitk), stage)
-    while smem_bytes(mb, ks) > SMEM_BUDGET and ks > stage:  # more slices until x fits
+    while smem_bytes(mb, ks, wb=wb) > SMEM_BUDGET and ks > stage:  # more slices until x fits
         splitk *= 2
         ks = _round_up(-(-k // splitk), stage)
     splitk = -(-k // ks)
     cfg = GemvConfig(warps=warps, tiles=tiles, splitk=splitk, stage_steps=stage_steps, slice_k=ks, kwarps=kwarps)
-    if not kw_fits(mb, cfg):
+    if not kw_fits(mb, cfg, wb):
         raise ValueError(f"gemv: {kwarps} warps a row group need more shared memory than x's slice for M <= {mb}")
     return cfg
 
 
 def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
               config: GemvConfig | None = None, prologue: Prologue | None = None,
-              weights_first: bool | None = None, rope: RopeEpilogue | None = None) -> KernelSpec:
+              weights_first: bool | None = None, rope: RopeEpilogue | None = None, wb: int = 2) -> KernelSpec:
     """The variant for ``M <= mb`` of ``linear`` with bf16 ``x[M, k]``, ``w[n, k]``; params as the GEMM's (and
     ``norm_weight`` after them with an ``rms_norm`` prologue, then ``ROPE_PARAMS`` with ``rope``). ``weights_first``:
-    load the first weight stage before the PDL wait (default: with a prologue only, see the module docstring)."""
-    if k % 32 or mb not in BUCKETS:
-        raise ValueError(f"gemv: K must be a multiple of 32 (got {k}) and mb one of {BUCKETS} (got {mb})")
+    load the first weight stage before the PDL wait (default: with a prologue only, see the module docstring).
+    ``wb=1``: a weight-only ``quantized_linear`` with e4m3 ``w[n, k]`` and f32 ``weight_scale[n]`` instead
+    (``FP8_PARAMS``, the op's inputs by name; **FP8 weights** in the module docstring)."""
+    if wb not in STEP_COLS:
+        raise ValueError(f"gemv: wb must be 2 (bf16 weights) or 1 (e4m3), got {wb}")
+    if k % STEP_COLS[wb] or mb not in BUCKETS:
+        raise ValueError(f"gemv: K must be a multiple of {STEP_COLS[wb]} (got {k}) and mb one of {BUCKETS} "
+                         f"(got {mb})")
     if rope is not None and (rope.rows != n or residual):
         raise ValueError(f"gemv rope epilogue: N {n} must be the qkv row's {rope.rows} features, without residual")
     pro = prologue or Prologue()
     first = pro.kind != "none" if weights_first is None else weights_first
-    cfg = config or gemv_config(n, k, mb, target.num_sms or 132)
-    smem, limit = smem_bytes(mb, cfg.slice_k, pro.kind), target.smem_per_block or 227 * 1024
+    cfg = config or gemv_config(n, k, mb, target.num_sms or 132, wb=wb)
+    smem, limit = smem_bytes(mb, cfg.slice_k, pro.kind, wb), target.smem_per_block or 227 * 1024
     if smem + STATIC_SMEM > limit:
         raise ValueError(f"gemv: {smem} bytes of shared memory for M <= {mb}, a slice of {cfg.slice_k}, {pro.kind} "
                          f"prologue: more than the target's {limit}")
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
               "U": cfg.stage_steps, "KW": cfg.kwarps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual,
               "PROLOGUE": PROLOGUES[pro.kind],
-              "EPS": float(pro.eps), "ALPHA": float(pro.alpha), "WEIGHTS_FIRST": first,
+              "EPS": float(pro.eps), "ALPHA": float(pro.alpha), "WEIGHTS_FIRST": first, "WB": wb,
               **(rope.values() if rope is not None else NO_ROPE)}
-    tag = (f"gemv_bf16_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
+    tag = (f"gemv_{'bf16' if wb == 2 else 'fp8w'}_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
            + ("" if rope is None else "_rope"))
-    params = PARAMS + [("norm_weight", "ptr")] if pro.kind == "rms_norm" else PARAMS
+    base = PARAMS if wb == 2 else FP8_PARAMS
+    params = base + [("norm_weight", "ptr")] if pro.kind == "rms_norm" else base
     if rope is not None:
         params = params + ROPE_PARAMS
     what = ("" if pro.kind == "none" else f", {pro.kind} prologue") + ("" if rope is None else ", rope epilogue")
     return KernelSpec.make("gemv", "kernel.cu", tag, target.arch or "", values, params, 32 * cfg.warps,
                            [GridDim(const=-(-n // cfg.rows)), GridDim(const=cfg.splitk)],
                            smem=smem,
-                           doc=f"decode GEMV, M <= {mb}, split-K {cfg.splitk} x {cfg.slice_k}"
+                           doc=f"decode GEMV{'' if wb == 2 else ', fp8 weights'}, M <= {mb}, "
+                               f"split-K {cfg.splitk} x {cfg.slice_k}"
                                + (f", {cfg.kwarps} warps a row group" if cfg.kwarps > 1 else "") + what)
 
 
@@ -322,10 +344,12 @@ def spec_config(spec: KernelSpec) -> GemvConfig:
 
 
 def is_plain(spec: KernelSpec) -> bool:
-    """A bf16 GEMV variant without a prologue (what ``variants`` makes and autotuning tunes; with
-    ``INGOT_GEMV_BULK=1`` also ``bulk.cu``'s bf16 ones, not its FP8-weight ones: ``WB`` 1)."""
-    return (spec.family == "gemv" and spec.template in ("kernel.cu", "bulk.cu")
-            and not dict(spec.values).get("PROLOGUE", 0) and dict(spec.values).get("WB", 2) == 2)
+    """A ``kernel.cu`` GEMV variant without a prologue, bf16 or FP8 weights (what ``variants`` and
+    ``quant_rule.quant_variants`` make and autotuning tunes); with ``INGOT_GEMV_BULK=1`` also ``bulk.cu``'s bf16
+    ones, not its FP8-weight ones (``WB`` 1)."""
+    v = dict(spec.values)
+    return (spec.family == "gemv" and not v.get("PROLOGUE", 0) and not v.get("ROPE")
+            and (spec.template == "kernel.cu" or (spec.template == "bulk.cu" and v.get("WB", 2) == 2)))
 
 
 def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target, weights_first: bool | None = None) -> KernelSpec:
@@ -343,14 +367,14 @@ def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target, weights_fi
         if made is not None:
             return made
     config = spec_config(plain) if plain.template == "kernel.cu" else None
-    n, k, mb = int(v["N"]), int(v["K"]), int(v["MB"])
+    n, k, mb, wb = int(v["N"]), int(v["K"]), int(v["MB"]), int(v.get("WB", 2))
     if config is not None and config.kwarps > 1 and \
-            smem_bytes(mb, config.slice_k, prologue.kind) + STATIC_SMEM > (target.smem_per_block or 227 * 1024):
+            smem_bytes(mb, config.slice_k, prologue.kind, wb) + STATIC_SMEM > (target.smem_per_block or 227 * 1024):
         # the prologue's x region (swiglu: gate's and up's slices) does not fit beside a row-group configuration's
         # long slice: the rule's configuration without row groups, as before they existed
-        config = gemv_config(n, k, mb, target.num_sms or 132, kwarps=1)
+        config = gemv_config(n, k, mb, target.num_sms or 132, kwarps=1, wb=wb)
     return gemv_spec(n, k, mb, target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]),
-                     config=config, prologue=prologue, weights_first=weights_first)
+                     config=config, prologue=prologue, weights_first=weights_first, wb=wb)
 
 
 def with_rope(spec: KernelSpec, rope: RopeEpilogue, target: Target) -> KernelSpec:
@@ -362,7 +386,7 @@ def with_rope(spec: KernelSpec, rope: RopeEpilogue, target: Target) -> KernelSpe
     kind = {code: name for name, code in PROLOGUES.items()}[int(v["PROLOGUE"])]
     return gemv_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]),
                      config=spec_config(spec), prologue=Prologue(kind, float(v["EPS"]), float(v["ALPHA"])),
-                     weights_first=bool(v["WEIGHTS_FIRST"]), rope=rope)
+                     weights_first=bool(v["WEIGHTS_FIRST"]), rope=rope, wb=int(v.get("WB", 2)))
 
 
 def applies(inputs: Sequence[TensorType | None], target: Target) -> tuple[int, int, bool, bool] | None:

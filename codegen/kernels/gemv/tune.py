@@ -45,15 +45,16 @@ def _tries(v: Mapping) -> list[dict[str, int | None]]:
 
 
 def bf16_candidates(spec: KernelSpec, target: Target) -> list[KernelSpec]:
+    """``kernel.cu``'s candidates (bf16 weights, or FP8 ones: ``WB`` 1)."""
     v = dict(spec.values)
-    n, k, mb = int(v["N"]), int(v["K"]), int(v["MB"])
+    n, k, mb, wb = int(v["N"]), int(v["K"]), int(v["MB"]), int(v.get("WB", 2))
     out = [spec]
     for kw in _tries(v):
         try:
-            cfg = gemv_config(n, k, mb, target.num_sms or 132, **kw)  # type: ignore[arg-type]
+            cfg = gemv_config(n, k, mb, target.num_sms or 132, wb=wb, **kw)  # type: ignore[arg-type]
         except ValueError:  # a row group's partials would not fit x's region
             continue
-        out.append(gemv_spec(n, k, mb, target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]), config=cfg))
+        out.append(gemv_spec(n, k, mb, target, bool(v["HAS_BIAS"]), bool(v["HAS_RESIDUAL"]), config=cfg, wb=wb))
     return out
 
 
@@ -82,7 +83,8 @@ def workloads(spec: KernelSpec, bounds: Mapping[str, int]) -> list[Workload]:
     v = dict(spec.values)
     n, k, mb = int(v["N"]), int(v["K"]), int(v["MB"])
     quant = spec.template == "quant.cu"
-    wfmt, afmt = (int(v["WFMT"]), int(v["AFMT"])) if quant else (-1, 0)
+    # kernel.cu with e4m3 weights (WB 1) takes a weight-only FP8 quantized_linear's buffers
+    wfmt, afmt = (int(v["WFMT"]), int(v["AFMT"])) if quant else (0 if int(v.get("WB", 2)) == 1 else -1, 0)
     out = []
     for m in _edges(mb):
         bufs: dict[str, tuple[str, tuple[int, ...]]] = {"x": ("bfloat16", (m, k)), "out": ("bfloat16", (m, n))}
