@@ -3,6 +3,8 @@
     python bench/bench_gemv_quant.py                       # Llama-3.2-1B layer shapes, M = 1, 8, 32
     python bench/bench_gemv_quant.py --json out.json       # also one JSON object per line on stdout
     python bench/bench_gemv_quant.py --bulk                # also the bulk-copy FP8 variants (bulk.cu, INGOT_GEMV_BULK)
+    python bench/bench_gemv_quant.py --kernel --formats fp8-w8a16
+                                                           # also kernel.cu's FP8 variants (INGOT_GEMV_FP8=kernel)
     INGOT_GEMV_KW=all python bench/bench_gemv_quant.py --shapes "3072,2048;2048,2048;2048,8192" --m 1 8
                                                            # quant.cu's row groups (opt-in) beside kw1 rows
     python bench/bench_gemv_quant.py --sweep-kw --shapes "3072,2048;2048,2048" --m 1 8
@@ -18,9 +20,10 @@ per-row activation x per-column weight scales, bf16 out; M padded to 16, cuBLASL
 ``torch.matmul`` in bf16 on the same [N, K]. Each configuration is checked first against a float32 product of the
 dequantized operands (outputs poisoned, launched twice). ``--bulk`` adds a ``fp8-w8a16-bulk`` row per shape and M
 beside ``fp8-w8a16``: the bulk-copy variant (``codegen/kernels/gemv/bulk_rule.py``'s ``bulk_quant_spec``) on the
-same weights, timed the same way. Where the rule's configuration has row groups (warps sharing a CTA's rows, each a
-part of its K slice: ``quant_rule.QuantGemvConfig.kwarps``; quant.cu's are opt-in, ``INGOT_GEMV_KW=all``, until they
-have run on a GPU), a ``<format>-kw1`` row times the configuration the rule
+same weights, timed the same way; ``--kernel`` a ``fp8-w8a16-kernel`` row: ``kernel.cu`` with e4m3 weights
+(``rule.gemv_spec(..., wb=1)``, what ``INGOT_GEMV_FP8=kernel`` compiles). Where the rule's configuration has row
+groups (warps sharing a CTA's rows, each a part of its K slice: ``quant_rule.QuantGemvConfig.kwarps``; quant.cu's are
+opt-in, ``INGOT_GEMV_KW=all``, until they have run on a GPU), a ``<format>-kw1`` row times the configuration the rule
 gives without them (``INGOT_GEMV_KW=0``) in the same run; ``--sweep-kw`` adds other row-group shapes
 (``<format>-w<warps> t<tiles> u<stage> sk<split> kw<kw>``). Every row records its ``config`` and ``kw``.
 """
@@ -138,19 +141,22 @@ def configs(n: int, k: int, mb: int, wfmt: str, act: str, sweep_kw: bool = False
     return out
 
 
-def dry_run(shapes, ms: list[int], fmts: list[str], tgt, sweep_kw: bool) -> None:
+def dry_run(shapes, ms: list[int], fmts: list[str], tgt, sweep_kw: bool, kernel: bool = False) -> None:
     """CPU: each configuration the bench would time, its spec built and compiled (no GPU, no torch)."""
     from ingot.codegen.compile import compile_spec
     from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec
-    from ingot.codegen.kernels.gemv.rule import BUCKETS
+    from ingot.codegen.kernels.gemv.rule import BUCKETS, gemv_spec
 
     for n, k, name in shapes:
         for m in ms:
             mb = next(b for b in BUCKETS if b >= m)
             for label in fmts:
                 wfmt, act = FORMATS[label]
-                for cname, cfg in configs(n, k, mb, wfmt, act, sweep_kw):
-                    spec = quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token", config=cfg)
+                todo = [(cname, quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token", config=cfg))
+                        for cname, cfg in configs(n, k, mb, wfmt, act, sweep_kw)]
+                if kernel and label == "fp8-w8a16":
+                    todo.append(("kernel", gemv_spec(n, k, mb, tgt, wb=1)))
+                for cname, spec in todo:
                     compile_spec(spec)
                     print(f"{name:>8} {n:>6}x{k:<5} M={m:<3} {label:<12} {cname:<22} {spec.doc} "
                           f"grid {spec.grid_dims({'M': m})}", flush=True)
@@ -167,7 +173,8 @@ def quantize_x(x):
 
 
 def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launches: int, reps: int, gen, tgt,
-                emit, pdl: bool = True, bulk: bool = False, sweep_kw: bool = False) -> list[dict]:
+                emit, pdl: bool = True, bulk: bool = False, sweep_kw: bool = False,
+                kernel: bool = False) -> list[dict]:
     import torch
 
     from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec, weight_bytes_per_row
@@ -208,6 +215,11 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
                 bspec = bulk_quant_spec(n, k, mb, tgt)
                 if bspec is not None:
                     todo.append((label + "-bulk", "bulk", 1, bspec))
+            if kernel and label == "fp8-w8a16":
+                from ingot.codegen.kernels.gemv.rule import gemv_spec
+
+                kspec = gemv_spec(n, k, mb, tgt, wb=1)
+                todo.append((label + "-kernel", "kernel", kspec.value("KW"), kspec))
             for variant, cname, kw, spec in todo:
                 kern = SpecKernel(spec)
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -262,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--bulk", action="store_true",
                     help="also the bulk-copy FP8 weight-only variants (bulk.cu), a fp8-w8a16-bulk row each")
+    ap.add_argument("--kernel", action="store_true",
+                    help="also kernel.cu's FP8 weight-only variants (INGOT_GEMV_FP8=kernel): fp8-w8a16-kernel rows")
     ap.add_argument("--no-pdl", dest="pdl", action="store_false",
                     help="plain launches only (default: programmatic dependent launch as the runtime, plain beside)")
     ap.add_argument("--sweep-kw", action="store_true",
@@ -274,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     tgt = get_target("h200")
     shapes = ([(*(int(v) for v in s.split(",")), s) for s in a.shapes.split(";")] if a.shapes else SHAPES)
     if a.dry_run:
-        dry_run(shapes, a.m, a.formats, tgt, a.sweep_kw)
+        dry_run(shapes, a.m, a.formats, tgt, a.sweep_kw, a.kernel)
         return 0
     import torch
 
@@ -287,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for n, k, name in shapes:
         rows += bench_shape(n, k, name, a.m, a.formats, a.launches, a.reps, gen, tgt, emit, a.pdl, a.bulk,
-                            a.sweep_kw)
+                            a.sweep_kw, a.kernel)
         torch.cuda.empty_cache()
     print("\nsummary: ingot TB/s of weight bytes (fraction of 4.19) | _scaled_mm fp8 TB/s | bf16 matmul TB/s")
     for r in rows:

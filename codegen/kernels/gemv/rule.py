@@ -47,6 +47,14 @@ weights go to shared memory by ``cp.async.bulk``, the CTA's whole ring issued be
 variant's fused variants are bulk ones too (``fused_spec``), with the same prologues. Measured: docs/PERF.md,
 "Bulk-copy GEMV".
 
+**FP8 weights** (``wb=1``, the template's ``WB``): a weight-only FP8 ``quantized_linear`` (e4m3 ``w[n, k]``, f32
+``weight_scale[n]``, bf16 x) on this template, its params the op's inputs by name (``FP8_PARAMS``, as ``quant.cu``'s).
+A lane's 16-byte load covers 16 columns, so a step is 64 columns (``STEP_COLS``), the same 64 bytes of a row as a
+bf16 step; the codes become bf16 fragments in registers (exact), the scale multiplies the f32 sums in the epilogue.
+The configuration is the bf16 rule's with steps and the smallest slice in bytes (``gemv_config(..., wb=1)``), and the
+prologues, the rope epilogue and the row groups are the bf16 variant's. ``quant_rule.quant_variants`` gives these
+for the decode buckets with ``INGOT_GEMV_FP8=kernel`` (``quant_rule.fp8_template``).
+
 **Quantized weights** (``quant.cu``, ``quant_rule.py``): ``quantized_linear`` with FP8 (per-channel) or NVFP4
 weights, bf16 or per-token FP8 activations, through the same two entry points (``variants`` per bucket, ``plan``
 for any M). ``codegen/registry.py`` lists this family in ``FAMILY_NAMES`` after ``gemm`` (so ``plan`` gives a
