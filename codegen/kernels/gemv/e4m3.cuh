@@ -1,6 +1,6 @@
 #include "../common.cuh"
 
-// e4m3 -> bf16 in registers, exactly: shared by the FP8-weight GEMVs (quant.cu, bulk.cu)
+// e4m3 -> bf16 in registers, exactly: shared by the FP8-weight GEMVs (quant.cu, bulk.cu, kernel.cu)
 
 // d = a * b + (-0) per bf16 half (subnormal inputs are kept: fma.bf16x2 does not flush)
 __device__ __forceinline__ unsigned qg_bmul(unsigned a, unsigned b) {

@@ -8,8 +8,8 @@
 // the variant by the step's M, see codegen/kernels/gemv/rule.py). Memory-bound design:
 //
 // - the weight matrix streams through registers once: a warp owns 16 x ${MT} rows of w and one K slice of
-//   ${KS}; each lane loads 16 B (8 bf16) of rows g and g+8 of each 16-row tile per 32-column step
-//   (ld.global.nc, no L1 allocation), ${U} steps per stage, two stages in flight (register double buffering);
+//   ${KS}; each lane loads 16 B (8 bf16) of rows g and g+8 of each 16-row tile per 32-column step (16 e4m3 of a
+//   64-column step with FP8 weights, below) (ld.global.nc, no L1 allocation), ${U} steps per stage, two stages in flight (register double buffering);
 // - the CTA's K slice of x (M x ${KS}, zero-padded to ${MB} tokens) sits in shared memory, shared by
 //   the CTA's ${WARPS} warps (16 x ${MT} rows each; each x fragment read from shared memory serves ${MT} MMAs);
 // - K split inside the CTA (${KW} warps a row group): the warps of a row group own 16 x ${MT} rows together, each
@@ -175,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   const int rg = warp / KW, kw = warp % KW;  // the warp's row group and its part of the K slice
   const int row0 = blockIdx.x * BN + rg * 16 * MT + g;  // tile mt: rows row0 + 16 mt (+ 8)
-  const int kb = blockIdx.y * KS, kc = kw * STEPS * 32;  // the slice's first column; the warp's part's, in the slice
+  const int kb = blockIdx.y * KS, kc = kw * STEPS * CW;  // the slice's first column; the warp's part's, in the slice
   const unsigned char* wbytes = static_cast<const unsigned char*>(w);
   const unsigned char* p[MT][2];  // lane q's 16 bytes of each row's first step; a step is 64 bytes further
 #pragma unroll

@@ -88,7 +88,7 @@ SMEM_BUDGET = 140 * 1024
 #: the template's static shared memory, at most (the rms_norm prologue's sums of squares, the split-K flag)
 STATIC_SMEM = 1024 + 16
 MIN_SLICE = 256
-#: token bucket -> (warps per CTA, 16-row tiles per warp, 32-column steps per load stage)
+#: token bucket -> (warps per CTA, 16-row tiles per warp, steps per load stage: 32 columns, 64 with FP8 weights)
 SHAPE_BY_BUCKET = {8: (4, 1, 8), 16: (4, 1, 8), 32: (8, 1, 4), 64: (8, 1, 4)}
 #: the shape when N alone gives at least 2 CTAs per SM with it (no split-K): the lm_head at 32 tokens
 LARGE_N_SHAPE = {32: (8, 2, 2)}
@@ -138,7 +138,7 @@ class GemvConfig:
     warps: int = 4
     tiles: int = 1  # MT: 16-row tiles per warp
     splitk: int = 1
-    stage_steps: int = 4  # U: 32-column steps per load stage
+    stage_steps: int = 4  # U: steps per load stage (32 columns, 64 with FP8 weights)
     slice_k: int = 0  # KS (0: derived from splitk)
     kwarps: int = 1  # KW: warps of a row group, splitting the CTA's K slice among them (1: a warp its own rows)
 
@@ -346,7 +346,8 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
 
 
 def spec_config(spec: KernelSpec) -> GemvConfig:
-    """The configuration a bf16 GEMV spec was made with (``gemv_spec(..., config=spec_config(s))`` rebuilds ``s``)."""
+    """The configuration a kernel.cu GEMV spec (bf16 or FP8 weights) was made with (``gemv_spec(...,
+    config=spec_config(s))`` rebuilds ``s``)."""
     v = dict(spec.values)
     return GemvConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["U"]), int(v["KS"]), int(v.get("KW", 1)))
 
@@ -366,7 +367,7 @@ def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target, weights_fi
     fused variant (``bulk_rule.fused_bulk_spec``: fewer ring stages where the prologue's x needs the room; always
     weights first), or ``kernel.cu``'s with its default configuration where no bulk configuration fits."""
     if not is_plain(plain):
-        raise ValueError(f"gemv: {plain.entry} is not a plain bf16 GEMV variant")
+        raise ValueError(f"gemv: {plain.entry} is not a plain GEMV variant (kernel.cu, or bulk.cu with bf16 weights)")
     v = dict(plain.values)
     if plain.template == "bulk.cu":
         from .bulk_rule import fused_bulk_spec
