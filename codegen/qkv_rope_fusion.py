@@ -16,7 +16,8 @@ A pair is fused when:
   to the head size), heads of a multiple of 16 features;
 - its qkv input is the output of a ``linear`` or ``quantized_linear`` node read by nothing else and no graph output,
   and that node's launch with decode variants (a weight-only quantized linear's other launch, the dequantize, is
-  skipped at decode) has ``kernel.cu`` variants (plain or with a prologue) or, with ``INGOT_QKV_ROPE_FUSION=all``,
+  skipped at decode) has ``kernel.cu`` variants (plain or with a prologue; bf16 weights, or FP8 weight-only ones,
+  which run ``kernel.cu`` by default: ``quant_rule.fp8_template``) or, with ``INGOT_QKV_ROPE_FUSION=all``,
   ``quant.cu`` ones (FP8 / NVFP4 weights; ``quant_rule.with_rope``) for the qkv row's width, without residual;
 - both launches count the same rows (the rope launch's ``num_tokens`` and the linear's ``M``).
 
@@ -32,7 +33,8 @@ launch in the qkv GEMV", tenth session), bf16 weights: the batch-1 GPU step of t
 (its bucket is not fused); its GPU tests (the epilogue bit for bit against the variant + ``qkv_cache.cu``, same
 logits and cache end to end) pass. ``quant.cu``'s epilogue passes the same tests, but FP8 weight-only artifacts ran
 no faster with it (GPU step 0.899 vs 0.891 ms, its split-K tail then carries the epilogue), so it is opt-in:
-``INGOT_QKV_ROPE_FUSION=all``.
+``INGOT_QKV_ROPE_FUSION=all``. Since the twelfth session FP8 weight-only decode buckets are ``kernel.cu``'s
+(``INGOT_GEMV_FP8``), so they take this epilogue by default (docs/PERF.md, "FP8 weights on kernel.cu").
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from .switches import env_choice
 from .target import Target
 
 #: compile-time switch: 0 turns the fusion off (the kernel table then is as before it existed); unset or 1: on for
-#: bf16 weights (``kernel.cu``); ``all``: also FP8 / NVFP4 weights (``quant.cu``)
+#: ``kernel.cu``'s variants (bf16 and FP8 weight-only); ``all``: also ``quant.cu``'s (FP8 / NVFP4 weights)
 ENV = "INGOT_QKV_ROPE_FUSION"
 #: the largest GEMV bucket fused (decode steps; the epilogue's stores are per element, worth it for few tokens)
 MAX_ROWS = 8
@@ -79,7 +81,7 @@ def mode() -> str:
     ``"all"`` (also ``quant.cu``'s, FP8 / NVFP4 weights: measured no faster, docs/PERF.md) or ``"off"`` (``0``);
     another value is an error naming the variable."""
     return env_choice(ENV, {"": "bf16", "1": "bf16", "all": "all", "0": "off"},
-                      "1 (the default: bf16 weights), all (also FP8 / NVFP4) or 0 (off)")
+                      "1 (the default: kernel.cu's variants), all (also quant.cu's) or 0 (off)")
 
 
 def enabled() -> bool:

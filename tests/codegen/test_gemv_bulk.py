@@ -217,9 +217,10 @@ def test_fp8_switch_picks_the_template(monkeypatch):
     h200 = get_target("h200")
     op, ins = qtypes("fp8", 3072, 2048, residual=True)
     monkeypatch.delenv(bulk_rule.ENV, raising=False)
-    assert {s.template for _, s in quant_variants(op, ins, h200)} == {"quant.cu"}
-    monkeypatch.setenv(bulk_rule.ENV, "1")  # measured slower than quant.cu: only on request
-    assert {s.template for _, s in quant_variants(op, ins, h200)} == {"quant.cu"}
+    monkeypatch.delenv("INGOT_GEMV_FP8", raising=False)  # the default: kernel.cu (tests/codegen/test_gemv_fp8.py)
+    assert {s.template for _, s in quant_variants(op, ins, h200)} == {"kernel.cu"}
+    monkeypatch.setenv(bulk_rule.ENV, "1")  # measured slower than quant.cu / kernel.cu: only on request
+    assert {s.template for _, s in quant_variants(op, ins, h200)} == {"kernel.cu"}
     monkeypatch.setenv(bulk_rule.ENV, "all")
     found = quant_variants(op, ins, h200)
     assert [mb for mb, _ in found] == list(BUCKETS) and {s.template for _, s in found} == {"bulk.cu"}
