@@ -34,7 +34,7 @@ def us(seconds: float | None) -> float | None:
 
 
 def gemv_specs(shapes, mbs, formats, tgt):
-    from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec
+    from ingot.codegen.kernels.gemv.quant_rule import fp8_template, quant_gemv_spec
     from ingot.codegen.kernels.gemv.rule import gemv_spec
 
     for fmt in formats:
@@ -42,8 +42,9 @@ def gemv_specs(shapes, mbs, formats, tgt):
             for mb in mbs:
                 if fmt == "bf16":
                     yield fmt, gemv_spec(n, k, mb, tgt)
-                elif fmt == "fp8-w8a16":
-                    yield fmt, quant_gemv_spec(n, k, mb, tgt, "fp8", "none")
+                elif fmt == "fp8-w8a16":  # the template INGOT_GEMV_FP8 picks (kernel.cu by default)
+                    yield fmt, (gemv_spec(n, k, mb, tgt, wb=1) if fp8_template() == "kernel.cu"
+                                else quant_gemv_spec(n, k, mb, tgt, "fp8", "none"))
                 elif fmt == "fp8-w8a8":
                     yield fmt, quant_gemv_spec(n, k, mb, tgt, "fp8", "fp8", "token")
                 else:
