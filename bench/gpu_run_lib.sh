@@ -13,7 +13,12 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl > /dev/null 2>&1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-if [ -d .gpu_cache ]; then mkdir -p "$INGOT_CACHE_DIR" && cp -rn .gpu_cache/. "$INGOT_CACHE_DIR"/ 2>/dev/null; fi
+# (or a tarball of one, .gpu_cache/cache.tgz: a kernel cache of the 1B model's formats is ~100 MB unpacked, over what
+# a call carries)
+if [ -d .gpu_cache ]; then
+  mkdir -p "$INGOT_CACHE_DIR" && cp -rn .gpu_cache/. "$INGOT_CACHE_DIR"/ 2>/dev/null
+  if [ -f .gpu_cache/cache.tgz ]; then tar xzf .gpu_cache/cache.tgz -C "$INGOT_CACHE_DIR" --skip-old-files && rm -f "$INGOT_CACHE_DIR/cache.tgz"; fi
+fi
 status=0
 step() {
   local name=$1; shift
