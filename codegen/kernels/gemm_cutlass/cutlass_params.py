@@ -341,7 +341,13 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
                 if i not in padding and i not in variable and run["blob"][i] != blob[i]}
     ints = []
     for off in sorted({i - i % 4 for i in changing}):
-        ints.append([off, *_symbolic([struct.unpack_from("<i", r[1]["blob"], off)[0] for r in runs], shapes)])
+        try:
+            ints.append([off, *_symbolic([struct.unpack_from("<i", r[1]["blob"], off)[0] for r in runs], shapes)])
+        except LayoutError as e:  # name the word: inside which TMA atom, if any (indeterminate bytes look like this)
+            atoms = [t["offset"] for t in tmas if t["offset"] <= off < t["offset"] + 2 * TMA_BYTES]
+            where = f"byte {off - atoms[0]} of the TMA atom at {atoms[0]}" if atoms else "outside the TMA atoms"
+            raise LayoutError(f"{spec.entry} ({spec.template}): the 32-bit word at Params offset {off} ({where}) "
+                              f"changes between the probe's shapes: {e}") from None
         variable |= set(range(off, off + 4))
     if ints:
         layout["ints"] = ints
