@@ -115,6 +115,10 @@ class Tunable:
     workloads: Callable[[KernelSpec, Mapping[str, int]], list[Workload]]
     knobs: tuple[str, ...]
     kernel: Callable[[KernelSpec], KernelSpec] | None = None
+    #: where a compile tunes a matching spec (None: everywhere). ``autotune`` itself (benchmarks) times any match;
+    #: ``autotune_for_lowering`` leaves the others to the heuristics, for kernels whose time alone misranks their
+    #: configurations in the model (the decode GEMVs of batch 1: ``kernels/gemv/tune.py``)
+    in_compile: Callable[[KernelSpec], bool] | None = None
 
 
 @cache
@@ -353,6 +357,7 @@ def autotune_for_lowering(specs: Sequence[KernelSpec], target: Target, bounds: M
     any error while tuning leaves the heuristics, with a warning. CUTLASS GEMMs only with ``CUTLASS_ENV``."""
     if os.environ.get(CUTLASS_ENV, "").strip() != "1":
         specs = [s for s in specs if s.family != "gemm_cutlass"]
+    specs = [s for s in specs if (t := tunable_for(s)) is None or t.in_compile is None or t.in_compile(s)]
     if not any(tunable_for(s) for s in specs):
         if os.environ.get(ENV, "").strip().lower() in ("1", "on", "true", "yes"):
             tuning_gpu(target)  # still say so when the machine cannot tune
