@@ -7,7 +7,9 @@ sized from the spec's shapes, filled with random values). Today: the bf16 and qu
 (split-K count, warps, tiles per warp, load-stage depth; per N, K and token bucket), the split-KV decode
 attention's split policy (CTAs per SM, most splits, smallest split) and the h100/h200 CUTLASS GEMM's configuration
 (tile, cluster, schedule; per N and K of each linear, at the artifact's step row count). The template GEMM's tile
-is fixed in its rule: nothing to tune there yet.
+is fixed in its rule: nothing to tune there yet. A compile leaves some matching specs to the heuristics
+(``Tunable.in_compile``): the decode GEMVs of bucket 8 (batch 1), whose configurations timed alone were misranked
+in the model (an autotuned 1B artifact decoded batch 1 17% slower on the H200: ``kernels/gemv/tune.py``).
 
 Shape-generic kernels (the CUTLASS GEMMs: one build serves every N and K) are tuned per launch shape all the same:
 the lowering passes a *shaped* spec per launch (the shape in its values, ``cutlass_params.tuning_spec``), the
