@@ -158,3 +158,67 @@ def test_layout_from_a_gpu_host_probe_equals_a_cpu_hosts():
     assert [t["offset"] for t in layout["tma"]] == [128, 384, 640, 896, 1664]
     assert {t["tensor"] for t in layout["tma"]} == {"x", "weight", "out"}
     assert {name for _, name in layout["pointers"]} >= {"bias", "weight_scale"}
+
+
+def _live_bytes(layout: dict) -> set[int]:
+    """Every byte ``build_params`` writes: descriptors, pointers, shape-dependent ints, problem shape, SM count and
+    the scheduler's fields."""
+    live = {t["offset"] + i for t in layout["tma"] for i in range(cp.TMA_BYTES)}
+    live |= {o + j for o, _ in layout["pointers"] for j in range(8)}
+    live |= {o + j for o, *_ in layout.get("ints", ()) for j in range(4)}
+    live |= set(range(layout["problem_shape"], layout["problem_shape"] + 16))
+    live |= set(range(layout["sm_count"], layout["sm_count"] + 4))
+    return live | {layout["scheduler"]["offset"] + i for i in cp._scheduler_field_bytes("sm100")}
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_blockscaled_layout_loses_only_its_atoms_second_halves(residual, monkeypatch):
+    """The b200 block-scaled NVFP4 GEMM (``sm100_blockscaled.cu``): its Params probe's runs (5 shapes, 5 stack fills
+    each), recorded on this CPU-only machine (2026-11-30), derived with and without the second half of every TMA
+    atom taken as padding (``cutlass_params._atom_tails``). Its atoms' aux params are empty static types (a probe
+    printing offsetof/sizeof: A, B, SFA, SFB and their fallbacks at 128 ... 1920, the scale-factor layouts at 2176 and
+    2196, the epilogue's C and D atoms at 2432 and 2688), so the layout changes only there: the bytes newly padding
+    are exactly those halves less what was padding already, none of them live, and the template differs only in the
+    store atom's half (host-stack addresses' 0x7f bytes, now 0). An H200 compiling for b200 failed this spec's
+    derivation with a shape-dependent word that fits no coef * symbol; words like that in those halves (here
+    written into every fill of each shape) fail the old derivation and leave the new layout as it is."""
+    import gzip
+
+    from ingot.codegen.kernels.gemm_cutlass import blockscaled_rule as bs
+
+    data = json.loads(gzip.decompress((FIXTURES / "cutlass_probe_runs_b200_nvfp4.json.gz").read_bytes()))
+    recorded = data["cpu_host"]["residual" if residual else "plain"]
+    spec = bs.blockscaled_spec("nvfp4", get_target("b200"), residual=residual)
+    runs = _probe_runs(recorded["runs"])
+    layout = cp.derive_layout(spec, runs)
+    with monkeypatch.context() as m:
+        m.setattr(cp, "_atom_tails", lambda tmas: set())
+        old = cp.derive_layout(spec, runs)
+    atoms = [128, 384, 640, 896, 1152, 1408, 1664, 1920, *([2432] if residual else []), 2688]
+    assert sorted(t["offset"] for t in layout["tma"]) == atoms
+    tails = {a + cp.TMA_BYTES + i for a in atoms for i in range(cp.TMA_BYTES)}
+    assert cp._atom_tails(layout["tma"]) == tails
+    # the scale-factor layouts (M/128, K/64 and their strides) are live ints, after the mainloop's last atom
+    assert [o for o, *_ in layout["ints"]] == [2176, 2180, 2188, 2192, 2196, 2200, 2208, 2212]
+    assert not tails & _live_bytes(layout) and not tails & _live_bytes(old)
+    padding = {i for a, b in layout["padding"] for i in range(a, b)}
+    old_padding = {i for a, b in old["padding"] for i in range(a, b)}
+    assert padding >= old_padding and padding - old_padding == tails - old_padding
+    assert {k: v for k, v in layout.items() if k not in ("padding", "template")} == \
+        {k: v for k, v in old.items() if k not in ("padding", "template")}
+    template, old_template = bytes.fromhex(layout["template"]), bytes.fromhex(old["template"])
+    changed = {i for i in range(layout["size"]) if template[i] != old_template[i]}
+    assert changed and changed <= set(range(2688 + cp.TMA_BYTES, 2688 + 2 * cp.TMA_BYTES))
+    assert {old_template[i] for i in changed} == {0x7F} and all(template[i] == 0 for i in tails)
+    # a GPU host's dirty halves: a word the same in every fill of a shape, different between shapes
+    dirty = []
+    for (shape, *fills), word in zip(runs, (152, 24, 408, 152, 24)):
+        blobs = [bytearray(f["blob"]) for f in fills]
+        for b in blobs:
+            struct.pack_into("<i", b, 896 + cp.TMA_BYTES + 48, word)  # in SFB's second half
+        dirty.append((shape, *({**f, "blob": bytes(b)} for f, b in zip(fills, blobs))))
+    with monkeypatch.context() as m:
+        m.setattr(cp, "_atom_tails", lambda tmas: set())
+        with pytest.raises(cp.LayoutError, match="byte 176 of the TMA atom at 896"):
+            cp.derive_layout(spec, dirty)
+    assert cp.derive_layout(spec, dirty) == layout

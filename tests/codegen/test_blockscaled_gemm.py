@@ -134,6 +134,11 @@ def test_params_layout_reproduces_cutlass(fmt, tmp_path_factory, monkeypatch):
     assert {t["tensor"] for t in layout["tma"]} == {"x", "weight", "x_block_scale", "weight_block_scale", "out"}
     assert {name for _, name in layout["pointers"]} >= {"x_scale", "bias"}
     assert layout["ints"] and layout["cluster"] == [1, 1, 1] and layout["block"] == [256, 1, 1]
+    # derive_layout takes the second half of each TMA atom as padding (cutlass_params._atom_tails): nothing live there
+    for lay in (layout, res_layout):
+        live = {off + j for off, *_ in lay["ints"] for j in range(4)}
+        live |= {off + j for off, _ in lay["pointers"] for j in range(8)}
+        assert not cp._atom_tails(lay["tma"]) & live
     encoded = {}
 
     def encode(t, address, dims, strides):

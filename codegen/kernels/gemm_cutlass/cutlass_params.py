@@ -325,12 +325,8 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
     if kind == "sm90":  # every sm90 field is written per launch: the rest of the struct is padding
         fields = _scheduler_field_bytes(kind)
         padding |= {sched + i for i in range(known[kind]) if i not in fields}
-    if spec.template == "sm100.cu":
-        # each TMA atom (256 bytes, aligned to 128) is its descriptor, then aux params that are static types here
-        # and padding: indeterminate too. On a GPU host (an H200 compiling for b200) those bytes held the same
-        # host-stack words in every fill, which differed between shapes and failed the derivation; a CPU host reads
-        # 0 there (docs/PERF.md, "Overlap of the host with the GPU", run 4). Not the block-scaled template.
-        padding |= {t["offset"] + TMA_BYTES + i for t in tmas for i in range(TMA_BYTES)} - tma_bytes
+    if kind == "sm100":  # both sm100 templates: sm100.cu and sm100_blockscaled.cu
+        padding |= _atom_tails(tmas) - tma_bytes
     variable = set(tma_bytes) | {o + j for o, _ in pointers for j in range(8)}
     variable |= set(range(layout["problem_shape"], layout["problem_shape"] + 16))
     variable |= set(range(layout["sm_count"], layout["sm_count"] + 4))
@@ -370,6 +366,26 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
         if not run["can_implement"] or run["workspace"]:
             raise LayoutError(f"{spec.entry}: CUTLASS cannot run {shape} without a workspace")
     return layout
+
+
+def _atom_tails(tmas: Sequence[Mapping[str, Any]]) -> set[int]:
+    """The second half of each encoded TMA atom of an sm100 template's Params: padding (``derive_layout``).
+
+    Each atom (256 bytes, aligned to 128) is its 128-byte descriptor, then its aux params (``AuxTmaParams``:
+    ``g_stride_``, the TMA coordinate bases) and padding. In both sm100 templates the aux params are static types
+    (an empty 1-byte struct at the descriptor's offset + 128; CUTLASS 4.2, printed by a probe built on a CPU host),
+    so nothing in those 128 bytes is ever read, yet they are indeterminate: on a GPU host (an H200 compiling for
+    b200) they held host-stack words that were the same in every stack fill but differed between shapes, which
+    failed the derivation (docs/PERF.md, "Overlap of the host with the GPU", run 4); a CPU host reads 0 there, or
+    host-stack addresses in the store atom's. Offsets of the block-scaled template (``sm100_blockscaled.cu``, NVFP4
+    and MXFP4, 128x128x256, cluster 1x1; 3072 bytes): the mainloop's atoms A, B, SFA, SFB and their fallbacks at
+    128, 384, 640, 896, 1152, 1408, 1664, 1920, its live members after them (``layout_SFA`` at 2176 and
+    ``layout_SFB`` at 2196, 20 bytes each: the shape-dependent ``ints``; ``cluster_shape_fallback`` at 2216,
+    the runtime data types at 2232 and 2240), the epilogue's fusion params at 2304 (pointers and scalars, 104
+    bytes), its C atom at 2432 (encoded only with the residual) and D atom at 2688, the scheduler at 2944. No live
+    member lies in an atom's second half. A template whose aux params hold dynamic strides (a TMA mode merging
+    gmem modes with a run-time stride) would need them excluded here."""
+    return {t["offset"] + TMA_BYTES + i for t in tmas for i in range(TMA_BYTES)}
 
 
 def _ranges(idx: set[int]) -> list[list[int]]:
