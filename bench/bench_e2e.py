@@ -32,7 +32,8 @@ What one run does:
    tokens per request, tokens/s counts every one of them, ``step_ms`` and the breakdown are per engine step (so per
    ``K`` tokens; the breakdown's executor call is ``greedy_tokens_steps``, its GPU time spans the ``K`` steps), and
    ``token_step_ms`` is ``step_ms / K``. Prefill (``--prefill``,
-   default 8x2048): the prompts are added at once, one warm-up round, then a timed round; tokens/s =
+   default 8x2048): the prompts are added at once, one warm-up round, then ``--prefill-repeats`` timed rounds
+   (default 5, the median reported; the same for the references); tokens/s =
    prompt tokens / time until the last of them has its first token (TTFT of all 8). The engine chunks the
    prompts by ``--max-num-batched-tokens`` (default 2048, the bound the artifacts are compiled for).
 4. The references, same checkpoint, ``LlamaForCausalLM`` bf16 on cuda with SDPA attention: ``generate``
@@ -40,8 +41,8 @@ What one run does:
    ``torch.compile`` of the decode step, mode reduce-overhead, static shapes); steady-state decode is timed
    from per-step timestamps (a stopping criterion that synchronizes and records the time; it never stops) over
    the same ``--steps`` after ``--warmup``. Prefill: one forward of the ``--prefill`` batch (``use_cache=False``,
-   ``logits_to_keep=1``), eager and ``torch.compile``d, after one warm-up. Compile (first-call) seconds are
-   printed apart and excluded. ``--skip-hf``, ``--skip-compile`` leave them out.
+   ``logits_to_keep=1``), eager and ``torch.compile``d, after one warm-up, ``--prefill-repeats`` rounds. Compile
+   (first-call) seconds are printed apart and excluded. ``--skip-hf``, ``--skip-compile`` leave them out.
 5. Prints the environment (git commit, torch/transformers versions, GPU), one table (config | ingot | HF eager |
    HF torch.compile | ingot / best reference | batch-1 fraction of the weight-bandwidth bound: bytes of weights
    read per token, from the checkpoint's tensors, lm_head once for the tied embedding, linears at 1 byte + an f32
@@ -694,8 +695,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--decode-steps", default=None, help="decode steps per engine step to measure, e.g. 1,8 (the "
                     "engine's decode_steps; default: the engine's, INGOT_DECODE_STEPS or 1)")
     ap.add_argument("--prefill", default=None, help="PROMPTSxTOKENS of the prefill figure (default 8x2048)")
-    ap.add_argument("--prefill-repeats", type=int, default=1, help="timed prefill rounds after the warm-up "
-                                                                   "(default 1; the median is reported)")
+    ap.add_argument("--prefill-repeats", type=int, default=5,
+                    help="timed prefill rounds after the warm-up, ingot's and each HF mode's (default 5, ~0.1 s "
+                         "each; the median is reported: single rounds varied +-3-4%% between runs on the H200)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
                     help="token budget per engine step, the compiled bound T (default 2048)")
     ap.add_argument("--skip-hf", action="store_true", help="no Hugging Face reference")
