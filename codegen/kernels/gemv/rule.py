@@ -117,14 +117,14 @@ KW_ENV = "INGOT_GEMV_KW"
 
 
 def kw_mode() -> str:
-    """``INGOT_GEMV_KW``: ``on`` (unset or 1: the rule's row groups in bf16 ``kernel.cu`` variants, measured), ``all``
-    (also in ``quant.cu``'s FP8 / NVFP4 variants: written, compiled and SASS-checked, not yet run on a GPU) or ``off``
-    (0: none); another value is an error."""
+    """``INGOT_GEMV_KW``: ``on`` (unset or 1: the rule's row groups in ``kernel.cu`` variants, bf16 or FP8 weights),
+    ``all`` (also in ``quant.cu``'s FP8 / NVFP4 variants: their GPU tests pass, no faster end to end) or ``off`` (0:
+    none); another value is an error."""
     return env_choice(KW_ENV, {"": "on", "1": "on", "all": "all", "0": "off"}, "0, 1 or all")
 
 
 def kw_enabled() -> bool:
-    """Row groups in bf16 ``kernel.cu`` variants (``kw_mode``: on or all)."""
+    """Row groups in ``kernel.cu`` variants, bf16 or FP8 weights (``kw_mode``: on or all)."""
     return kw_mode() != "off"
 
 
