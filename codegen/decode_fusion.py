@@ -59,6 +59,7 @@ from typing import Any
 from ..ir.graph import Graph, Node
 from .kernel import KernelSpec
 from .kernels.gemv import rule as gemv
+from .launch_list import Launch, by_node
 from .target import Target
 
 #: set to 0 to lower without decode fusion (the kernel table then is as before it existed); unset or 1: with it
@@ -67,7 +68,6 @@ ENV = "INGOT_DECODE_FUSION"
 #: or an ex2 and a rcp, per element; swiglu reads twice x's bytes), worth a launch only for few tokens.
 MAX_ROWS = {"rms_norm": 8, "swiglu": 8}
 
-Launch = tuple[int, Node, KernelSpec | None, dict[str, Any]]
 
 
 @dataclass
@@ -117,9 +117,7 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_plans: Mapping[int, S
     out = DecodeFusion()
     users = graph.users()
     outputs = set(graph.outputs)
-    per_node: dict[int, list[int]] = {}
-    for j, (i, _, _, _) in enumerate(launches):
-        per_node.setdefault(i, []).append(j)
+    per_node = by_node(launches)
     for j, (i, node, spec, args) in enumerate(launches):
         if spec is None or node.op.name not in MAX_ROWS or len(per_node[i]) != 1:
             continue

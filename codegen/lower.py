@@ -115,6 +115,7 @@ from .kernel import KernelSpec, has_pdl
 from .kernels.attention import prefill_rule
 from .kernels.copy.rule import plan as plan_copy
 from .kernels.gemm_cutlass import blockscaled_rule, cutlass_params
+from .launch_list import by_node
 from .memory_plan import KV_DIM, plan_memory
 from .registry import plan_node, plan_variants
 from .rope_cache_fusion import fuse as fuse_rope_cache
@@ -329,12 +330,10 @@ def gemv_variant_plans(launches: list[tuple[int, Node, KernelSpec | None, dict[s
                        target: Target) -> dict[int, list[tuple[int, KernelSpec]]]:
     """Launch index -> its small-M variants (``plan_variants``: ``(max rows, spec)``, smallest first) for nodes of
     one launch counting rows in ``M``, where the variants take the launch's arguments and some step can use them."""
-    per_node: dict[int, int] = {}
-    for i, _, _, _ in launches:
-        per_node[i] = per_node.get(i, 0) + 1
+    per_node = by_node(launches)
     plans: dict[int, list[tuple[int, KernelSpec]]] = {}
     for j, (i, node, _, args) in enumerate(launches):
-        if per_node[i] != 1 or "M" not in args or node.op.name == "all_reduce":
+        if len(per_node[i]) != 1 or "M" not in args or node.op.name == "all_reduce":
             continue
         found = [(mr, v) for mr, v in plan_variants(node, target) if {p.name for p in v.params} == set(args)]
         rows = args["M"].get("dim")

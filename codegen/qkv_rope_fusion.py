@@ -43,10 +43,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir.graph import Graph, Node
+from ..ir.graph import Graph
 from .kernel import KernelSpec
 from .kernels.gemv import quant_rule
 from .kernels.gemv import rule as gemv
+from .launch_list import Launch, by_node
 from .switches import env_choice
 from .target import Target
 
@@ -56,7 +57,6 @@ ENV = "INGOT_QKV_ROPE_FUSION"
 #: the largest GEMV bucket fused (decode steps; the epilogue's stores are per element, worth it for few tokens)
 MAX_ROWS = 8
 
-Launch = tuple[int, Node, KernelSpec | None, dict[str, Any]]
 Variant = tuple[int, KernelSpec, dict[str, Any] | None]
 #: the rope launch's arguments a fused variant takes over
 ROPE_ARGS = ("positions", "cos", "sin", "q", "kv_cache", "slot_mapping", "kv_scale")
@@ -118,9 +118,7 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_lists: Mapping[int, S
     out = QkvRopeFusion()
     users = graph.users()
     outputs = set(graph.outputs)
-    per_node: dict[int, list[int]] = {}  # node index -> its launches
-    for j, (i, _, _, _) in enumerate(launches):
-        per_node.setdefault(i, []).append(j)
+    per_node = by_node(launches)  # node index -> its launches
     for jr, (i, node, spec, args) in enumerate(launches):
         if spec is None or node.op.name != "rope_qkv" or len(per_node[i]) != 1:
             continue

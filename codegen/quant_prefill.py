@@ -67,6 +67,7 @@ from .kernels.dequant import rule as dequant
 from .kernels.gemm.rule import linear_spec
 from .kernels.gemm_cutlass import cutlass_params
 from .kernels.gemv.quant_rule import quant_variants
+from .launch_list import Launch, by_node
 from .target import Target
 
 #: set to 0 to lower without the dequantize + GEMM prefill path (the kernel table as before it existed); unset: on
@@ -80,7 +81,6 @@ WEIGHT_SUFFIX, SCALE_SUFFIX = ".dequant_weight", ".dequant_scale"
 #: attention. The threshold itself is not tuned on the H200 (only 310-row and 2048-row steps were measured).
 GEMV_MAX_ROWS = DECODE_MAX_ROWS
 
-Launch = tuple[int, Node, KernelSpec | None, dict[str, Any]]
 
 
 def enabled() -> bool:
@@ -126,9 +126,7 @@ def plan(graph: Graph, launches: Sequence[Launch], target: Target, gemv: bool = 
     """The pairs for ``launches`` (``lower.plan_launches``' list); ``gemv``: the quantized GEMV variants take the
     small steps (``INGOT_NO_GEMV`` unset). Changes nothing itself; ``launches`` stays empty when no node is taken."""
     out = QuantPrefill()
-    per_node: dict[int, int] = {}
-    for i, _, _, _ in launches:
-        per_node[i] = per_node.get(i, 0) + 1
+    per_node = by_node(launches)
     taken: list[Launch] = []
     names = {v.name for v in graph.inputs} | set(graph.weights) | {o.name for n in graph.nodes for o in n.outputs}
     for i, node, spec, args in launches:
@@ -138,7 +136,7 @@ def plan(graph: Graph, launches: Sequence[Launch], target: Target, gemv: bool = 
         variants = quant_variants(node.op, types, target) if gemv and shape is not None else []
         if variants and spec is not None and dict(spec.values).get("ANY_M", False):
             variants.append((GEMV_MAX_ROWS, spec))  # the node's own any-M GEMV, now the largest variant
-        if (shape is None or spec is None or per_node[i] != 1 or rows is None
+        if (shape is None or spec is None or len(per_node[i]) != 1 or rows is None
                 or (variants and isinstance(rows, int) and rows <= variants[-1][0])):
             taken.append((i, node, spec, args))
             continue

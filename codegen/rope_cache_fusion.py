@@ -48,6 +48,7 @@ from typing import Any
 from ..ir.graph import Graph, Node, Value
 from .kernel import KernelSpec
 from .kernels.rope.cache_rule import rope_qkv_cache_spec, vec_width
+from .launch_list import Launch, by_node
 from .target import Target
 
 #: set to 0 to lower without the fusion (the kernel table then is as before it existed); unset or 1: with it
@@ -56,7 +57,6 @@ ENV = "INGOT_ROPE_CACHE_FUSION"
 CACHE_WRITES = {"cache_write.cu": False, "cache_write_fp8.cu": True}
 ATTENTION_OPS = ("paged_attention", "paged_attention_fp8")
 
-Launch = tuple[int, Node, KernelSpec | None, dict[str, Any]]
 
 
 @dataclass
@@ -102,9 +102,7 @@ def plan(graph: Graph, launches: Sequence[Launch], target: Target) -> RopeCacheF
     users = graph.users()
     outputs = set(graph.outputs)
     producers = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
-    per_node: dict[int, list[int]] = {}
-    for j, (i, _, _, _) in enumerate(launches):
-        per_node.setdefault(i, []).append(j)
+    per_node = by_node(launches)
     for j, (i, node, spec, args) in enumerate(launches):
         if (spec is None or node.op.name != "rope_qkv" or spec.family != "rope" or spec.template != "qkv.cu"
                 or len(per_node[i]) != 1):
