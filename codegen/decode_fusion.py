@@ -69,7 +69,6 @@ ENV = "INGOT_DECODE_FUSION"
 MAX_ROWS = {"rms_norm": 8, "swiglu": 8}
 
 
-
 @dataclass
 class DecodeFusion:
     """What the lowering changes for the fused pairs (launches by their index in the launch list)."""

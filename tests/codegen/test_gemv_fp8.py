@@ -19,17 +19,17 @@ from ingot.codegen import decode_fusion, quant_prefill
 from ingot.codegen.kernels.gemv import bulk_rule, quant_rule, tune
 from ingot.codegen.kernels.gemv.rule import (
     BUCKETS,
-    FP8_PARAMS,
     KW_BUCKETS,
     KW_ENV,
     KW_SHAPE,
     MIN_SLICE,
     PARAMS,
     PROLOGUES,
+    QUANT_PARAMS,
     ROPE_PARAMS,
     SHAPE_BY_BUCKET,
     SMEM_BUDGET,
-    STEP_COLS,
+    WB_STEP_COLS,
     Prologue,
     RopeEpilogue,
     fused_spec,
@@ -85,7 +85,7 @@ def _switches(monkeypatch):
 @pytest.mark.parametrize("mb", BUCKETS)
 def test_config_covers_k_and_fits(n, k, mb):
     c = gemv_config(n, k, mb, 132, wb=1)
-    cw = STEP_COLS[1]
+    cw = WB_STEP_COLS[1]
     assert cw == 64
     assert c.slice_k % (cw * c.stage_steps * c.kwarps) == 0  # each warp of a row group: whole stages of 64 columns
     assert c.splitk * c.slice_k >= k > (c.splitk - 1) * c.slice_k
@@ -145,7 +145,7 @@ def test_fp8_spec_params_values_and_name():
     for mb in BUCKETS:
         s = gemv_spec(3072, 2048, mb, H200, bias=True, residual=True, wb=1)
         cfg = gemv_config(3072, 2048, mb, 132, wb=1)
-        assert [(p.name, p.ctype) for p in s.params] == FP8_PARAMS
+        assert [(p.name, p.ctype) for p in s.params] == QUANT_PARAMS
         assert s.template == "kernel.cu" and s.value("WB") == 1 and s.value("PROLOGUE") == 0
         assert s.name.startswith(f"gemv_fp8w_n3072_k2048_m{mb}") and "fp8 weights" in s.doc
         assert spec_config(s) == cfg and s.smem == smem_bytes(mb, cfg.slice_k, wb=1)
@@ -157,7 +157,7 @@ def test_fp8_spec_params_values_and_name():
         assert bf16.value("WB") == 2 and [(p.name, p.ctype) for p in bf16.params] == PARAMS
         assert bf16.name.startswith("gemv_bf16_") and bf16.key != s.key
     # the variants take the quantized_linear launch's arguments: quant.cu's parameters by name
-    assert FP8_PARAMS == quant_rule.PARAMS
+    assert QUANT_PARAMS == quant_rule.PARAMS
 
 
 def test_fp8_spec_rejects_what_it_cannot_run():
@@ -179,8 +179,8 @@ def test_prologues_and_rope_keep_fp8_weights():
     for s in (rms, swi):
         assert s.template == "kernel.cu" and s.value("WB") == 1 and s.value("WEIGHTS_FIRST")
         assert s.name.startswith("gemv_fp8w_")
-    assert [(p.name, p.ctype) for p in rms.params] == FP8_PARAMS + [("norm_weight", "ptr")]
-    assert [(p.name, p.ctype) for p in swi.params] == FP8_PARAMS
+    assert [(p.name, p.ctype) for p in rms.params] == QUANT_PARAMS + [("norm_weight", "ptr")]
+    assert [(p.name, p.ctype) for p in swi.params] == QUANT_PARAMS
     assert rms.value("PROLOGUE") == PROLOGUES["rms_norm"] and rms.value("EPS") == 1e-5
     assert swi.value("PROLOGUE") == PROLOGUES["swiglu"] and swi.value("HAS_RESIDUAL")
     assert spec_config(rms) == spec_config(plain) and spec_config(rms).kwarps == 4  # the plain variant's row groups
@@ -197,7 +197,7 @@ def test_prologues_and_rope_keep_fp8_weights():
     assert spec_config(fused_spec(wide, Prologue("rms_norm", 1e-5), H200)) == spec_config(wide)
     # the rope epilogue: the same configuration, prologue and weight type; its parameters after the variant's own
     rope = RopeEpilogue(32, 8, 64, False, 16)
-    for base, params in ((plain, FP8_PARAMS), (rms, FP8_PARAMS + [("norm_weight", "ptr")])):
+    for base, params in ((plain, QUANT_PARAMS), (rms, QUANT_PARAMS + [("norm_weight", "ptr")])):
         r = with_rope(base, rope, H200)
         assert r.value("WB") == 1 and r.value("ROPE") and r.value("PROLOGUE") == base.value("PROLOGUE")
         assert [(p.name, p.ctype) for p in r.params] == params + ROPE_PARAMS
@@ -566,7 +566,7 @@ def test_lowering_without_the_prefill_gemm_fuses_into_the_gemv_launch(lowered):
         assert all(v["kernel"].startswith("gemv_fp8w_") for v in ln["variants"])
         assert all("args" not in v and not _spec(cuda, v["kernel"])["values"]["PROLOGUE"] for v in rest)
         if "args" not in first:  # o_proj: nothing to fuse, its plain variant takes the launch's arguments
-            assert [p for p, _ in _spec(cuda, first["kernel"])["params"]] == [p for p, _ in FP8_PARAMS]
+            assert [p for p, _ in _spec(cuda, first["kernel"])["params"]] == [p for p, _ in QUANT_PARAMS]
     assert sum("args" in ln["variants"][0] for ln in qls) == 6  # qkv, gate_up, down of both layers
     _check_fusion(cuda, {ln["node"]: ln["args"] for ln in qls})
     _check_memory_plan(path, cuda)

@@ -31,7 +31,7 @@ import pytest
 
 from ingot.codegen.kernels.activation.rule import gated_spec
 from ingot.codegen.kernels.gemv.rule import (
-    FP8_PARAMS,
+    QUANT_PARAMS,
     Prologue,
     RopeEpilogue,
     fused_spec,
@@ -67,7 +67,7 @@ def _check_fp8_spec(spec, n: int, k: int, mb: int) -> None:
     """``spec`` is kernel.cu's FP8-weight variant for ``w[n, k]`` and ``M <= mb``, with the op's parameters."""
     assert spec.template == "kernel.cu" and spec.value("WB") == 1, spec.doc
     assert (spec.value("N"), spec.value("K"), spec.value("MB")) == (n, k, mb)
-    assert [p.name for p in spec.params][:len(FP8_PARAMS)] == [name for name, _ in FP8_PARAMS]
+    assert [p.name for p in spec.params][:len(QUANT_PARAMS)] == [name for name, _ in QUANT_PARAMS]
 
 
 def _fp8_weight(gpu, r: np.random.Generator, n: int, k: int) -> tuple[dict, dict]:

@@ -9,7 +9,8 @@
 //
 // - the weight matrix streams through registers once: a warp owns 16 x ${MT} rows of w and one K slice of
 //   ${KS}; each lane loads 16 B (8 bf16) of rows g and g+8 of each 16-row tile per 32-column step (16 e4m3 of a
-//   64-column step with FP8 weights, below) (ld.global.nc, no L1 allocation), ${U} steps per stage, two stages in flight (register double buffering);
+//   64-column step with FP8 weights, below) (ld.global.nc, no L1 allocation), ${U} steps per stage, two stages in
+//   flight (register double buffering);
 // - the CTA's K slice of x (M x ${KS}, zero-padded to ${MB} tokens) sits in shared memory, shared by
 //   the CTA's ${WARPS} warps (16 x ${MT} rows each; each x fragment read from shared memory serves ${MT} MMAs);
 // - K split inside the CTA (${KW} warps a row group): the warps of a row group own 16 x ${MT} rows together, each

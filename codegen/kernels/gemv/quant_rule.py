@@ -65,6 +65,7 @@ from .rule import (
     KW_SHAPE,
     LARGE_N_SHAPE,
     NO_ROPE,
+    QUANT_PARAMS,
     ROPE_PARAMS,
     SHAPE_BY_BUCKET,
     SMEM_BUDGET,
@@ -75,8 +76,8 @@ from .rule import (
     row_groups_apply,
 )
 
-PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("weight_scale_2", "ptr"), ("input_scale", "ptr"),
-          ("bias", "ptr"), ("residual", "ptr"), ("out", "ptr"), ("M", "i64")]
+#: the op's inputs by name (``kernel.cu``'s FP8-weight variants take the same)
+PARAMS = QUANT_PARAMS
 WEIGHT_FORMATS = {"fp8": 0, "nvfp4": 1}
 #: (act_format, act_granularity) -> AFMT
 ACT_MODES = {("none", "token"): 0, ("none", "tensor"): 0, ("fp8", "token"): 1, ("fp8", "tensor"): 2}
@@ -314,13 +315,14 @@ def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) 
         return []
     from . import bulk_rule
 
-    if a.weight_format == "fp8" and a.act == "none" and fp8_template() == "kernel.cu" and not bulk_rule.fp8_enabled():
-        return [(mb, gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)) for mb in BUCKETS]
-
-    if bulk_rule.fp8_enabled() and a.weight_format == "fp8" and a.act == "none":
-        return [(mb, bulk_rule.bulk_quant_spec(a.n, a.k, mb, target, a.bias, a.residual)
-                 or quant_gemv_spec(a.n, a.k, mb, target, "fp8", "none", a.act_granularity, a.bias, a.residual))
-                for mb in BUCKETS]
+    if a.weight_format == "fp8" and a.act == "none":  # weight-only FP8: bulk.cu on request, else INGOT_GEMV_FP8's
+        template = fp8_template()  # read (and checked) either way
+        if bulk_rule.fp8_enabled():
+            return [(mb, bulk_rule.bulk_quant_spec(a.n, a.k, mb, target, a.bias, a.residual)
+                     or quant_gemv_spec(a.n, a.k, mb, target, "fp8", "none", a.act_granularity, a.bias, a.residual))
+                    for mb in BUCKETS]
+        if template == "kernel.cu":
+            return [(mb, gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)) for mb in BUCKETS]
     return [(mb, quant_gemv_spec(a.n, a.k, mb, target, a.weight_format, a.act, a.act_granularity, a.bias,
                                  a.residual)) for mb in BUCKETS]
 

@@ -48,8 +48,8 @@ variant's fused variants are bulk ones too (``fused_spec``), with the same prolo
 "Bulk-copy GEMV".
 
 **FP8 weights** (``wb=1``, the template's ``WB``): a weight-only FP8 ``quantized_linear`` (e4m3 ``w[n, k]``, f32
-``weight_scale[n]``, bf16 x) on this template, its params the op's inputs by name (``FP8_PARAMS``, as ``quant.cu``'s).
-A lane's 16-byte load covers 16 columns, so a step is 64 columns (``STEP_COLS``), the same 64 bytes of a row as a
+``weight_scale[n]``, bf16 x) on this template, its params the op's inputs by name (``QUANT_PARAMS``, as ``quant.cu``'s).
+A lane's 16-byte load covers 16 columns, so a step is 64 columns (``WB_STEP_COLS``), the same 64 bytes of a row as a
 bf16 step; the codes become bf16 fragments in registers (exact), the scale multiplies the f32 sums in the epilogue.
 The configuration is the bf16 rule's with steps and the smallest slice in bytes (``gemv_config(..., wb=1)``), and the
 prologues, the rope epilogue and the row groups are the bf16 variant's. ``quant_rule.quant_variants`` gives these
@@ -76,11 +76,13 @@ from ...target import Target
 
 PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"),
           ("out", "ptr"), ("M", "i64")]
-#: a ``quantized_linear``'s (its inputs by name, as ``quant.cu`` takes them): the FP8-weight variants (``WB`` 1)
-FP8_PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("weight_scale_2", "ptr"),
-              ("input_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"), ("out", "ptr"), ("M", "i64")]
-#: bytes a weight -> columns a load step covers (16 bytes a lane, 4 lanes a row: 64 bytes of each row)
-STEP_COLS = {2: 32, 1: 64}
+#: a ``quantized_linear``'s parameters (its inputs by name): ``quant.cu``'s (``quant_rule.PARAMS``) and this
+#: template's FP8-weight variants' (``WB`` 1)
+QUANT_PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("weight_scale_2", "ptr"),
+                ("input_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"), ("out", "ptr"), ("M", "i64")]
+#: bytes a weight -> columns a load step covers (16 bytes a lane, 4 lanes a row: 64 bytes of each row; quant.cu's
+#: steps by weight format: ``quant_rule.STEP_COLS``)
+WB_STEP_COLS = {2: 32, 1: 64}
 #: token buckets: one variant per bucket, each correct for M <= bucket
 BUCKETS = (8, 16, 32, 64)
 #: shared memory a CTA's x slice may take (bytes); above 48 KB the launcher raises the function's limit
@@ -261,7 +263,7 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
     """The launch configuration for ``w[n, k]`` and ``M <= mb`` (see the module docstring). ``kwarps``: warps
     sharing a row group (None: ``KW_BUCKETS``' rule; 1: none). ``wb``: bytes a weight (1: FP8); a step and the
     smallest slice cover the same bytes of a row in both (so twice the columns with FP8 weights)."""
-    cw = STEP_COLS[wb]
+    cw = WB_STEP_COLS[wb]
     dw, dt, du = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
     per_sm = CTAS_PER_SM.get(mb, 1.0)
     if mb in LARGE_N_SHAPE:
@@ -310,11 +312,11 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
     ``norm_weight`` after them with an ``rms_norm`` prologue, then ``ROPE_PARAMS`` with ``rope``). ``weights_first``:
     load the first weight stage before the PDL wait (default: with a prologue only, see the module docstring).
     ``wb=1``: a weight-only ``quantized_linear`` with e4m3 ``w[n, k]`` and f32 ``weight_scale[n]`` instead
-    (``FP8_PARAMS``, the op's inputs by name; **FP8 weights** in the module docstring)."""
-    if wb not in STEP_COLS:
+    (``QUANT_PARAMS``, the op's inputs by name; **FP8 weights** in the module docstring)."""
+    if wb not in WB_STEP_COLS:
         raise ValueError(f"gemv: wb must be 2 (bf16 weights) or 1 (e4m3), got {wb}")
-    if k % STEP_COLS[wb] or mb not in BUCKETS:
-        raise ValueError(f"gemv: K must be a multiple of {STEP_COLS[wb]} (got {k}) and mb one of {BUCKETS} "
+    if k % WB_STEP_COLS[wb] or mb not in BUCKETS:
+        raise ValueError(f"gemv: K must be a multiple of {WB_STEP_COLS[wb]} (got {k}) and mb one of {BUCKETS} "
                          f"(got {mb})")
     if rope is not None and (rope.rows != n or residual):
         raise ValueError(f"gemv rope epilogue: N {n} must be the qkv row's {rope.rows} features, without residual")
@@ -332,7 +334,7 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
               **(rope.values() if rope is not None else NO_ROPE)}
     tag = (f"gemv_{'bf16' if wb == 2 else 'fp8w'}_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
            + ("" if rope is None else "_rope"))
-    base = PARAMS if wb == 2 else FP8_PARAMS
+    base = PARAMS if wb == 2 else QUANT_PARAMS
     params = base + [("norm_weight", "ptr")] if pro.kind == "rms_norm" else base
     if rope is not None:
         params = params + ROPE_PARAMS
