@@ -29,7 +29,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ingot.codegen.kernels.activation.rule import gated_spec
 from ingot.codegen.kernels.gemv.rule import (
     QUANT_PARAMS,
     Prologue,
@@ -39,17 +38,14 @@ from ingot.codegen.kernels.gemv.rule import (
     gemv_spec,
     with_rope,
 )
-from ingot.codegen.kernels.norm.rule import norm_spec
 from ingot.codegen.kernels.rope.cache_rule import rope_qkv_cache_spec
-from ingot.ir.ops.attention import SwiGLU
 from ingot.ir.ops.norm import RmsNorm
 from ingot.ir.ops.quantized import QuantizedLinear
-from ingot.ir.quant.formats import to_e4m3
 from ingot.ir.types import DType
 from tests.codegen.common import gpu_target
-from tests.codegen.test_decode_fusion_gpu import EPS, TOKENS, _cases, _err
+from tests.codegen.test_decode_fusion_gpu import EPS, _cases, _err, check_rms_norm, check_swiglu
 from tests.codegen.test_gemv_quant_gpu import CASES, TOL, _u8, activations, quantized_weight, run_case
-from tests.codegen.test_qkv_rope_fusion_gpu import BLOCK, CTYPE
+from tests.codegen.test_qkv_rope_fusion_gpu import BLOCK, CTYPE, check_rope_epilogue
 from tests.codegen.test_qkv_rope_fusion_gpu import CASES as ROPE_CASES
 from tests.helpers import rng
 
@@ -77,15 +73,6 @@ def _fp8_weight(gpu, r: np.random.Generator, n: int, k: int) -> tuple[dict, dict
     bufs = {"weight": gpu.upload(_u8(wq["weight"])), "weight_scale": gpu.upload(wq["weight_scale"]),
             "weight_scale_2": None, "input_scale": None}
     return wq, bufs
-
-
-def _launch(gpu, spec, x, wbufs: dict, res, m: int, **extra) -> np.ndarray:
-    """One launch of an FP8 variant without bias into a poisoned output; its output, checked finite."""
-    out = gpu.alloc((m, spec.value("N")), BF16)  # poisoned: NaN where nothing is written
-    gpu.launch(spec, x=x, **wbufs, bias=None, residual=res, out=out, M=m, **extra)
-    got = gpu.download(out)
-    assert np.isfinite(got.astype(np.float32)).all(), f"{spec.entry} M={m}: unwritten or non-finite outputs"
-    return got
 
 
 # -- plain variants ---------------------------------------------------------------------------------------------
@@ -154,58 +141,27 @@ def _fp8_pair(gpu, n: int, k: int, mb: int, residual: bool, prologue: Prologue, 
     return plain, fused
 
 
+def _fp8_linear(gpu, r: np.random.Generator, n: int, k: int):
+    """test_decode_fusion_gpu.py's ``weight`` for FP8 variants: ``quantized_weight``'s FP8 weight as they take it, and
+    ``QuantizedLinear``'s reference ``(x, residual or None) -> out``."""
+    wq, bufs = _fp8_weight(gpu, r, n, k)
+    return bufs, lambda x, res: _op(k).ref(x, wq["weight"], wq["weight_scale"], None, None, None, res)
+
+
 @pytest.mark.parametrize("weights_first", [True, False], ids=["weights-first", "wait-first"])
 @pytest.mark.parametrize("n,k,mb", _cases(RMS_SHAPES))
 def test_fp8_rms_norm_prologue_matches_numpy(gpu, n, k, mb, weights_first):
-    r = rng()
     residual = n != 16384  # the gate_up has none
     plain, fused = _fp8_pair(gpu, n, k, mb, residual, Prologue("rms_norm", EPS), weights_first)
     assert [p.name for p in fused.params][-1] == "norm_weight"
-    norm = norm_spec("rms", DType.bf16, DType.bf16, k, EPS, gpu_target(gpu))
-    wq, wbufs = _fp8_weight(gpu, r, n, k)
-    g_host = (1 + 0.2 * r.standard_normal(k)).astype(BF16)
-    g = gpu.upload(g_host)
-    for m in TOKENS[mb]:
-        x_host = (r.uniform(0.01, 40.0) * r.standard_normal((m, k))).astype(BF16)
-        res_host = r.standard_normal((m, n)).astype(BF16) if residual else None
-        want = _op(k).ref(RmsNorm(eps=EPS).ref(x_host, g_host), wq["weight"], wq["weight_scale"], None, None, None,
-                          res_host)
-        x = gpu.upload(x_host)
-        res = gpu.upload(res_host) if residual else None
-        normed = gpu.alloc((m, k), BF16)
-        gpu.launch(norm, x=x, weight=g, bias=None, residual=None, residual_out=None, out=normed, rows=m)
-        unfused = _launch(gpu, plain, normed, wbufs, res, m)
-        assert _err(unfused, want) < TOL, f"fp8 {n}x{k} M={m}: the unfused launches vs numpy"
-        for attempt in range(2):
-            got = _launch(gpu, fused, x, wbufs, res, m, norm_weight=g)
-            err = _err(got, want)
-            assert err < TOL, f"fp8 {n}x{k} MB={mb} M={m} launch {attempt}: {err:.2e} vs numpy"
-            assert _err(got, unfused) < TOL, f"fp8 {n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"
+    check_rms_norm(gpu, plain, fused, residual, "fp8", weight=_fp8_linear)
 
 
 @pytest.mark.parametrize("weights_first", [True, False], ids=["weights-first", "wait-first"])
 @pytest.mark.parametrize("n,k,mb", _cases(SWIGLU_SHAPES))
 def test_fp8_swiglu_prologue_matches_numpy(gpu, n, k, mb, weights_first):
-    r = rng()
     plain, fused = _fp8_pair(gpu, n, k, mb, True, Prologue("swiglu", alpha=1.0), weights_first)
-    act = gated_spec("swiglu", DType.bf16, k, gpu_target(gpu), alpha=1.0, a_stride=2 * k, b_stride=2 * k, b_offset=k)
-    wq, wbufs = _fp8_weight(gpu, r, n, k)
-    for m in TOKENS[mb]:
-        gate_up_host = (3 * r.standard_normal((m, 2 * k))).astype(BF16)
-        gate_up_host[0, 0] = -100  # 2^(144) overflows to inf: silu 0
-        res_host = r.standard_normal((m, n)).astype(BF16)
-        want = _op(k).ref(SwiGLU(packed=True).ref(gate_up_host), wq["weight"], wq["weight_scale"], None, None, None,
-                          res_host)
-        gate_up, res = gpu.upload(gate_up_host), gpu.upload(res_host)
-        a = gpu.alloc((m, k), BF16)
-        gpu.launch(act, a=gate_up, b=gate_up, out=a, num_tokens=m)
-        unfused = _launch(gpu, plain, a, wbufs, res, m)
-        assert _err(unfused, want) < TOL, f"fp8 {n}x{k} M={m}: the unfused launches vs numpy"
-        for attempt in range(2):
-            got = _launch(gpu, fused, gate_up, wbufs, res, m)
-            err = _err(got, want)
-            assert err < TOL, f"fp8 {n}x{k} MB={mb} M={m} launch {attempt}: {err:.2e} vs numpy"
-            assert _err(got, unfused) < TOL, f"fp8 {n}x{k} MB={mb} M={m} launch {attempt}: vs the unfused launches"
+    check_swiglu(gpu, plain, fused, "fp8", weight=_fp8_linear)
 
 
 # -- rope epilogue ----------------------------------------------------------------------------------------------
@@ -245,43 +201,9 @@ def test_fp8_rope_epilogue_writes_what_gemv_then_rope_write(gpu, case, config, p
     b = gpu.upload(b_host) if bias else None
     g_host = (1 + 0.2 * r.standard_normal(k)).astype(BF16) if prologue == "rms_norm" else None
     extra = {"norm_weight": gpu.upload(g_host)} if prologue == "rms_norm" else {}
-    max_pos = 4096
-    ang = np.arange(max_pos)[:, None] * (10000.0 ** (-np.arange(d // 2) / (d // 2)))[None]
-    tables = {"cos": np.cos(ang), "sin": np.sin(ang)}
-    tables = {name: gpu.upload(t.astype(np.float32 if ct is DType.f32 else BF16)) for name, t in tables.items()}
-    kv_scale = (gpu.upload((r.uniform(0.005, 0.02, (2, nkv))).astype(np.float32)) if scaled else None)
-    for m in (1, 3, 8):
-        x_host = (3.0 * r.standard_normal((m, k))).astype(BF16)
-        x = gpu.upload(x_host)
-        positions = gpu.upload(r.integers(0, max_pos, m).astype(np.int64))
-        blocks = m // BLOCK + 3
-        slot_host = r.permutation(blocks * BLOCK)[:m].astype(np.int64)
-        slot_host[r.random(m) < 0.3] = -1
-        slots = gpu.upload(slot_host)
-        cache0 = r.standard_normal((blocks, 2, BLOCK, nkv, d))
-        cache0 = to_e4m3(cache0 * 100.0) if kt is DType.f8e4m3fn else cache0.astype(BF16)
-        # before: the variant without the epilogue, then the fused rope + cache write kernel
-        qkv = gpu.alloc((m, n), BF16)
-        gpu.launch(plain, x=x, **wbufs, bias=b, residual=None, out=qkv, M=m, **extra)
-        q_want, cache_want = gpu.alloc((m, nq * d), BF16), gpu.upload(cache0)
-        gpu.launch(rope, qkv=qkv, positions=positions, **tables, q=q_want, kv_cache=cache_want, slot_mapping=slots,
-                   kv_scale=kv_scale, num_tokens=m)
-        want_q, want_cache = gpu.download(q_want), gpu.download(cache_want)
-        for attempt in range(2):
-            out, q, cache = gpu.alloc((m, n), BF16), gpu.alloc((m, nq * d), BF16), gpu.upload(cache0)
-            gpu.launch(fused, x=x, **wbufs, bias=b, residual=None, out=out, M=m, **extra,
-                       positions=positions, **tables, q=q, kv_cache=cache, slot_mapping=slots, kv_scale=kv_scale)
-            what = f"{fused.entry} M={m} launch {attempt + 1}"
-            assert np.array_equal(gpu.download(q).view(np.uint16), want_q.view(np.uint16)), f"{what}: q"
-            assert np.array_equal(gpu.download(cache).view(np.uint8), want_cache.view(np.uint8)), f"{what}: cache"
-            assert np.isnan(gpu.download(out).astype(np.float32)).all(), f"{what}: out was written"
-        assert np.isfinite(want_q.astype(np.float32)).all()
-        written = slot_host >= 0
-        if written.any():  # the reference itself wrote the cache at the tokens' slots
-            changed = (want_cache.view(np.uint8) != cache0.view(np.uint8)).any(axis=(2, 3, 4)).sum()
-            assert changed > 0
+    for x_host, qkv in check_rope_epilogue(gpu, r, case, plain, fused, rope, {**wbufs, "bias": b}, extra):
         # the pair compared against is right: the plain FP8 variant's qkv against numpy
         xin = RmsNorm(eps=EPS).ref(x_host, g_host) if prologue == "rms_norm" else x_host
         want = _op(k).ref(xin, wq["weight"], wq["weight_scale"], None, None, b_host, None)
-        err = _err(gpu.download(qkv), want)
-        assert err < TOL, f"{plain.entry} M={m}: the variant without the epilogue, {err:.2e} vs numpy"
+        err = _err(qkv, want)
+        assert err < TOL, f"{plain.entry} M={x_host.shape[0]}: the variant without the epilogue, {err:.2e} vs numpy"

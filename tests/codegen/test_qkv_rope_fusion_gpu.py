@@ -62,13 +62,26 @@ def test_rope_epilogue_writes_what_gemv_then_rope_write(gpu, case, config, prolo
     b = gpu.upload(r.standard_normal(n).astype(BF16)) if bias else None
     g = gpu.upload((1 + 0.2 * r.standard_normal(k)).astype(BF16)) if prologue == "rms_norm" else None
     extra = {"norm_weight": g} if prologue == "rms_norm" else {}
+    check_rope_epilogue(gpu, r, case, plain, fused, rope, {"weight": w, "weight_scale": None, "bias": b}, extra)
+
+
+def check_rope_epilogue(gpu, r: np.random.Generator, case: str, plain, fused, rope, inputs: dict,
+                        extra: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``fused`` (``plain`` with the rope epilogue of ``CASES[case]``) writes q and the paged cache bit for bit as
+    ``plain`` followed by ``rope`` (``qkv_cache.cu``), and leaves ``out`` unwritten: M = 1, 3, 8, some slots negative,
+    each fused launch twice. ``inputs``: the weight parameters' and the bias's buffers; ``extra``: the prologue's
+    (``norm_weight``). Returns each M's x and ``plain``'s qkv output, for checks of the pair itself."""
+    nq, nkv, d, k, inter, kt, ct, scaled, bias = CASES[case]
+    n = plain.value("N")
+    pairs = []
     max_pos = 4096
     ang = np.arange(max_pos)[:, None] * (10000.0 ** (-np.arange(d // 2) / (d // 2)))[None]
     tables = {"cos": np.cos(ang), "sin": np.sin(ang)}
     tables = {name: gpu.upload(t.astype(np.float32 if ct is DType.f32 else BF16)) for name, t in tables.items()}
     kv_scale = (gpu.upload((r.uniform(0.005, 0.02, (2, nkv))).astype(np.float32)) if scaled else None)
     for m in (1, 3, 8):
-        x = gpu.upload((3.0 * r.standard_normal((m, k))).astype(BF16))
+        x_host = (3.0 * r.standard_normal((m, k))).astype(BF16)
+        x = gpu.upload(x_host)
         positions = gpu.upload(r.integers(0, max_pos, m).astype(np.int64))
         blocks = m // BLOCK + 3
         slot_host = r.permutation(blocks * BLOCK)[:m].astype(np.int64)
@@ -78,15 +91,15 @@ def test_rope_epilogue_writes_what_gemv_then_rope_write(gpu, case, config, prolo
         cache0 = to_e4m3(cache0 * 100.0) if kt is DType.f8e4m3fn else cache0.astype(BF16)
         # before: the variant without the epilogue, then the fused rope + cache write kernel
         qkv = gpu.alloc((m, n), BF16)
-        gpu.launch(plain, x=x, weight=w, weight_scale=None, bias=b, residual=None, out=qkv, M=m, **extra)
+        gpu.launch(plain, x=x, **inputs, residual=None, out=qkv, M=m, **extra)
         q_want, cache_want = gpu.alloc((m, nq * d), BF16), gpu.upload(cache0)
         gpu.launch(rope, qkv=qkv, positions=positions, **tables, q=q_want, kv_cache=cache_want, slot_mapping=slots,
                    kv_scale=kv_scale, num_tokens=m)
         want_q, want_cache = gpu.download(q_want), gpu.download(cache_want)
         for attempt in range(2):
             out, q, cache = gpu.alloc((m, n), BF16), gpu.alloc((m, nq * d), BF16), gpu.upload(cache0)
-            gpu.launch(fused, x=x, weight=w, weight_scale=None, bias=b, residual=None, out=out, M=m, **extra,
-                       positions=positions, **tables, q=q, kv_cache=cache, slot_mapping=slots, kv_scale=kv_scale)
+            gpu.launch(fused, x=x, **inputs, residual=None, out=out, M=m, **extra, positions=positions, **tables,
+                       q=q, kv_cache=cache, slot_mapping=slots, kv_scale=kv_scale)
             what = f"{fused.entry} M={m} launch {attempt + 1}"
             assert np.array_equal(gpu.download(q).view(np.uint16), want_q.view(np.uint16)), f"{what}: q"
             assert np.array_equal(gpu.download(cache).view(np.uint8), want_cache.view(np.uint8)), f"{what}: cache"
@@ -96,6 +109,8 @@ def test_rope_epilogue_writes_what_gemv_then_rope_write(gpu, case, config, prolo
         if written.any():  # the reference itself wrote the cache at the tokens' slots
             changed = (want_cache.view(np.uint8) != cache0.view(np.uint8)).any(axis=(2, 3, 4)).sum()
             assert changed > 0
+        pairs.append((x_host, gpu.download(qkv)))
+    return pairs
 
 
 #: quant.cu's rope epilogue (weight format, activations, granularity); the Llama-3.2-1B qkv at the rule's configuration
