@@ -19,6 +19,7 @@ from ingot.codegen import decode_fusion, quant_prefill
 from ingot.codegen.kernels.gemv import bulk_rule, quant_rule, tune
 from ingot.codegen.kernels.gemv.rule import (
     BUCKETS,
+    F16_BUCKETS,
     KW_BUCKETS,
     KW_ENV,
     KW_SHAPE,
@@ -253,12 +254,19 @@ CASES = ["split-k", "row-groups", "row-groups-split-k", "awkward", "rms_norm", "
 def test_compiles_with_tensor_cores_and_wide_loads(target, case):
     tgt = get_target(target)
     spec = _case(case, target)
-    assert spec.value("WB") == 1
+    assert spec.value("WB") == 1 and spec.value("F16") == (spec.value("MB") in F16_BUCKETS) and F16_BUCKETS == (8,)
     ops = sass_opcodes(spec, tgt.arch)
-    assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops), sorted(ops)  # bf16 MMAs on the converted weights
     assert any(o.startswith("LDG") and ".128" in o for o in ops), sorted(ops)  # 16-byte weight loads
-    # e4m3 -> bf16 in registers: the bytes spread by PRMT, one exact bf16x2 multiply by 2^120
-    assert "PRMT" in ops and any(o.startswith(("HMUL2.BF16", "HFMA2.BF16")) for o in ops), sorted(ops)
+    bf16_route = any(o.startswith(("HMUL2.BF16", "HFMA2.BF16")) for o in ops)
+    if spec.value("F16"):  # bucket 8 (rule.F16_BUCKETS)
+        # f16 MMAs (HMMA.16816.F32 is f16 x f16 -> f32; bf16's carries .BF16) on codes turned into f16 by the
+        # hardware's conversion, x staged as f16; not the bf16 route's bit operations and exact 2^120 multiply
+        assert "HMMA.16816.F32" in ops and not any(o.startswith("HMMA.16816.F32.BF16") for o in ops), sorted(ops)
+        assert "F2FP.F16.E4M3.UNPACK_B" in ops and "F2FP.F16.F32.PACK_AB" in ops and not bf16_route, sorted(ops)
+    else:
+        # bf16 MMAs on the converted weights: the bytes spread by PRMT, one exact bf16x2 multiply by 2^120
+        assert any(o.startswith("HMMA.16816.F32.BF16") for o in ops), sorted(ops)
+        assert "PRMT" in ops and bf16_route and "F2FP.F16.E4M3.UNPACK_B" not in ops, sorted(ops)
     assert_no_local_memory(ops, f"the FP8 GEMV ({case})")
     if spec.value("KW") > 1:
         assert any(o.startswith("BAR") for o in ops), sorted(ops)  # the row group's reduction through shared memory

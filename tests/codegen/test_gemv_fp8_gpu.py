@@ -93,6 +93,33 @@ def test_fp8_gemv_matches_reference(gpu, n, k, mb, ms, epilogue):
         run_case(gpu, spec, _op(k), wq, x, bias, res, None, n)
 
 
+#: per-token magnitudes of x for the range test: the FP8 variants stage x as f16 times 2^-4 (kernel.cu's header), exact
+#: for 2^-13 <= |x| < 65504 * 16; 6e5 would be inf as f16 unscaled, 2e-4 puts half a token's values below 2^-13
+X_MAGNITUDES = (2e-4, 1.0, 3e3, 6e5)
+
+
+@pytest.mark.parametrize("n,k", [(3072, 2048), (2048, 8192)])
+def test_fp8_gemv_x_range(gpu, n, k):
+    """Tokens of very different magnitudes in one launch, each within the GEMV tolerance of its own reference (the
+    shared tolerance, relative to the largest output of all tokens, would not see the small ones)."""
+    r = rng()
+    spec = gemv_spec(n, k, 8, gpu_target(gpu), wb=1)
+    _check_fp8_spec(spec, n, k, 8)
+    wq, bufs = _fp8_weight(gpu, r, n, k)
+    x = np.stack([r.uniform(-1.0, 1.0, k) * mag for mag in X_MAGNITUDES]).astype(BF16)
+    m = x.shape[0]
+    assert np.abs(x.astype(np.float32)).max() > 65504 and np.abs(x.astype(np.float32)).max() < 65504 * 16
+    want = _op(k).ref(x, wq["weight"], wq["weight_scale"], None, None, None, None).astype(np.float64)
+    for attempt in range(2):
+        out = gpu.alloc((m, n), BF16)  # poisoned (0xFF: NaN)
+        gpu.launch(spec, x=gpu.upload(x), **bufs, bias=None, residual=None, out=out, M=m)
+        got = gpu.download(out).astype(np.float64)
+        assert np.isfinite(got).all(), f"launch {attempt}: non-finite outputs (x overflowed as staged?)"
+        for t, mag in enumerate(X_MAGNITUDES):
+            err = np.abs(got[t] - want[t]).max() / np.abs(want[t]).max()
+            assert err < TOL, f"launch {attempt}: token {t} (|x| up to {mag:g}): relative error {err:.2e}"
+
+
 #: explicit configurations (N, K, bucket, (warps, tiles, steps a stage, split-K, warps a row group), token counts at
 #: the bucket's edges); steps are 64 columns. 8 warps a row group with split-K 3 over CTAs and a partial last slice
 #: (slices of 2048: the third holds 128 columns, half of warp 0's part, warps 1-7 wholly past K); 2 tiles a warp;

@@ -15,3 +15,10 @@ __device__ __forceinline__ void qg_e4m3x4_bf16(unsigned v, unsigned& lo, unsigne
   lo = qg_bmul((a & 0x80008000u) | ((a >> 4) & 0x07F007F0u), 0x7B807B80u);
   hi = qg_bmul((b & 0x80008000u) | ((b >> 4) & 0x07F007F0u), 0x7B807B80u);
 }
+// 4 e4m3 codes (bytes of v) -> f16x2 (b0, b1) and (b2, b3), exactly (every e4m3 value, subnormals included, is an
+// f16), by the hardware's conversion (sm_89+): two instructions where the bf16 path above takes about ten. The f16
+// MMA then needs x in f16 too (kernel.cu stages it scaled, see its header).
+__device__ __forceinline__ void qg_e4m3x4_f16(unsigned v, unsigned& lo, unsigned& hi) {
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
+      : "=r"(lo), "=r"(hi) : "r"(v));
+}

@@ -51,13 +51,20 @@
 //   cache as rope/qkv_cache.cu does, so that the rope launch is skipped in decode steps; out is not written.
 // - FP8 weights (WB = ${WB} bytes a weight; 1: ``quantized_linear`` with e4m3 weights and an f32 scale per output
 //   channel, w_scale[N], bf16 activations; quant_rule.py routes them here): a lane's 16-byte load of a row covers 16
-//   columns instead of 8, so a step is 64 columns, 64 bytes of a row as with bf16. Each load is turned into two bf16
-//   fragments in registers (e4m3.cuh: exact), those of two 32-column sub-steps: lane q's 16 codes are physical
-//   columns 16q..16q+15 of the step, sub-step a its columns 16q+8a..16q+8a+7, and x is read at the same columns. The
-//   scale multiplies the f32 sums in the epilogue (as quant.cu and the reference do: bf16 x times the exact e4m3
-//   values, summed in f32, times the scale). Everything else (prologues, row groups, split-K, the rope epilogue) is
-//   the bf16 variant's. x's rows are padded by 16 bytes instead of 64, so that the 32-byte lane stride of the
-//   fragment reads stays free of bank conflicts.
+//   columns instead of 8, so a step is 64 columns, 64 bytes of a row as with bf16. Each load becomes two 16-bit
+//   fragments in registers, those of two 32-column sub-steps: lane q's 16 codes are physical columns 16q..16q+15 of
+//   the step, sub-step a its columns 16q+8a..16q+8a+7, and x is read at the same columns. The per-channel scale
+//   multiplies the f32 sums in the epilogue, as the reference does (bf16 x times the exact e4m3 values, summed in f32,
+//   times the scale). Two ways to the fragments (F16 = ${F16}, the rule's choice per token bucket):
+//   0: bf16, by bit operations and one exact multiply by 2^120 (e4m3.cuh, ~20 instructions a load), bf16 MMAs;
+//   1: f16, by the hardware's e4m3 -> f16 conversion (exact, 4 instructions a load), f16 MMAs, so x is staged in f16
+//      times 2^-4 (XF16), which holds every bf16 x with 2^-13 <= |x| < 65504 * 16 (~1e6) exactly (smaller ones to
+//      within 2^-21, far below the weights' own e4m3 rounding; larger ones, not met in activations, would become inf;
+//      the rms_norm prologue stages x * g before the norm, the residual stream's scale: hence the margin on both
+//      sides), and the epilogue multiplies the f32 sums by 16 (exact) before the scale. Measured on the H200: the
+//      batch-1 GEMVs 2-11% faster and the FP8 batch-1 step 10% shorter, batch 64 6% slower (docs/PERF.md).
+//   Everything else (prologues, row groups, split-K, the rope epilogue) is the bf16 variant's. x's rows are padded by
+//   16 bytes instead of 64, so that the 32-byte lane stride of the fragment reads stays free of bank conflicts.
 struct u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ u32x4 gemv_ld_stream(const void* p) {
@@ -92,6 +99,13 @@ __device__ __forceinline__ void gemv_mma(float* d, unsigned a0, unsigned a1, uns
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+__device__ __forceinline__ void gemv_mma_f16(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                             unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 // element e (0..7) of 8 packed bf16, as f32
 __device__ __forceinline__ float gemv_bf16_at(const u32x4& v, int e) {
   const unsigned u = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
@@ -113,11 +127,20 @@ __device__ __forceinline__ unsigned gemv_pack(float lo, float hi) {
   return r;
 }
 
+// two f32 -> f16x2 (nearest even; lo in the low half)
+__device__ __forceinline__ unsigned gemv_pack_f16(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, KW = ${KW};
 constexpr int BN = 16 * MT * (WARPS / KW);  // rows of a CTA: WARPS / KW row groups of 16 MT rows
 // WB: bytes a weight (2 bf16, 1 e4m3); a step is 16 bytes a lane of each row: CW columns, SUB bf16 fragments
 constexpr int WB = ${WB}, SUB = 2 / WB, CW = 32 * SUB;
+// FP8 weights as f16 (XH; the rule's choice per bucket, see the header): e4m3 -> f16 by cvt, f16 MMAs, x staged in f16
+constexpr bool XH = WB == 1 && ${F16};
 constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U}, STEPS = KS / CW / KW, NS = STEPS / U;  // STEPS: a warp's
 // x row stride in shared memory (bf16): the padding keeps the 16-B fragment loads conflict-free (lanes of a row 16 B
 // apart: +64 B; 32 B apart with FP8 weights: +16 B)
@@ -125,6 +148,7 @@ constexpr int LDX = KS + (WB == 2 ? 32 : 8);
 constexpr int GX = (N + BN - 1) / BN;
 static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
 static_assert(WB == 1 || WB == 2, "WB: bf16 or e4m3 weights");
+static_assert(WB == 1 || !${F16}, "F16: FP8 weights only");
 static_assert(KS % (CW * U * KW) == 0 && K % CW == 0, "a warp's part of the K slice is whole stages of CW columns");
 static_assert(WARPS % KW == 0, "KW divides the warps");
 // the in-CTA reduction's partial tiles ([KW - 1][row group][mt][j][reg][lane] f32) fit x's region
@@ -135,6 +159,23 @@ constexpr int PROLOGUE = ${PROLOGUE}, VPT = KS / 8, CH = (VPT + 31) / 32, CHW = 
 constexpr bool WEIGHTS_FIRST = ${WEIGHTS_FIRST};
 constexpr float SWIGLU_K = -(${ALPHA}) * 1.4426950408889634f;  // silu's exponent in log2 units
 using SK = GemvSplitK<MT, NT, MB, BN, GX, SPLITK>;
+// XH: x is staged as f16 times XF16 (see the header); the epilogue undoes it
+constexpr float XF16 = 1.0f / 16.0f, XF16_INV = 16.0f;
+
+// two values of x as staged: bf16x2, or f16x2 times XF16 (XH)
+__device__ __forceinline__ unsigned gemv_pack_x(float lo, float hi) {
+  return XH ? gemv_pack_f16(lo * XF16, hi * XF16) : gemv_pack(lo, hi);
+}
+// 8 bf16 of x as staged
+__device__ __forceinline__ u32x4 gemv_to_x(const u32x4& v) {
+  if (!XH) return v;
+  return {gemv_pack_x(gemv_bf16_at(v, 0), gemv_bf16_at(v, 1)), gemv_pack_x(gemv_bf16_at(v, 2), gemv_bf16_at(v, 3)),
+          gemv_pack_x(gemv_bf16_at(v, 4), gemv_bf16_at(v, 5)), gemv_pack_x(gemv_bf16_at(v, 6), gemv_bf16_at(v, 7))};
+}
+// an output row's f32 sum, weight-scaled: with FP8 weights the channel's scale (XH: after 16, exact, undoes XF16)
+__device__ __forceinline__ float gemv_wscale(float y, const float* __restrict__ w_scale, int n) {
+  return WB == 2 ? y : (XH ? y * XF16_INV : y) * w_scale[n];
+}
 
 // a * sigmoid(alpha a) * b = a * b / (1 + 2^(SWIGLU_K a)); 2^+inf = inf gives 0
 __device__ __forceinline__ float gemv_swiglu(float a, float b) {
@@ -212,6 +253,13 @@ ${PDL_WAIT}
         v = WEIGHTS_FIRST ? gemv_ld_after_wait(xbits + (i64)t * K + kb + c) : gemv_ld_x(xbits + (i64)t * K + kb + c);
       *reinterpret_cast<u32x4*>(&xs[t * LDX + c]) = v;
     }
+    // XH: each thread turns the vectors it stored into f16 in place, once all its loads are issued (doing it in the
+    // loop above kept each load waiting for the previous vector's conversion)
+    if (XH)
+      for (int i = threadIdx.x; i < rows * (KS / 8); i += WARPS * 32) {
+        u32x4* const v = reinterpret_cast<u32x4*>(&xs[(i / (KS / 8)) * LDX + (i % (KS / 8)) * 8]);
+        *v = gemv_to_x(*v);
+      }
   } else {
     // the prologue's x (see the header). Each lane copies its 16-byte vectors of x (gate and up for swiglu) into
     // shared memory with cp.async, all in flight at once and no registers held, then turns them into the staged x
@@ -266,7 +314,7 @@ ${PDL_WAIT}
                 }
               }
               *reinterpret_cast<u32x4*>(&xs[i0]) =
-                  {gemv_pack(y[0], y[1]), gemv_pack(y[2], y[3]), gemv_pack(y[4], y[5]), gemv_pack(y[6], y[7])};
+                  {gemv_pack_x(y[0], y[1]), gemv_pack_x(y[2], y[3]), gemv_pack_x(y[4], y[5]), gemv_pack_x(y[6], y[7])};
             }
           }
         }
@@ -302,7 +350,7 @@ ${PDL_WAIT}
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      u32x4 wf[MT][2][SUB];  // the step's bf16 fragments: the loads themselves, or their e4m3 codes dequantized
+      u32x4 wf[MT][2][SUB];  // the step's fragments: the bf16 loads themselves, or their e4m3 codes as bf16 / f16
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -313,10 +361,17 @@ ${PDL_WAIT}
           } else {
             u32x4& lo = wf[mt][h][0];
             u32x4& hi = wf[mt][h][SUB - 1];
-            qg_e4m3x4_bf16(v.x, lo.x, lo.y);
-            qg_e4m3x4_bf16(v.y, lo.z, lo.w);
-            qg_e4m3x4_bf16(v.z, hi.x, hi.y);
-            qg_e4m3x4_bf16(v.w, hi.z, hi.w);
+            if (XH) {
+              qg_e4m3x4_f16(v.x, lo.x, lo.y);
+              qg_e4m3x4_f16(v.y, lo.z, lo.w);
+              qg_e4m3x4_f16(v.z, hi.x, hi.y);
+              qg_e4m3x4_f16(v.w, hi.z, hi.w);
+            } else {
+              qg_e4m3x4_bf16(v.x, lo.x, lo.y);
+              qg_e4m3x4_bf16(v.y, lo.z, lo.w);
+              qg_e4m3x4_bf16(v.z, hi.x, hi.y);
+              qg_e4m3x4_bf16(v.w, hi.z, hi.w);
+            }
           }
         }
 #pragma unroll
@@ -328,8 +383,13 @@ ${PDL_WAIT}
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             const u32x4 a = wf[mt][0][sub], b = wf[mt][1][sub];
-            gemv_mma(acc[mt][j], a.x, b.x, a.y, b.y, xv.x, xv.y);
-            gemv_mma(acc[mt][j], a.z, b.z, a.w, b.w, xv.z, xv.w);
+            if (XH) {
+              gemv_mma_f16(acc[mt][j], a.x, b.x, a.y, b.y, xv.x, xv.y);
+              gemv_mma_f16(acc[mt][j], a.z, b.z, a.w, b.w, xv.z, xv.w);
+            } else {
+              gemv_mma(acc[mt][j], a.x, b.x, a.y, b.y, xv.x, xv.y);
+              gemv_mma(acc[mt][j], a.z, b.z, a.w, b.w, xv.z, xv.w);
+            }
           }
         }
       }
@@ -366,7 +426,7 @@ ${PDL_WAIT}
         const int t = 8 * j + 2 * q + e;
         if (t >= rows) continue;
         float a = acc[mt][j][e], b = acc[mt][j][2 + e];
-        if (WB == 1) a *= w_scale[lo], b *= w_scale[hi];
+        a = gemv_wscale(a, w_scale, lo), b = gemv_wscale(b, w_scale, hi);
         if (PROLOGUE == 1) a *= inv[j][e], b *= inv[j][e];
         if (${HAS_BIAS}) a += to_f32(bias[lo]), b += to_f32(bias[hi]);
         gemv_rope_store(t, lo, hi, gemv_round(a), gemv_round(b), positions, cos_table, sin_table, q_out, kv_cache,
@@ -385,7 +445,7 @@ ${PDL_WAIT}
         const int t = 8 * j + 2 * q + (r & 1), n = row0 + 16 * mt + (r < 2 ? 0 : 8);
         if (t < rows && n < N) {
           float y = acc[mt][j][r];
-          if (WB == 1) y *= w_scale[n];
+          y = gemv_wscale(y, w_scale, n);
           if (PROLOGUE == 1) y *= inv[j][r & 1];
           if (${HAS_BIAS}) y += to_f32(bias[n]);
           if (${HAS_RESIDUAL})

@@ -50,10 +50,13 @@ variant's fused variants are bulk ones too (``fused_spec``), with the same prolo
 **FP8 weights** (``wb=1``, the template's ``WB``): a weight-only FP8 ``quantized_linear`` (e4m3 ``w[n, k]``, f32
 ``weight_scale[n]``, bf16 x) on this template, its params the op's inputs by name (``QUANT_PARAMS``, as ``quant.cu``'s).
 A lane's 16-byte load covers 16 columns, so a step is 64 columns (``WB_STEP_COLS``), the same 64 bytes of a row as a
-bf16 step; the codes become bf16 fragments in registers (exact), the scale multiplies the f32 sums in the epilogue.
-The configuration is the bf16 rule's with steps and the smallest slice in bytes (``gemv_config(..., wb=1)``), and the
-prologues, the rope epilogue and the row groups are the bf16 variant's. ``quant_rule.quant_variants`` gives these
-for the decode buckets with ``INGOT_GEMV_FP8=kernel`` (``quant_rule.fp8_template``).
+bf16 step; the codes become 16-bit fragments in registers (exact), the scale multiplies the f32 sums in the epilogue.
+In the buckets of ``F16_BUCKETS`` (the template's ``F16``) the fragments are f16, by the hardware's e4m3 -> f16
+conversion, with f16 MMAs and x staged in f16 times 2^-4 (exact for 2^-13 <= |x| < ~1e6, the template's header);
+elsewhere bf16, by bit operations. The configuration is the bf16 rule's with steps and the smallest slice in bytes
+(``gemv_config(..., wb=1)``), and the prologues, the rope epilogue and the row groups are the bf16 variant's.
+``quant_rule.quant_variants`` gives these for the decode buckets with ``INGOT_GEMV_FP8=kernel``
+(``quant_rule.fp8_template``).
 
 **Quantized weights** (``quant.cu``, ``quant_rule.py``): ``quantized_linear`` with FP8 (per-channel) or NVFP4
 weights, bf16 or per-token FP8 activations, through the same two entry points (``variants`` per bucket, ``plan``
@@ -83,6 +86,10 @@ QUANT_PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("weig
 #: bytes a weight -> columns a load step covers (16 bytes a lane, 4 lanes a row: 64 bytes of each row; quant.cu's
 #: steps by weight format: ``quant_rule.STEP_COLS``)
 WB_STEP_COLS = {2: 32, 1: 64}
+#: FP8-weight buckets whose e4m3 codes become f16 fragments (``cvt``, 4 instructions a 16-byte load) instead of bf16
+#: ones (bit operations, ~20): measured on the H200 (docs/PERF.md, "FP8 weights as f16"), the 1B model's batch-1
+#: GEMVs 2-11% faster and its FP8 batch-1 step 10% shorter; batch 64 (bucket 64) 6% slower with f16, so not there
+F16_BUCKETS = (8,)
 #: token buckets: one variant per bucket, each correct for M <= bucket
 BUCKETS = (8, 16, 32, 64)
 #: shared memory a CTA's x slice may take (bytes); above 48 KB the launcher raises the function's limit
@@ -331,6 +338,7 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
               "U": cfg.stage_steps, "KW": cfg.kwarps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual,
               "PROLOGUE": PROLOGUES[pro.kind],
               "EPS": float(pro.eps), "ALPHA": float(pro.alpha), "WEIGHTS_FIRST": first, "WB": wb,
+              "F16": wb == 1 and mb in F16_BUCKETS,
               **(rope.values() if rope is not None else NO_ROPE)}
     tag = (f"gemv_{'bf16' if wb == 2 else 'fp8w'}_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
            + ("" if rope is None else "_rope"))
