@@ -183,6 +183,11 @@ PDL_MARKER = "griddepcontrol.wait"
 #: grid before it writes (weights: loads into registers, L2 prefetches) before the wait, so that it overlaps the
 #: previous kernel's tail. A template that uses it gets no prologue at the start of any of its kernels.
 PDL_PLACEHOLDER = "${PDL_WAIT}"
+#: a second place for the wait in a template that uses ``${PDL_WAIT}``: the prologue goes there instead when the trigger
+#: is early. For a template that reads, before ``${PDL_WAIT}``, the step's inputs (sequence lengths, block tables):
+#: with the trigger after the wait, a kernel starts only once the one two launches back has finished, so those are
+#: written (no kernel between them and the reader writes them); with it early that holds only after the wait.
+PDL_WAIT_EARLY = "${PDL_WAIT_EARLY}"
 #: families whose kernels are not rendered with the prologue
 NO_PDL_FAMILIES = ("gemm_cutlass", "tvm")
 _KERNEL_BODY = re.compile(r'(extern "C" __global__[^{;]*\{)')
@@ -212,6 +217,9 @@ def render(spec: KernelSpec) -> str:
     placed = PDL_PLACEHOLDER in body  # the template puts the wait itself (after work that needs no input)
     prologue = pdl_prologue() if pdl else ""
     values["PDL_WAIT"] = prologue
+    if PDL_WAIT_EARLY in body:  # a template's second place, for the early trigger (see PDL_WAIT_EARLY)
+        early = prologue == PDL_PROLOGUE_EARLY
+        values["PDL_WAIT_EARLY"], values["PDL_WAIT"] = (prologue, "") if early else ("", prologue)
     try:
         text = string.Template(body).substitute(values)
     except KeyError as e:

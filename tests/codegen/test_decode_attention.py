@@ -4,6 +4,8 @@ tensor-core loop's fragment data flow emulated in numpy."""
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from ingot.codegen.kernels.attention.split_rule import (
     FP8_WRITE_PARAMS,
     MAX_SPLITS,
     MMA_TILE,
+    PREFETCH_ROWS,
     cache_write_fp8_spec,
     decode_split_spec,
     mma_stage_bytes,
@@ -189,6 +192,33 @@ def test_compiles(target, cache, kv_scale, H, KV, D, bs, softcap, window):
                 assert "F2FP.F16.E4M3.UNPACK_B" in ops, sorted(ops)
         elif spec.template == "decode_split.cu":
             assert any(o.startswith("LDG.") and (".128" in o or ".64" in o) for o in ops), sorted(ops)
+
+
+@needs_compiler
+@pytest.mark.skipif(find_cuobjdump() is None, reason="needs cuobjdump")
+@pytest.mark.parametrize("target", ["h200", "b200"])
+@pytest.mark.parametrize("cache,D,bs", [(bf16, 64, 16), (f8, 128, 16), (bf16, 64, 8)])
+@pytest.mark.parametrize("trigger", ["", "early"])
+def test_split_attention_waits_after_its_setup(target, cache, D, bs, trigger, monkeypatch):
+    """decode_split.cu's header, "Before the wait": the step's inputs (non-coherent loads) and the L2 prefetches of
+    the first K/V rows come before the grid-dependency wait (ACQBULK); every coherent global load (q, and the SIMT
+    path's K/V rows: what the grid before writes) and every cp.async after it, the trigger (PREEXIT) right after
+    the wait. With the early trigger (``INGOT_PDL_TRIGGER=early``) the wait is the kernel's first instruction
+    among these: the inputs may then still be being written two launches back."""
+    monkeypatch.setenv("INGOT_PDL_TRIGGER", trigger)
+    spec = decode_split_spec(bf16, cache, 32, 8, D, bs, D ** -0.5, get_target(target), kv_scale=cache is f8)
+    assert dict(spec.values)["PREFETCH_ROWS"] == PREFETCH_ROWS > 0
+    sass = disassemble(compiled(spec).cubin)
+    seq = re.findall(r"\b(ACQBULK|PREEXIT|CCTL\.E\.PF2|LDG\S*|LDGSTS\S*)\b", sass)
+    assert seq.count("ACQBULK") == 1 and seq.count("PREEXIT") == 1, seq
+    wait = seq.index("ACQBULK")
+    before, after = seq[:wait], seq[wait + 1:]
+    if trigger == "early":
+        assert before == ["PREEXIT"], seq
+        return
+    assert after[0] == "PREEXIT" and "CCTL.E.PF2" in before, seq
+    assert all(o == "CCTL.E.PF2" or o.startswith("LDG.E.CONSTANT") for o in before), before
+    assert any(o == "LDG.E" or o.startswith("LDG.E.") and "CONSTANT" not in o for o in after), after  # q
 
 
 # -- the tensor-core loop's fragments, emulated in numpy ------------------------------------------------------------

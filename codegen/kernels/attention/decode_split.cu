@@ -36,6 +36,17 @@
 // the nsplit partials in split order (deterministic) and writes the output: the reduce step runs in the same
 // launch. One launch at a time per module (stream order) may use the workspace.
 // FP8 cache (e4m3 codes): K = code * kv_scale[0][kvh], V = code * kv_scale[1][kvh] (1 without kv_scale).
+//
+// Before the wait (programmatic dependent launch, codegen/kernel.py): the kernel finds its sequence, its split and its
+// cache blocks from the step's inputs (query_start_loc, seq_lens, block_tables), then asks L2 for the K and V rows
+// of the first PREFETCH_ROWS = ${PREFETCH_ROWS} positions of its range, and only then waits for the grid before it,
+// whose outputs (q, this step's new K/V rows) it reads after. Launched early, that chain of dependent loads (3 round
+// trips) and the first tiles' DRAM latency overlap the previous kernel (at batch 1 the whole short context). The
+// step's inputs are written before the kernel two launches back has finished (the copy or the step-inputs kernel at
+// the step's start), which a kernel waiting first has awaited before letting this one start; with the early trigger
+// (INGOT_PDL_TRIGGER=early) that no longer holds, and the wait moves to the top of the kernel.
+// A prefetched line this step's qkv kernel then writes is updated in L2 like any other: the reads after the wait
+// see the new row.
 struct pa_u32x4 { unsigned x, y, z, w; };
 
 namespace {
@@ -43,6 +54,7 @@ constexpr int D = ${HEAD_DIM}, KV = ${KV_HEADS}, G = ${GROUP}, H = KV * G, BS = 
 constexpr int WARPS = ${WARPS}, MAX_SPLITS = ${MAX_SPLITS}, MIN_CHUNK_BLOCKS = ${MIN_CHUNK_BLOCKS};
 constexpr int TARGET_CTAS = ${TARGET_CTAS}, TOKEN_CAP = ${TOKEN_CAP}, WINDOW = ${SLIDING_WINDOW};
 constexpr bool FP8 = ${FP8};
+constexpr int PREFETCH_ROWS = ${PREFETCH_ROWS};
 constexpr float SCALE = ${SCALE}, SOFTCAP = ${SOFTCAP};
 constexpr int LPP = D / 8, PPW = 32 / LPP, ITERS = ${ITERS}, TP = PPW * ITERS, TILES = BS / TP;
 static_assert(D % 8 == 0 && 32 % LPP == 0 && LPP <= 32, "head_dim: 8 features per lane, a power of two up to 256");
@@ -69,15 +81,23 @@ __device__ float ${KERNEL}_acc[TOKEN_CAP * KV * MAX_SPLITS * G * D];
 __device__ float ${KERNEL}_ml[TOKEN_CAP * KV * MAX_SPLITS * G * 2];
 __device__ unsigned ${KERNEL}_cnt[TOKEN_CAP * KV];
 
+// Reads of what the grid before this one writes (q, this step's K/V rows), all after the wait: coherent loads, and
+// volatile so that neither the compiler nor ptxas moves them above it (ptxas moves ld.global.nc across
+// griddepcontrol.wait, see gemv/kernel.cu's header).
 __device__ __forceinline__ pa_u32x4 pa_ld(const bf16* p) {
   pa_u32x4 v;
-  asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 __device__ __forceinline__ pa_u32x4 pa_ld(const fp8e4m3* p) {
   pa_u32x4 v;
-  asm("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  asm volatile("ld.global.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
   v.z = v.w = 0u;
+  return v;
+}
+__device__ __forceinline__ unsigned pa_ld_u32(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
 }
 __device__ __forceinline__ void pa_e4m3x2(unsigned short b, float& lo, float& hi) {
@@ -172,6 +192,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
   __shared__ unsigned is_last;
   float* const sm_acc = MMA ? reinterpret_cast<float*>(pa_ring) : sm_acc_simt;  // warp w at w * ACC_WSTRIDE
   const float NEG_INF = __int_as_float(0xff800000u);
+${PDL_WAIT_EARLY}
   const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (t >= num_tokens) return;
@@ -215,6 +236,20 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
   // the CTA's cache blocks [b0, b1) and the positions it attends to, [lo, hi] (empty when !owned)
   const int b0 = b_first + z * per, b1 = min(b0 + per, b_first + nblk);
   const int lo = max(b0 * BS, first), hi = min(b1 * BS - 1, qpos);
+  // the first PREFETCH_ROWS positions of the range, K and V rows, asked of L2 (the step's inputs are read as above)
+  if (PREFETCH_ROWS > 0 && owned) {
+    constexpr int LINES = (D * ESZ + 127) / 128;  // 128-byte lines a row
+    const int rows = min(hi - lo + 1, PREFETCH_ROWS);
+    for (int i = threadIdx.x; i < 2 * LINES * rows; i += WARPS * 32) {
+      const int p = lo + i / (2 * LINES), kv = (i / LINES) & 1;
+      const i64 blk = __ldg(table + p / BS);
+      const ${CT}* row = kv_cache + ((blk * 2 + kv) * BS + p % BS) * (KV * D) + kvh * D;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(row) + 128 * (i % LINES)));
+    }
+  }
+  // the grid before this one (the qkv projection, rope, the cache write) writes q and this step's K/V rows: read from
+  // here on. Everything above reads only the step's inputs and the model's constants (header: "Before the wait").
+${PDL_WAIT}
 
   if constexpr (MMA) {
     const int g8 = lane >> 2, t4 = lane & 3;
@@ -227,8 +262,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32${MIN_CTAS}) ${KERNEL}(
       const unsigned* qw = reinterpret_cast<const unsigned*>(q + (i64)t * ${Q_STRIDE} + (kvh * G + (live ? g8 : 0)) * D);
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
-        qb[ks][0] = live ? __ldg(qw + 8 * ks + t4) : 0u;
-        qb[ks][1] = live ? __ldg(qw + 8 * ks + 4 + t4) : 0u;
+        qb[ks][0] = live ? pa_ld_u32(qw + 8 * ks + t4) : 0u;
+        qb[ks][1] = live ? pa_ld_u32(qw + 8 * ks + 4 + t4) : 0u;
       }
       if constexpr (FP8) {
         // the f16 mma takes q as f16: scaled by a power of two qs that puts the group's largest |q| in

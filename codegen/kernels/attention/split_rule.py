@@ -189,6 +189,12 @@ def use_split(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: in
     return True
 
 
+#: positions of a CTA's range whose K and V rows the kernel asks L2 for before its grid-dependency wait (the
+#: template's header, "Before the wait"): the whole range of a short context (the 1B model's batch-1 decode), the
+#: pipeline's first tiles of a long one
+PREFETCH_ROWS = 64
+
+
 def decode_split_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: int, head_dim: int,
                       block_size: int, scale: float, target: Target, softcap: float = 0.0, sliding_window: int = 0,
                       kv_scale: bool = False, config: SplitConfig | None = None) -> KernelSpec:
@@ -210,7 +216,7 @@ def decode_split_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_h
               "TARGET_CTAS": cfg.target_ctas, "TOKEN_CAP": cfg.token_cap, "ITERS": cfg.iters,
               "MMA": cfg.mma, "STAGES": max(cfg.stages, 1), "MIN_CTAS": ", 1" if cfg.mma else "",
               "Q_STRIDE": num_heads * head_dim, "SCALE": float(scale), "SOFTCAP": float(softcap),
-              "SLIDING_WINDOW": int(sliding_window),
+              "SLIDING_WINDOW": int(sliding_window), "PREFETCH_ROWS": PREFETCH_ROWS,
               "KV_SCALE_PARAM": ", const float* __restrict__ kv_scale" if kv_scale else "",
               "KV_SCALE_PTR": "kv_scale" if kv_scale else "nullptr"}
     tag = f"{dtype.value}_{cache_dtype.value}_{num_heads}x{num_kv_heads}x{head_dim}_b{block_size}"
