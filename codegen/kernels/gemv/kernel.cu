@@ -92,20 +92,21 @@ __device__ __forceinline__ u32x4 gemv_ld_after_wait(const void* p) {
   asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+// d += a b (mma m16n8k16, f32 accumulate): bf16 operands, or f16 ones with F16
+#define GEMV_MMA(T)                                                                                         \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
+               "{%0,%1,%2,%3};"                                                                           \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                           \
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+template <bool F16>
 __device__ __forceinline__ void gemv_mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                          unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  if (F16)
+    GEMV_MMA("f16");
+  else
+    GEMV_MMA("bf16");
 }
-__device__ __forceinline__ void gemv_mma_f16(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                                             unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+#undef GEMV_MMA
 // element e (0..7) of 8 packed bf16, as f32
 __device__ __forceinline__ float gemv_bf16_at(const u32x4& v, int e) {
   const unsigned u = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
@@ -383,13 +384,8 @@ ${PDL_WAIT}
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             const u32x4 a = wf[mt][0][sub], b = wf[mt][1][sub];
-            if (XH) {
-              gemv_mma_f16(acc[mt][j], a.x, b.x, a.y, b.y, xv.x, xv.y);
-              gemv_mma_f16(acc[mt][j], a.z, b.z, a.w, b.w, xv.z, xv.w);
-            } else {
-              gemv_mma(acc[mt][j], a.x, b.x, a.y, b.y, xv.x, xv.y);
-              gemv_mma(acc[mt][j], a.z, b.z, a.w, b.w, xv.z, xv.w);
-            }
+            gemv_mma<XH>(acc[mt][j], a.x, b.x, a.y, b.y, xv.x, xv.y);
+            gemv_mma<XH>(acc[mt][j], a.z, b.z, a.w, b.w, xv.z, xv.w);
           }
         }
       }
