@@ -180,6 +180,23 @@ def test_row_groups_compile_without_spills(target, n, k, mb, c):
     assert_no_local_memory(ops, "the GEMV with row groups")
 
 
+def test_weights_first_switch(monkeypatch):
+    """``INGOT_GEMV_WEIGHTS_FIRST``: plain variants wait first unless ``all``; fused ones load weights first either
+    way; an explicit ``weights_first`` wins."""
+    from ingot.codegen.kernels.gemv.rule import WEIGHTS_FIRST_ENV, Prologue, fused_spec
+
+    tgt = get_target("h200")
+    for raw, plain_first in (("", False), ("fused", False), (" ALL ", True)):
+        monkeypatch.setenv(WEIGHTS_FIRST_ENV, raw)
+        plain = gemv_spec(2048, 2048, 8, tgt)
+        assert plain.value("WEIGHTS_FIRST") is plain_first, raw
+        assert fused_spec(plain, Prologue("rms_norm", eps=1e-5), tgt).value("WEIGHTS_FIRST") is True
+        assert gemv_spec(2048, 2048, 8, tgt, weights_first=False).value("WEIGHTS_FIRST") is False
+    monkeypatch.setenv(WEIGHTS_FIRST_ENV, "some")
+    with pytest.raises(ValueError, match=WEIGHTS_FIRST_ENV):
+        gemv_spec(2048, 2048, 8, tgt)
+
+
 @needs_compiler
 @pytest.mark.parametrize("target", ["h200", "b200"])
 @pytest.mark.parametrize("n,k,mb", [(16384, 2048, 8), (2048, 8192, 32), (200, 96, 64)])

@@ -10,6 +10,7 @@ variant followed by ``rope/qkv_cache.cu``) and ``tests/runtime/test_qkv_rope_fus
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -17,16 +18,20 @@ import ingot
 from ingot.codegen import qkv_rope_fusion
 from ingot.codegen.kernels.gemv.rule import (
     ROPE_PARAMS,
+    ROPE_PRELOAD_ENV,
     Prologue,
     RopeEpilogue,
     fused_spec,
     gemv_config,
     gemv_spec,
+    rope_preload,
     with_rope,
 )
 from ingot.codegen.target import get_target
 from tests.codegen.common import (  # noqa: F401 (autouse fixture)
     assert_no_local_memory,
+    compiled,
+    disassembled,
     module_kernel_cache,
     needs_compiler,
     sass_opcodes,
@@ -202,6 +207,44 @@ def test_rope_variants_compile_without_local_memory(target, shape):
         assert any(o.startswith("HMMA") for o in ops), sorted(ops)
         if scaled:
             assert any("E4M3" in o for o in ops), sorted(ops)  # the saturating e4m3 conversion
+
+
+def test_preload_switch(monkeypatch):
+    monkeypatch.delenv(ROPE_PRELOAD_ENV, raising=False)
+    assert ROPE_PRELOAD_ENV == "INGOT_ROPE_PRELOAD" and rope_preload() is False
+    for raw, want in (("", False), ("0", False), (" 1 ", True)):
+        monkeypatch.setenv(ROPE_PRELOAD_ENV, raw)
+        assert rope_preload() is want
+        assert dict(with_rope(gemv_spec(3072, 2048, 8, get_target("h200")), RopeEpilogue(32, 8, 64, False, 16),
+                              get_target("h200")).values)["ROPE_PRELOAD"] is want
+    monkeypatch.setenv(ROPE_PRELOAD_ENV, "yes")
+    with pytest.raises(ValueError, match=ROPE_PRELOAD_ENV):
+        rope_preload()
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["h200", "b200"])
+@pytest.mark.parametrize("wb", [2, 1], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("preload", ["0", "1"])
+def test_where_the_epilogue_reads_its_slots(target, wb, preload, monkeypatch):
+    """``INGOT_ROPE_PRELOAD=1`` (rope_epilogue.cuh): the epilogue's 64-bit reads (slot_mapping and positions of the
+    thread's two tokens) come after the grid-dependency wait and before the first MMA; by default after the last
+    MMA, where the epilogue stores."""
+    monkeypatch.setenv(ROPE_PRELOAD_ENV, preload)
+    tgt = get_target(target)
+    spec = with_rope(fused_spec(gemv_spec(3072, 2048, 8, tgt, wb=wb), Prologue("rms_norm", eps=1e-5), tgt),
+                     RopeEpilogue(32, 8, 64, False, 16), tgt)
+    assert spec.value("ROPE_PRELOAD") is (preload == "1")
+    assert_no_local_memory(sass_opcodes(spec, ARCH[target]), spec.entry)
+    seq = re.findall(r"\b(ACQBULK|HMMA\S*|LDG\.E\.64\S*)", disassembled(compiled(spec), ARCH[target]))
+    wait = seq.index("ACQBULK")
+    mma = [i for i, o in enumerate(seq) if o.startswith("HMMA")]
+    wide = [i for i, o in enumerate(seq) if o.startswith("LDG.E.64")]
+    assert len(wide) == 4, seq
+    if preload == "1":
+        assert all(wait < i < mma[0] for i in wide), seq
+    else:
+        assert all(i > mma[-1] for i in wide), seq
 
 
 @needs_compiler

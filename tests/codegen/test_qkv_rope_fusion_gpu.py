@@ -47,13 +47,20 @@ def _specs(gpu, case: str, config: str, prologue: str, weights_first: bool):
     return plain, fused, rope
 
 
+@pytest.mark.parametrize("preload", ["0", "1"], ids=["", "preload"])
 @pytest.mark.parametrize("weights_first", [False, True], ids=["wait-first", "weights-first"])
 @pytest.mark.parametrize("prologue", ["none", "rms_norm"])
 @pytest.mark.parametrize("config", ["rule", "splitk"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_rope_epilogue_writes_what_gemv_then_rope_write(gpu, case, config, prologue, weights_first):
+def test_rope_epilogue_writes_what_gemv_then_rope_write(gpu, case, config, prologue, weights_first, preload,
+                                                        monkeypatch):
+    """The variant with the rope epilogue writes q and the cache bit for bit as the plain variant then the rope
+    kernel (``check_rope_epilogue``), its slots and cos / sin read where it stores or, with ``INGOT_ROPE_PRELOAD=1``,
+    right after its grid-dependency wait."""
+    monkeypatch.setenv("INGOT_ROPE_PRELOAD", preload)
     nq, nkv, d, k, inter, kt, ct, scaled, bias = CASES[case]
     plain, fused, rope = _specs(gpu, case, config, prologue, weights_first)
+    assert fused.value("ROPE_PRELOAD") is (preload == "1")
     if config == "splitk":
         assert fused.value("SPLITK") > 1
     n = plain.value("N")

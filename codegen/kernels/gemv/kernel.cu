@@ -244,6 +244,23 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
   }
   // the previous kernel's outputs (x, residual) are read only from here on
 ${PDL_WAIT}
+#if ${ROPE} && ${ROPE_PRELOAD}
+  // the rope epilogue's slots and cos / sin (rope_epilogue.cuh, RPRE), loaded now so that their round trips overlap
+  // the weight stream instead of following the last MMA (the first warp of a row group stores them)
+  GemvRopeIn rin[MT][NT][2] = {};
+  if (kw == 0) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int t = 8 * j + 2 * q + e, nlo = row0 + 16 * mt;
+          if (t < rows && nlo < N)
+            rin[mt][j][e] = gemv_rope_in(t, gemv_rope_row(nlo), positions, cos_table, sin_table, slot_mapping);
+        }
+  }
+#endif
   const unsigned short* xbits = reinterpret_cast<const unsigned short*>(x);
   if (PROLOGUE == 0) {
     // x[0:M, kb:kb+KS] -> shared memory (tokens >= M and columns >= K are zeros)
@@ -425,8 +442,13 @@ ${PDL_WAIT}
         a = gemv_wscale(a, w_scale, lo), b = gemv_wscale(b, w_scale, hi);
         if (PROLOGUE == 1) a *= inv[j][e], b *= inv[j][e];
         if (${HAS_BIAS}) a += to_f32(bias[lo]), b += to_f32(bias[hi]);
+#if ${ROPE_PRELOAD}
+        const GemvRopeIn& in = rin[mt][j][e];
+        gemv_rope_apply(t, lo, hi, gemv_round(a), gemv_round(b), in.slot, in.c, in.s, q_out, kv_cache, kv_scale);
+#else
         gemv_rope_store(t, lo, hi, gemv_round(a), gemv_round(b), positions, cos_table, sin_table, q_out, kv_cache,
                         slot_mapping, kv_scale);
+#endif
       }
   }
   return;

@@ -175,6 +175,27 @@ class Prologue:
             raise ValueError(f"gemv prologue must be one of {sorted(PROLOGUES)}, got {self.kind!r}")
 
 
+#: compile time: which ``kernel.cu`` variants load their first weight stage before the grid-dependency wait (the
+#: template's ``WEIGHTS_FIRST``) when ``gemv_spec`` is not told: ``fused`` (default: those with a prologue) or ``all``
+#: (plain ones too: their SASS is tested, their speed in the model not yet measured)
+WEIGHTS_FIRST_ENV = "INGOT_GEMV_WEIGHTS_FIRST"
+
+
+def weights_first_all() -> bool:
+    """``INGOT_GEMV_WEIGHTS_FIRST``: unset, empty or ``fused``: False; ``all``: True; anything else a ``ValueError``."""
+    return env_choice(WEIGHTS_FIRST_ENV, {"": False, "fused": False, "all": True}, "'fused' (the default) or 'all'")
+
+
+#: compile time: ``kernel.cu``'s rope epilogue loads its slots and cos / sin right after the grid-dependency wait
+#: instead of after the last MMA (``rope_epilogue.cuh``); ``0`` (default) or ``1``. Not yet measured on a GPU
+ROPE_PRELOAD_ENV = "INGOT_ROPE_PRELOAD"
+
+
+def rope_preload() -> bool:
+    """``INGOT_ROPE_PRELOAD``: unset, empty or ``0``: off; ``1``: on; anything else a ``ValueError``."""
+    return env_choice(ROPE_PRELOAD_ENV, {"": False, "0": False, "1": True}, "'0' or '1'")
+
+
 @dataclass(frozen=True)
 class RopeEpilogue:
     """The rope epilogue (the template's ``ROPE``; ``codegen/qkv_rope_fusion.py``): the qkv projection's variant
@@ -205,12 +226,12 @@ class RopeEpilogue:
     def values(self) -> dict[str, int | bool | str]:
         return {"ROPE": True, "ROPE_NQ": self.num_heads, "ROPE_NKV": self.num_kv_heads, "ROPE_D": self.head_dim,
                 "ROPE_INTERLEAVED": self.interleaved, "ROPE_BS": self.block_size, "ROPE_KT": self.cache_ctype,
-                "ROPE_CT": self.table_ctype, "ROPE_SCALED": self.scaled}
+                "ROPE_CT": self.table_ctype, "ROPE_SCALED": self.scaled, "ROPE_PRELOAD": rope_preload()}
 
 
 #: a variant without the rope epilogue (values the template needs all the same)
 NO_ROPE = {"ROPE": False, "ROPE_NQ": 0, "ROPE_NKV": 0, "ROPE_D": 16, "ROPE_INTERLEAVED": False, "ROPE_BS": 16,
-           "ROPE_KT": "bf16", "ROPE_CT": "float", "ROPE_SCALED": False}
+           "ROPE_KT": "bf16", "ROPE_CT": "float", "ROPE_SCALED": False, "ROPE_PRELOAD": False}
 #: the rope epilogue's parameters, after the variant's own (and ``norm_weight``)
 ROPE_PARAMS = [("positions", "ptr"), ("cos", "ptr"), ("sin", "ptr"), ("q", "ptr"), ("kv_cache", "ptr"),
                ("slot_mapping", "ptr"), ("kv_scale", "ptr")]
@@ -328,7 +349,7 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
     if rope is not None and (rope.rows != n or residual):
         raise ValueError(f"gemv rope epilogue: N {n} must be the qkv row's {rope.rows} features, without residual")
     pro = prologue or Prologue()
-    first = pro.kind != "none" if weights_first is None else weights_first
+    first = (pro.kind != "none" or weights_first_all()) if weights_first is None else weights_first
     cfg = config or gemv_config(n, k, mb, target.num_sms or 132, wb=wb)
     smem, limit = smem_bytes(mb, cfg.slice_k, pro.kind, wb), target.smem_per_block or 227 * 1024
     if smem + STATIC_SMEM > limit:
