@@ -11,6 +11,11 @@
 # variants differ only by their switches. Results under $OUT: e2e_<i>_<variant>.json, summary.txt / summary.json.
 # From the repository root or anywhere (the script goes there); bench/gpu_run_lib.sh installs what .whl/ carries and
 # seeds the kernel cache from .gpu_cache/. About 2 minutes a compile after the first, 10 s a run.
+# NAME@DIR[:VAR=VALUE,...]: the variant's artifacts are compiled with the files under DIR (a folder mirroring the
+# repository's layout, relative to the repository root) in place of the repository's, e.g. the previous version of a
+# kernel template, made on the CPU side by `bash bench/make_overlay.sh REV DIR PATH...` and carried with the tree:
+#   OUT=/dir bash bench/run_ab_gpu.sh new "old@.gpu_run/old"
+# The repository's own files are put back after the compile (the runs use the artifacts, not the sources).
 # SHARED=1: the variants differ only by run-time switches (INGOT_DECODE_OVERLAP, INGOT_STEPS_GRAPH, ...), so only
 # the first variant's artifact is compiled and every variant runs it.
 set -u
@@ -19,19 +24,40 @@ FORMATS=${FORMATS:-bf16}
 RUNS=${RUNS:-3}
 W=${WORKDIR:-/tmp/ab-work}
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { echo "usage: OUT=/dir bash bench/run_ab_gpu.sh NAME[:VAR=VALUE,...] NAME[:VAR=VALUE,...] ..."; exit 2; }
+[ $# -ge 2 ] || { echo "usage: OUT=/dir bash bench/run_ab_gpu.sh NAME[@DIR][:VAR=VALUE,...] ..."; exit 2; }
 . bench/gpu_run_lib.sh
 MB="--max-num-batched-tokens 16384"
 names=()
 envs=()
+overlays=()
 for v in "$@"; do
   name=${v%%:*}
   e=""
   [ "$name" != "$v" ] && e=${v#*:}
+  overlay=""
+  case $name in *@*) overlay=${name#*@}; name=${name%%@*} ;; esac
   case $name in ""|*/*|*" "*) echo "bad variant name: '$name'"; exit 2 ;; esac
+  [ -z "$overlay" ] || [ -d "$overlay" ] || { echo "variant $name: no folder '$overlay'"; exit 2; }
   names+=("$name")
   envs+=("${e//,/ }")
+  overlays+=("$overlay")
 done
+# with_overlay DIR COMMAND...: COMMAND run with DIR's files in place of the repository's, which are put back after
+with_overlay() {
+  local dir=$1; shift
+  [ -n "$dir" ] || { "$@"; return; }
+  local keep; keep=$(mktemp -d)
+  local files; mapfile -t files < <(cd "$dir" && find . -type f | sed 's|^\./||')
+  for f in "${files[@]}"; do
+    if [ -e "$f" ]; then mkdir -p "$keep/$(dirname "$f")" && cp -p "$f" "$keep/$f"; fi
+    mkdir -p "$(dirname "$f")" && cp "$dir/$f" "$f"
+  done
+  "$@"
+  for f in "${files[@]}"; do
+    if [ -e "$keep/$f" ]; then cp -p "$keep/$f" "$f"; else rm -f "$f"; fi
+  done
+  rm -rf "$keep"
+}
 SHARED=${SHARED:-0}
 work() { if [ "$SHARED" = 1 ]; then echo "$W/${names[0]}"; else echo "$W/${names[$1]}"; fi; }
 for i in "${!names[@]}"; do
@@ -40,8 +66,8 @@ for i in "${!names[@]}"; do
   mkdir -p "$W/$n"
   [ "$i" -gt 0 ] && ln -sfn "$W/${names[0]}/llama1b-ckpt" "$W/$n/llama1b-ckpt"
   # shellcheck disable=SC2086 (the variant's assignments, word-split on purpose)
-  step "compile_$n" timeout=600 env INGOT_AUTOTUNE=0 ${envs[$i]} python3 bench/bench_e2e.py --compile-only --reuse \
-    --workdir "$W/$n" $MB --formats "$FORMATS"
+  with_overlay "${overlays[$i]}" step "compile_$n" timeout=600 env INGOT_AUTOTUNE=0 ${envs[$i]} python3 \
+    bench/bench_e2e.py --compile-only --reuse --workdir "$W/$n" $MB --formats "$FORMATS"
 done
 k=0
 for r in $(seq 1 "$RUNS"); do
