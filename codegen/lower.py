@@ -115,7 +115,7 @@ from .kernel import KernelSpec, has_pdl
 from .kernels.attention import prefill_rule
 from .kernels.copy.rule import plan as plan_copy
 from .kernels.gemm_cutlass import blockscaled_rule, cutlass_params
-from .launch_list import by_node
+from .launch_list import Launch, by_node
 from .memory_plan import KV_DIM, plan_memory
 from .registry import plan_node, plan_variants
 from .rope_cache_fusion import fuse as fuse_rope_cache
@@ -264,7 +264,7 @@ def bind_args(node: Node, specs: list[KernelSpec]) -> list[dict[str, dict[str, A
     raise LoweringError(f"{op}: the CUDA lowering does not know how to bind this op's kernel arguments")
 
 
-def plan_launches(graph: Graph, target: Target) -> list[tuple[int, Node, KernelSpec | None, dict[str, Any]]]:
+def plan_launches(graph: Graph, target: Target) -> list[Launch]:
     """(node index, node, spec, arguments) per launch, in order; raises ``LoweringError`` naming every
     op without a kernel for ``target``. An ``all_reduce`` (a tensor-parallel rank's graph) has spec None:
     its launch entry is ``{"collective": "all_reduce", "dtype", "args": {x, out, count}}``, run by NCCL."""
@@ -326,7 +326,7 @@ def _quant_note(node: Node) -> str:
             "has no kernel), or compile for target cpu")
 
 
-def gemv_variant_plans(launches: list[tuple[int, Node, KernelSpec | None, dict[str, Any]]],
+def gemv_variant_plans(launches: list[Launch],
                        target: Target) -> dict[int, list[tuple[int, KernelSpec]]]:
     """Launch index -> its small-M variants (``plan_variants``: ``(max rows, spec)``, smallest first) for nodes of
     one launch counting rows in ``M``, where the variants take the launch's arguments and some step can use them."""

@@ -82,7 +82,6 @@ WEIGHT_SUFFIX, SCALE_SUFFIX = ".dequant_weight", ".dequant_scale"
 GEMV_MAX_ROWS = DECODE_MAX_ROWS
 
 
-
 def enabled() -> bool:
     return os.environ.get(ENV, "").strip() != "0"
 

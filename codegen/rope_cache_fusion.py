@@ -58,7 +58,6 @@ CACHE_WRITES = {"cache_write.cu": False, "cache_write_fp8.cu": True}
 ATTENTION_OPS = ("paged_attention", "paged_attention_fp8")
 
 
-
 @dataclass
 class RopeCacheFusion:
     """What the lowering changes (launches by their index in ``plan_launches``' list)."""

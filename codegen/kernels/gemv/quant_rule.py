@@ -15,8 +15,9 @@ Other combinations (per-tensor/block FP8 scales, MXFP4, NVFP4 activations, the s
 not taken (``quant_applies`` returns None).
 
 **FP8 weight-only decode buckets on ``kernel.cu``** (``INGOT_GEMV_FP8``, ``fp8_template``): the bf16 GEMV's template
-with e4m3 weights (``rule.gemv_spec(..., wb=1)``: the same dequantization in registers, the scale in the epilogue),
-so those buckets get what the bf16 path has and ``quant.cu`` lacks: the rms_norm / swiglu prologues
+with e4m3 weights (``rule.gemv_spec(..., wb=1)``: the codes converted in registers, exactly, to bf16, or to f16
+in ``rule.F16_BUCKETS``; the scale in the epilogue), so those buckets get what the bf16 path has and ``quant.cu``
+lacks: the rms_norm / swiglu prologues
 (``codegen/decode_fusion.py``), the rope epilogue (``codegen/qkv_rope_fusion.py``) and the row groups, with the bf16
 rule's configurations for the same bytes a row. The default since the twelfth session: on the H200 the 1B model's
 FP8 weight-only decode ran 1.15x faster at batch 1 and 1.25x at batch 64 (docs/PERF.md, "FP8 weights on

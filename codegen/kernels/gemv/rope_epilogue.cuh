@@ -50,18 +50,24 @@ __device__ __forceinline__ unsigned short gemv_rope_ld16(const void* p) {
 }
 __device__ __forceinline__ float gemv_rope_ld(const bf16* p) { return to_f32(bf16{gemv_rope_ld16(p)}); }
 __device__ __forceinline__ float gemv_rope_ld(const f16* p) { return to_f32(f16{gemv_rope_ld16(p)}); }
-// token t's slot, and cos / sin for the pair whose first weight row is lo (q and k rows; 0 for v's), by the volatile
-// loads above
+// cos and sin at token t's position for the pair whose first weight row is lo (q and k rows; v's keep c, s): EARLY
+// by the volatile loads above (RPRE), else plain ones
+template <bool EARLY>
+__device__ __forceinline__ void gemv_rope_cs(int t, int lo, const long long* positions, const ${ROPE_CT}* cos_table,
+                                             const ${ROPE_CT}* sin_table, float& c, float& s) {
+  if (lo < (RQ + RKV) * RD) {
+    const int d = lo % RD, jc = RINTER ? d / 2 : d;
+    const i64 pos = EARLY ? gemv_rope_ld(positions + t) : positions[t];
+    c = EARLY ? gemv_rope_ld(cos_table + pos * RHALF + jc) : to_f32(cos_table[pos * RHALF + jc]);
+    s = EARLY ? gemv_rope_ld(sin_table + pos * RHALF + jc) : to_f32(sin_table[pos * RHALF + jc]);
+  }
+}
+// token t's slot, and cos / sin for the pair whose first weight row is lo (0 for v's), by the volatile loads
 __device__ __forceinline__ GemvRopeIn gemv_rope_in(int t, int lo, const long long* positions,
                                                    const ${ROPE_CT}* cos_table, const ${ROPE_CT}* sin_table,
                                                    const long long* slot_mapping) {
   GemvRopeIn in{gemv_rope_ld(slot_mapping + t), 0.0f, 0.0f};
-  if (lo < (RQ + RKV) * RD) {
-    const int d = lo % RD, jc = RINTER ? d / 2 : d;
-    const i64 i = gemv_rope_ld(positions + t) * RHALF + jc;
-    in.c = gemv_rope_ld(cos_table + i);
-    in.s = gemv_rope_ld(sin_table + i);
-  }
+  gemv_rope_cs<true>(t, lo, positions, cos_table, sin_table, in.c, in.s);
   return in;
 }
 
@@ -96,11 +102,6 @@ __device__ __forceinline__ void gemv_rope_store(int t, int lo, int hi, float a, 
   const i64 slot = slot_mapping[t];
   if (lo >= RQ * RD && slot < 0) return;
   float c = 0.0f, s = 0.0f;
-  if (lo < (RQ + RKV) * RD) {
-    const int d = lo % RD, jc = RINTER ? d / 2 : d;
-    const i64 pos = positions[t];
-    c = to_f32(cos_table[pos * RHALF + jc]);
-    s = to_f32(sin_table[pos * RHALF + jc]);
-  }
+  gemv_rope_cs<false>(t, lo, positions, cos_table, sin_table, c, s);
   gemv_rope_apply(t, lo, hi, a, b, slot, c, s, q_out, kv_cache, kv_scale);
 }
