@@ -91,11 +91,13 @@ FORMATS: dict[str, dict[str, Any]] = {
     # FP8 weights with the lm_head too (the default skip-list keeps it bf16; a `layers` entry names it: its node is
     # `logits` or `lm_head` depending on the frontend); not built unless asked (--formats)
     "fp8-w8a16-lmhead": {"quant_config": {"default": "fp8:wo", "layers": {"lm_head": "fp8:wo", "logits": "fp8:wo"}}},
+    # NVFP4 weights (e2m1 codes, an e4m3 scale per 16, a global scale), activations bf16; not built unless asked
+    "nvfp4-w4a16": {"quant_config": {"default": "nvfp4:wo"}},
 }
 #: what --formats builds when not given
 DEFAULT_FORMATS = ("bf16", "fp8-w8a16", "fp8-w8a8")
 LABELS = {"bf16": "BF16", "fp8-w8a16": "FP8 weights (fp8:wo)", "fp8-w8a8": "FP8 W8A8 (fp8)",
-          "fp8-w8a16-lmhead": "FP8 weights incl. lm_head (fp8:wo)"}
+          "fp8-w8a16-lmhead": "FP8 weights incl. lm_head (fp8:wo)", "nvfp4-w4a16": "NVFP4 weights (nvfp4:wo)"}
 
 
 def emit(**fields: Any) -> None:
@@ -148,9 +150,9 @@ def weight_bytes(ckpt: Path) -> dict[str, int]:
     from ingot.runtime.safetensors_io import SafetensorsFile
 
     cfg = json.loads((ckpt / "config.json").read_text())
-    fp8 = parse_spec("fp8:wo")
+    fp8, nvfp4 = parse_spec("fp8:wo"), parse_spec("nvfp4:wo")
     tied = cfg.get("tie_word_embeddings", False)
-    total = {"bf16": 0, "fp8": 0, "fp8_lm_head": 0}
+    total = {"bf16": 0, "fp8": 0, "fp8_lm_head": 0, "nvfp4": 0}
     for f in sorted(ckpt.glob("*.safetensors")):
         st = SafetensorsFile(f)
         for name in st.keys():
@@ -162,10 +164,11 @@ def weight_bytes(ckpt: Path) -> dict[str, int]:
             linear = name.startswith("model.layers.") and len(shape) == 2
             q = weight_nbytes((int(shape[0]), int(shape[1])), fp8) if len(shape) == 2 else n
             total["fp8"] += q if linear else n
+            total["nvfp4"] += weight_nbytes((int(shape[0]), int(shape[1])), nvfp4) if linear else n
             lm_head = name == "lm_head.weight" or (tied and name == "model.embed_tokens.weight")
             total["fp8_lm_head"] += q if linear or lm_head else n
     return {"bf16": total["bf16"], "fp8-w8a16": total["fp8"], "fp8-w8a8": total["fp8"],
-            "fp8-w8a16-lmhead": total["fp8_lm_head"]}
+            "fp8-w8a16-lmhead": total["fp8_lm_head"], "nvfp4-w4a16": total["nvfp4"]}
 
 
 def artifact_switches(path: Path) -> dict[str, str] | None:

@@ -3,8 +3,9 @@
     python bench/bench_gemv_quant.py                       # Llama-3.2-1B layer shapes, M = 1, 8, 32
     python bench/bench_gemv_quant.py --json out.json       # also one JSON object per line on stdout
     python bench/bench_gemv_quant.py --bulk                # also the bulk-copy FP8 variants (bulk.cu, INGOT_GEMV_BULK)
-    python bench/bench_gemv_quant.py --kernel --formats fp8-w8a16
-                                                           # also kernel.cu's FP8 variants (INGOT_GEMV_FP8=kernel)
+    python bench/bench_gemv_quant.py --kernel --formats fp8-w8a16 nvfp4-w4a16
+                                                           # also kernel.cu's FP8 / NVFP4 variants
+                                                           # (INGOT_GEMV_FP8=kernel, INGOT_GEMV_NVFP4=kernel)
     INGOT_GEMV_KW=all python bench/bench_gemv_quant.py --shapes "3072,2048;2048,2048;2048,8192" --m 1 8
                                                            # quant.cu's row groups (opt-in) beside kw1 rows
     python bench/bench_gemv_quant.py --sweep-kw --shapes "3072,2048;2048,2048" --m 1 8
@@ -21,9 +22,11 @@ per-row activation x per-column weight scales, bf16 out; M padded to 16, cuBLASL
 dequantized operands (outputs poisoned, launched twice). ``--bulk`` adds a ``fp8-w8a16-bulk`` row per shape and M
 beside ``fp8-w8a16``: the bulk-copy variant (``codegen/kernels/gemv/bulk_rule.py``'s ``bulk_quant_spec``) on the
 same weights, timed the same way; ``--kernel`` a ``fp8-w8a16-kernel`` row: ``kernel.cu`` with e4m3 weights
-(``rule.gemv_spec(..., wb=1)``, what ``INGOT_GEMV_FP8=kernel`` compiles). Where the rule's configuration has row
-groups (warps sharing a CTA's rows, each a part of its K slice: ``quant_rule.QuantGemvConfig.kwarps``; quant.cu's are
-opt-in, ``INGOT_GEMV_KW=all``, until they have run on a GPU), a ``<format>-kw1`` row times the configuration the rule
+(``rule.gemv_spec(..., wb=1)``, what ``INGOT_GEMV_FP8=kernel`` compiles), and a ``nvfp4-w4a16-kernel`` row:
+``kernel.cu`` with NVFP4 weights (``wb=rule.WB_NVFP4``, what ``INGOT_GEMV_NVFP4=kernel`` compiles). Where the
+rule's configuration has row groups (warps sharing a CTA's rows, each a part of its K slice:
+``quant_rule.QuantGemvConfig.kwarps``; quant.cu's are opt-in, ``INGOT_GEMV_KW=all``, until they have run on a GPU), a
+``<format>-kw1`` row times the configuration the rule
 gives without them (``INGOT_GEMV_KW=0``) in the same run; ``--sweep-kw`` adds other row-group shapes
 (``<format>-w<warps> t<tiles> u<stage> sk<split> kw<kw>``). Every row records its ``config`` and ``kw``.
 """
@@ -45,6 +48,8 @@ from bench_gemv import COPY_TBPS, ROTATE_BYTES, _cu, check, init_gpu, launch_ker
 SHAPES = [(3072, 2048, "qkv"), (2048, 2048, "o"), (16384, 2048, "gate_up"), (2048, 8192, "down"),
           (128256, 2048, "lm_head")]
 FORMATS = {"fp8-w8a16": ("fp8", "none"), "fp8-w8a8": ("fp8", "fp8"), "nvfp4-w4a16": ("nvfp4", "none")}
+#: ``--kernel``: the formats kernel.cu also runs, with its ``wb`` (rule.gemv_spec)
+KERNEL_WB = {"fp8-w8a16": 1, "nvfp4-w4a16": 0}
 
 
 class SpecKernel:
@@ -154,8 +159,8 @@ def dry_run(shapes, ms: list[int], fmts: list[str], tgt, sweep_kw: bool, kernel:
                 wfmt, act = FORMATS[label]
                 todo = [(cname, quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token", config=cfg))
                         for cname, cfg in configs(n, k, mb, wfmt, act, sweep_kw)]
-                if kernel and label == "fp8-w8a16":
-                    todo.append(("kernel", gemv_spec(n, k, mb, tgt, wb=1)))
+                if kernel and label in KERNEL_WB:
+                    todo.append(("kernel", gemv_spec(n, k, mb, tgt, wb=KERNEL_WB[label])))
                 for cname, spec in todo:
                     compile_spec(spec)
                     print(f"{name:>8} {n:>6}x{k:<5} M={m:<3} {label:<12} {cname:<22} {spec.doc} "
@@ -215,10 +220,10 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
                 bspec = bulk_quant_spec(n, k, mb, tgt)
                 if bspec is not None:
                     todo.append((label + "-bulk", "bulk", 1, bspec))
-            if kernel and label == "fp8-w8a16":
+            if kernel and label in KERNEL_WB:
                 from ingot.codegen.kernels.gemv.rule import gemv_spec
 
-                kspec = gemv_spec(n, k, mb, tgt, wb=1)
+                kspec = gemv_spec(n, k, mb, tgt, wb=KERNEL_WB[label])
                 todo.append((label + "-kernel", "kernel", kspec.value("KW"), kspec))
             for variant, cname, kw, spec in todo:
                 kern = SpecKernel(spec)
@@ -275,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bulk", action="store_true",
                     help="also the bulk-copy FP8 weight-only variants (bulk.cu), a fp8-w8a16-bulk row each")
     ap.add_argument("--kernel", action="store_true",
-                    help="also kernel.cu's FP8 weight-only variants (INGOT_GEMV_FP8=kernel): fp8-w8a16-kernel rows")
+                    help="also kernel.cu's FP8 / NVFP4 weight-only variants (INGOT_GEMV_FP8=kernel, "
+                         "INGOT_GEMV_NVFP4=kernel): fp8-w8a16-kernel / nvfp4-w4a16-kernel rows")
     ap.add_argument("--no-pdl", dest="pdl", action="store_false",
                     help="plain launches only (default: programmatic dependent launch as the runtime, plain beside)")
     ap.add_argument("--sweep-kw", action="store_true",

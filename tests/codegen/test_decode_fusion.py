@@ -28,6 +28,7 @@ from ingot.codegen.kernels.gemv.rule import (
     gemv_spec,
     is_plain,
     spec_config,
+    weights_first_all,
 )
 from ingot.codegen.lower import default_bindings, gemv_variant_plans, plan_launches, to_device_dtypes
 from ingot.codegen.memory_plan import plan_memory
@@ -106,7 +107,7 @@ def test_a_llama_layer_fuses_both_norms_the_swiglu_and_the_final_norm(tmp_path):
         assert {p.name for p in fused.params} == set(own)
         assert {k: v for k, v in own.items() if k not in ("x", "norm_weight")} == \
             {k: v for k, v in cargs.items() if k != "x"}
-        assert fused.value("WEIGHTS_FIRST") and not plain.value("WEIGHTS_FIRST")
+        assert fused.value("WEIGHTS_FIRST") and plain.value("WEIGHTS_FIRST") == weights_first_all()
         if node.op.name == "rms_norm":
             assert own["x"] == args["x"] and own["norm_weight"] == args["weight"]
             assert fused.value("EPS") == spec.value("EPS")
@@ -324,7 +325,7 @@ def test_prologue_specs():
     swiglu, rms = _fused(2048, 8192, 8, "swiglu", "h200", True), _fused(2048, 8192, 8, "rms_norm", "h200", True)
     assert swiglu.smem == 2 * plain.smem and rms.smem == plain.smem  # swiglu stages up beside x
     assert [p.name for p in rms.params] == [p.name for p in plain.params] + ["norm_weight"]
-    assert spec_config(swiglu) == spec_config(plain) and not plain.value("WEIGHTS_FIRST")
+    assert spec_config(swiglu) == spec_config(plain) and plain.value("WEIGHTS_FIRST") == weights_first_all()
     # a plain variant with row groups (4 warps a row group, the whole of K a CTA: a tuned configuration may be one)
     # has an 8192-column x slice, too wide for gate and up together: its swiglu variant takes the rule's
     # configuration without row groups (the one above), its rms_norm variant keeps the row groups

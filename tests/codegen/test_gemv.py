@@ -181,12 +181,14 @@ def test_row_groups_compile_without_spills(target, n, k, mb, c):
 
 
 def test_weights_first_switch(monkeypatch):
-    """``INGOT_GEMV_WEIGHTS_FIRST``: plain variants wait first unless ``all``; fused ones load weights first either
-    way; an explicit ``weights_first`` wins."""
+    """``INGOT_GEMV_WEIGHTS_FIRST``: plain variants load weights first unless ``fused`` (the default: ``all``); fused
+    ones load weights first either way; an explicit ``weights_first`` wins."""
     from ingot.codegen.kernels.gemv.rule import WEIGHTS_FIRST_ENV, Prologue, fused_spec
 
     tgt = get_target("h200")
-    for raw, plain_first in (("", False), ("fused", False), (" ALL ", True)):
+    monkeypatch.delenv(WEIGHTS_FIRST_ENV, raising=False)
+    assert gemv_spec(2048, 2048, 8, tgt).value("WEIGHTS_FIRST") is True
+    for raw, plain_first in (("", True), ("fused", False), (" FUSED ", False), (" ALL ", True)):
         monkeypatch.setenv(WEIGHTS_FIRST_ENV, raw)
         plain = gemv_spec(2048, 2048, 8, tgt)
         assert plain.value("WEIGHTS_FIRST") is plain_first, raw
@@ -201,12 +203,13 @@ def test_weights_first_switch(monkeypatch):
 @pytest.mark.parametrize("target", ["h200", "b200"])
 @pytest.mark.parametrize("n,k,mb", [(16384, 2048, 8), (2048, 8192, 32), (200, 96, 64)])
 def test_where_the_weights_load_against_the_pdl_wait(target, n, k, mb):
-    """The SASS of a plain variant waits for the previous grid (ACQBULK) before its first weight load (ptxas moves
-    the .nc loads past the wait: what docs/PERF.md measured); with ``weights_first`` the first stage's U x MT x 2
-    loads (fewer where K is shorter than a stage) come before the wait, x's and the residual's after it (coherent
-    loads: ptxas keeps them on their side). Not yet timed on a GPU (bench/bench_decode_fusion.py)."""
+    """The SASS of a variant without ``weights_first`` (``INGOT_GEMV_WEIGHTS_FIRST=fused``'s plain variants) waits
+    for the previous grid (ACQBULK) before its first weight load (ptxas moves the .nc loads past the wait); with
+    ``weights_first`` (the default since the fourteenth session) the first stage's U x MT x 2 loads (fewer where K is
+    shorter than a stage) come before the wait, x's and the residual's after it (coherent loads: ptxas keeps them on
+    their side)."""
     tgt = get_target(target)
-    plain = gemv_spec(n, k, mb, tgt, residual=True)
+    plain = gemv_spec(n, k, mb, tgt, residual=True, weights_first=False)
     seq = sass_sequence(disassembled(compiled(plain), tgt.arch))
     assert seq.index(WAIT) < seq.index(W_NC) and seq.index(WAIT) < seq.index(X_NC) and W_FIRST not in seq
     first = gemv_spec(n, k, mb, tgt, residual=True, weights_first=True)

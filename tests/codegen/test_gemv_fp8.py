@@ -166,7 +166,7 @@ def test_fp8_spec_rejects_what_it_cannot_run():
     for k in (96, 2080, 32):  # whole 32-column steps, not 64-column ones
         with pytest.raises(ValueError, match="multiple of 64"):
             gemv_spec(512, k, 8, H200, wb=1)
-    for wb in (0, 3, 4):
+    for wb in (-1, 3, 4):  # 0 is NVFP4 (tests/codegen/test_gemv_nvfp4.py)
         with pytest.raises(ValueError, match="wb"):
             gemv_spec(512, 128, 8, H200, wb=wb)
     with pytest.raises(ValueError, match="mb"):
@@ -334,7 +334,10 @@ def test_weight_only_fp8_routes_by_the_switch(target, monkeypatch):
 @pytest.mark.parametrize("fmt,act,gran", [("fp8", "fp8", "token"), ("fp8", "fp8", "tensor"),
                                           ("nvfp4", "none", "token")])
 def test_fp8_activations_and_nvfp4_stay_on_quant_cu(fmt, act, gran, monkeypatch):
+    """``INGOT_GEMV_FP8`` leaves FP8 activations and NVFP4 weights where they are (NVFP4 with
+    ``INGOT_GEMV_NVFP4=quant``: its own switch, tests/codegen/test_gemv_nvfp4.py)."""
     monkeypatch.delenv(bulk_rule.ENV, raising=False)
+    monkeypatch.setenv(quant_rule.NVFP4_ENV, "quant")
     op, ins = qtypes(fmt, 3072, 2048, act, gran)
     got = {}
     for choice in ("kernel", "quant"):

@@ -218,9 +218,9 @@ def test_variants_and_plan_for_quantized_linear():
         op, ins = qtypes(fmt, 512, 1024, act, gran, bias=True, residual=True)
         found = variants(op, ins, h200)
         assert [mb for mb, _ in found] == list(BUCKETS)
-        # FP8 weight-only buckets run kernel.cu by default (INGOT_GEMV_FP8, tests/codegen/test_gemv_fp8.py), with
-        # quant.cu's parameters by name
-        template = "kernel.cu" if (fmt, act) == ("fp8", "none") else "quant.cu"
+        # FP8 and NVFP4 weight-only buckets run kernel.cu by default (INGOT_GEMV_FP8 / INGOT_GEMV_NVFP4,
+        # tests/codegen/test_gemv_fp8.py / test_gemv_nvfp4.py), with quant.cu's parameters by name
+        template = "kernel.cu" if act == "none" else "quant.cu"
         assert all(s.template == template and [p.name for p in s.params] == [p[0] for p in PARAMS] for _, s in found)
         assert all(s.value("HAS_BIAS") and s.value("HAS_RESIDUAL") for _, s in found)
         (primary,) = quant_plan(op, ins, h200)

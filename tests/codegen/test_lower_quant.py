@@ -85,6 +85,9 @@ def _kernel_cache(tmp_path_factory, monkeypatch):
     # the attention's own cache-write launch: rope-cache fusion (on by default) moves it into rope_qkv, checked with
     # the FP8 cache too in tests/codegen/test_rope_cache_fusion.py
     monkeypatch.setenv("INGOT_ROPE_CACHE_FUSION", "0")
+    # NVFP4 weight-only decode buckets as quant.cu's: kernel.cu's by default (its lowering with the decode fusions:
+    # tests/codegen/test_gemv_nvfp4.py)
+    monkeypatch.setenv("INGOT_GEMV_NVFP4", "quant")
 
 
 def _kernel_table(path: Path, target: str) -> dict:

@@ -65,6 +65,19 @@
 //      batch-1 GEMVs 2-11% faster and the FP8 batch-1 step 10% shorter, batch 64 6% slower (docs/PERF.md).
 //   Everything else (prologues, row groups, split-K, the rope epilogue) is the bf16 variant's. x's rows are padded by
 //   16 bytes instead of 64, so that the 32-byte lane stride of the fragment reads stays free of bank conflicts.
+// - NVFP4 weights (WB = 0: ``quantized_linear`` with e2m1 codes u8[N, K/2], element 2j in the low nibble, an e4m3
+//   scale per 16 columns, sf u8[N, K/16] in the linear layout, and the f32 global scale weight_scale_2[1]; bf16
+//   activations): a lane's 16-byte load of a row covers 32 columns (two scale blocks; their two scale bytes are one
+//   16-bit load beside it), so a step is 128 columns, 64 bytes of a row as above, and each load becomes four f16
+//   fragments: word i of the load (columns 8i..8i+7 of the lane's 32) gives the pairs (c0, c2), (c4, c6), (c1, c3),
+//   (c5, c7), the codes' f16 high bytes made four at a time by shifts and masks (sign to bit 7, exponent and mantissa
+//   bits to 3..1: the code's value times 2^-14, exactly, 0.5 as a subnormal) and spread into f16 halves by PRMT, each
+//   pair multiplied by its block's scale, converted
+//   by the hardware (e4m3 -> f16, exact): every product e2m1 * sf * 2^-14 is a multiple of 2^-24 below 65504, an
+//   exact f16. f16 MMAs, x staged as with FP8's f16 route (f16 times 2^-4) and in fragment order: in each 128-column
+//   step lane q's chunk i (8 columns) sits at slot 4 i + q, so that the four lanes of a row read 64 contiguous bytes
+//   (rows padded by 64 bytes, as bf16's), its columns in the pairs' order. The epilogue multiplies the f32 sums by
+//   2^14 * 16 (exact) and the global scale (quant.cu's order: the reference's up to f32 rounding).
 struct u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ u32x4 gemv_ld_stream(const void* p) {
@@ -90,6 +103,15 @@ __device__ __forceinline__ u32x4 gemv_ld_before_wait(const void* p) {
 __device__ __forceinline__ u32x4 gemv_ld_after_wait(const void* p) {
   u32x4 v;
   asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+// NVFP4 weights: a lane's two block-scale bytes of a step, streamed as the codes are (before the wait: as above)
+__device__ __forceinline__ unsigned short gemv_ld_sf(const void* p, bool before_wait) {
+  unsigned short v;
+  if (before_wait)
+    asm volatile("ld.global.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  else
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
   return v;
 }
 // d += a b (mma m16n8k16, f32 accumulate): bf16 operands, or f16 ones with F16
@@ -138,18 +160,22 @@ __device__ __forceinline__ unsigned gemv_pack_f16(float lo, float hi) {
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, KW = ${KW};
 constexpr int BN = 16 * MT * (WARPS / KW);  // rows of a CTA: WARPS / KW row groups of 16 MT rows
-// WB: bytes a weight (2 bf16, 1 e4m3); a step is 16 bytes a lane of each row: CW columns, SUB bf16 fragments
-constexpr int WB = ${WB}, SUB = 2 / WB, CW = 32 * SUB;
-// FP8 weights as f16 (XH; the rule's choice per bucket, see the header): e4m3 -> f16 by cvt, f16 MMAs, x staged in f16
-constexpr bool XH = WB == 1 && ${F16};
+// WB: bytes a weight (2 bf16, 1 e4m3, 0: NVFP4, half a byte); a step is 16 bytes a lane of each row: CW columns,
+// SUB 16-bit fragments
+constexpr int WB = ${WB};
+constexpr bool W4 = WB == 0;
+constexpr int SUB = W4 ? 4 : 2 / WB, CW = 32 * SUB;
+// f16 fragments (XH): FP8 weights in the rule's buckets (e4m3 -> f16 by cvt, see the header), NVFP4 weights always;
+// f16 MMAs, x staged in f16
+constexpr bool XH = (WB == 1 && ${F16}) || W4;
 constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U}, STEPS = KS / CW / KW, NS = STEPS / U;  // STEPS: a warp's
 // x row stride in shared memory (bf16): the padding keeps the 16-B fragment loads conflict-free (lanes of a row 16 B
-// apart: +64 B; 32 B apart with FP8 weights: +16 B)
-constexpr int LDX = KS + (WB == 2 ? 32 : 8);
+// apart, or 64 contiguous bytes with NVFP4 weights: +64 B; 32 B apart with FP8 weights: +16 B)
+constexpr int LDX = KS + (WB == 1 ? 8 : 32);
 constexpr int GX = (N + BN - 1) / BN;
 static_assert(MB % 8 == 0 && MB <= 64, "MB: 8..64 tokens");
-static_assert(WB == 1 || WB == 2, "WB: bf16 or e4m3 weights");
-static_assert(WB == 1 || !${F16}, "F16: FP8 weights only");
+static_assert(WB == 0 || WB == 1 || WB == 2, "WB: bf16, e4m3 or NVFP4 weights");
+static_assert(WB == 1 || !${F16}, "F16: the FP8 weights' choice (NVFP4 weights are always f16)");
 static_assert(KS % (CW * U * KW) == 0 && K % CW == 0, "a warp's part of the K slice is whole stages of CW columns");
 static_assert(WARPS % KW == 0, "KW divides the warps");
 // the in-CTA reduction's partial tiles ([KW - 1][row group][mt][j][reg][lane] f32) fit x's region
@@ -167,15 +193,62 @@ constexpr float XF16 = 1.0f / 16.0f, XF16_INV = 16.0f;
 __device__ __forceinline__ unsigned gemv_pack_x(float lo, float hi) {
   return XH ? gemv_pack_f16(lo * XF16, hi * XF16) : gemv_pack(lo, hi);
 }
+// 8 consecutive columns of x (y[0..7]) as staged: in order, or (NVFP4 weights) in the pairs' order c0 c2 c4 c6 c1 ...
+__device__ __forceinline__ u32x4 gemv_pack8_x(const float (&y)[8]) {
+  if (W4) return {gemv_pack_x(y[0], y[2]), gemv_pack_x(y[4], y[6]), gemv_pack_x(y[1], y[3]), gemv_pack_x(y[5], y[7])};
+  return {gemv_pack_x(y[0], y[1]), gemv_pack_x(y[2], y[3]), gemv_pack_x(y[4], y[5]), gemv_pack_x(y[6], y[7])};
+}
 // 8 bf16 of x as staged
 __device__ __forceinline__ u32x4 gemv_to_x(const u32x4& v) {
   if (!XH) return v;
-  return {gemv_pack_x(gemv_bf16_at(v, 0), gemv_bf16_at(v, 1)), gemv_pack_x(gemv_bf16_at(v, 2), gemv_bf16_at(v, 3)),
-          gemv_pack_x(gemv_bf16_at(v, 4), gemv_bf16_at(v, 5)), gemv_pack_x(gemv_bf16_at(v, 6), gemv_bf16_at(v, 7))};
+  float y[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) y[i] = gemv_bf16_at(v, i);
+  return gemv_pack8_x(y);
 }
-// an output row's f32 sum, weight-scaled: with FP8 weights the channel's scale (XH: after 16, exact, undoes XF16)
-__device__ __forceinline__ float gemv_wscale(float y, const float* __restrict__ w_scale, int n) {
-  return WB == 2 ? y : (XH ? y * XF16_INV : y) * w_scale[n];
+// where column c of the CTA's x slice (a multiple of 8) is staged: in place, or (NVFP4 weights) in fragment order,
+// chunk i of lane q's 32 columns of a 128-column step at slot 4 i + q (see the header)
+__device__ __forceinline__ int gemv_xcol(int c) {
+  if (!W4) return c;
+  const int chunk = (c >> 3) & 15;
+  return (c & ~127) | (((chunk & 3) * 4 + (chunk >> 2)) << 3);
+}
+// the f32 sum's factor that NVFP4 weights leave to the epilogue: the global scale, 2^14 (the codes' f16 offset) and
+// 16 (undoes XF16), exact powers of two first
+__device__ __forceinline__ float gemv_global_scale(const float* __restrict__ weight_scale_2) {
+  return W4 ? weight_scale_2[0] * (16384.0f * XF16_INV) : 1.0f;
+}
+// an output row's f32 sum, weight-scaled: with FP8 weights the channel's scale (XH: after 16, exact, undoes XF16),
+// with NVFP4 ones gemv_global_scale's factor (gs)
+__device__ __forceinline__ float gemv_wscale(float y, const float* __restrict__ w_scale, int n, float gs) {
+  return WB == 2 ? y : W4 ? y * gs : (XH ? y * XF16_INV : y) * w_scale[n];
+}
+// d = a * b per f16 half (exact here: see gemv_e2m1x8_f16)
+__device__ __forceinline__ unsigned gemv_hmul2(unsigned a, unsigned b) {
+  unsigned d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+// 8 e2m1 codes (nibbles n0..n7 of v: byte k holds n2k low, n2k+1 high) -> f16x2 (n0, n2), (n4, n6), (n1, n3),
+// (n5, n7) times the block scale sc (f16x2 {sf, sf}) times 2^-14. A code's f16 (its value times 2^-14, exactly; 0.5 an
+// f16 subnormal) is all in its high byte: the sign at bit 7, exponent and mantissa at bits 3..1 (f16 bits 11..9).
+// Those bytes are made for the even codes (e) and the odd ones (d) four at a time, spread into f16 halves by PRMT
+// (low bytes zero), then one multiply each, exact (e2m1 * sf * 2^-14 is a multiple of 2^-24 below 65504; f16
+// arithmetic keeps subnormals)
+__device__ __forceinline__ void gemv_e2m1x8_f16(unsigned v, unsigned sc, unsigned& o0, unsigned& o1, unsigned& o2,
+                                                unsigned& o3) {
+  const unsigned e = ((v << 1) & 0x0E0E0E0Eu) | ((v << 4) & 0x80808080u);  // n0 n2 n4 n6
+  const unsigned d = ((v >> 3) & 0x0E0E0E0Eu) | (v & 0x80808080u);         // n1 n3 n5 n7
+  o0 = gemv_hmul2(__byte_perm(e, 0u, 0x1404), sc);
+  o1 = gemv_hmul2(__byte_perm(e, 0u, 0x3424), sc);
+  o2 = gemv_hmul2(__byte_perm(d, 0u, 0x1404), sc);
+  o3 = gemv_hmul2(__byte_perm(d, 0u, 0x3424), sc);
+}
+// two e4m3 block scales (bytes of s) -> {sf0, sf0} and {sf1, sf1} in f16 (exact)
+__device__ __forceinline__ void gemv_sf_f16(unsigned short s, unsigned& s0, unsigned& s1) {
+  unsigned h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(s));
+  s0 = __byte_perm(h, 0u, 0x1010), s1 = __byte_perm(h, 0u, 0x3232);
 }
 
 // a * sigmoid(alpha a) * b = a * b / (1 + 2^(SWIGLU_K a)); 2^+inf = inf gives 0
@@ -194,8 +267,9 @@ __device__ float ${KERNEL}_ss[PROLOGUE == 1 && SPLITK > 1 ? SPLITK * GX * MB : 1
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
     const bf16* __restrict__ x, const void* __restrict__ w, const float* __restrict__ w_scale,
-#if ${WB} == 1
-    const float* __restrict__ weight_scale_2, const float* __restrict__ input_scale,  // quantized_linear's, unused
+#if ${WB} != 2
+    // quantized_linear's; input_scale unused, weight_scale_2 NVFP4's global scale (w_scale then its block scales)
+    const float* __restrict__ weight_scale_2, const float* __restrict__ input_scale,
 #endif
     const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, long long M
 #if ${PROLOGUE} == 1
@@ -221,15 +295,19 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
   const int kb = blockIdx.y * KS, kc = kw * STEPS * CW;  // the slice's first column; the warp's part's, in the slice
   const unsigned char* wbytes = static_cast<const unsigned char*>(w);
   const unsigned char* p[MT][2];  // lane q's 16 bytes of each row's first step; a step is 64 bytes further
+  const unsigned char* ps[MT][2];  // NVFP4: lane q's 2 block-scale bytes of each row's first step; 8 bytes a step
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = row0 + 16 * mt + 8 * h;
-      p[mt][h] = wbytes + ((i64)(r < N ? gemv_rope_row(r) : N - 1) * K + kb + kc) * WB + 16 * q;
+      const i64 c0 = (i64)(r < N ? gemv_rope_row(r) : N - 1) * K + kb + kc;  // the row's first column, as an element
+      p[mt][h] = wbytes + (W4 ? c0 / 2 : c0 * WB) + 16 * q;
+      ps[mt][h] = reinterpret_cast<const unsigned char*>(w_scale) + c0 / 16 + 2 * q;
     }
 
   u32x4 buf[2][U][MT][2];
+  unsigned short sbuf[2][U][MT][2];  // NVFP4: the loads' block-scale bytes
   // stage 0 of w first, so the weight stream starts before x is staged
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -240,6 +318,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
       for (int h = 0; h < 2; ++h) {
         const unsigned char* a = p[mt][h] + 64 * u;
         buf[0][u][mt][h] = ok ? (WEIGHTS_FIRST ? gemv_ld_before_wait(a) : gemv_ld_stream(a)) : u32x4{0, 0, 0, 0};
+        if (W4) sbuf[0][u][mt][h] = ok ? gemv_ld_sf(ps[mt][h] + 8 * u, WEIGHTS_FIRST) : (unsigned short)0;
       }
   }
   // the previous kernel's outputs (x, residual) are read only from here on
@@ -269,7 +348,7 @@ ${PDL_WAIT}
       u32x4 v = {0, 0, 0, 0};
       if (t < rows && kb + c < K)
         v = WEIGHTS_FIRST ? gemv_ld_after_wait(xbits + (i64)t * K + kb + c) : gemv_ld_x(xbits + (i64)t * K + kb + c);
-      *reinterpret_cast<u32x4*>(&xs[t * LDX + c]) = v;
+      *reinterpret_cast<u32x4*>(&xs[t * LDX + gemv_xcol(c)]) = v;
     }
     // XH: each thread turns the vectors it stored into f16 in place, once all its loads are issued (doing it in the
     // loop above kept each load waiting for the previous vector's conversion)
@@ -294,14 +373,14 @@ ${PDL_WAIT}
         const bool col = kb + c < K;
         if (PROLOGUE == 1) gw[j] = col ? gemv_ld_after_wait(norm_weight + kb + c) : zero;
         const unsigned short* const xc = xbits + kb + c;
-        const unsigned sc = xs_addr + 2 * c;
+        const unsigned sc = xs_addr + 2 * gemv_xcol(c);
 #pragma unroll
         for (int t = 0; t < MB; ++t) {
           if (t < rows && col) {
             gemv_cp16(sc + 2 * t * LDX, xc + (i64)t * XS);
             if (PROLOGUE == 2) gemv_cp16(sc + 2 * (UP + t * LDX), xc + (i64)t * XS + K);
           } else {
-            *reinterpret_cast<u32x4*>(&xs[t * LDX + c]) = zero;
+            *reinterpret_cast<u32x4*>(&xs[t * LDX + gemv_xcol(c)]) = zero;
           }
         }
       }
@@ -315,7 +394,7 @@ ${PDL_WAIT}
         if (t0 + e < rows) {  // the same for the whole warp
 #pragma unroll
           for (int j = 0; j < CHW; ++j) {
-            const int c = 8 * ((warp + j * WARPS) * 32 + lane), i0 = (t0 + e) * LDX + c;
+            const int c = 8 * ((warp + j * WARPS) * 32 + lane), i0 = (t0 + e) * LDX + gemv_xcol(c);
             if (c < KS && kb + c < K) {
               const u32x4 a = *reinterpret_cast<const u32x4*>(&xs[i0]);
               u32x4 b = zero;
@@ -331,8 +410,7 @@ ${PDL_WAIT}
                   y[i] = gemv_swiglu(av, gemv_bf16_at(b, i));
                 }
               }
-              *reinterpret_cast<u32x4*>(&xs[i0]) =
-                  {gemv_pack_x(y[0], y[1]), gemv_pack_x(y[2], y[3]), gemv_pack_x(y[4], y[5]), gemv_pack_x(y[6], y[7])};
+              *reinterpret_cast<u32x4*>(&xs[i0]) = gemv_pack8_x(y);
             }
           }
         }
@@ -362,13 +440,16 @@ ${PDL_WAIT}
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
+          for (int h = 0; h < 2; ++h) {
             buf[(s + 1) & 1][u][mt][h] = ok ? gemv_ld_stream(p[mt][h] + 64 * step) : u32x4{0, 0, 0, 0};
+            if (W4) sbuf[(s + 1) & 1][u][mt][h] = ok ? gemv_ld_sf(ps[mt][h] + 8 * step, false) : (unsigned short)0;
+          }
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      u32x4 wf[MT][2][SUB];  // the step's fragments: the bf16 loads themselves, or their e4m3 codes as bf16 / f16
+      u32x4 wf[MT][2][SUB];  // the step's fragments: the bf16 loads themselves, their e4m3 codes as bf16 / f16, or their
+                             // e2m1 codes times block scales as f16
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -376,6 +457,14 @@ ${PDL_WAIT}
           const u32x4 v = buf[s & 1][u][mt][h];
           if (WB == 2) {
             wf[mt][h][0] = v;
+          } else if (W4) {  // words 0, 1: the first scale block of the lane's 32 columns; 2, 3: the second
+            unsigned s0, s1;
+            gemv_sf_f16(sbuf[s & 1][u][mt][h], s0, s1);
+            u32x4* const f = wf[mt][h];
+            gemv_e2m1x8_f16(v.x, s0, f[0].x, f[0].y, f[0].z, f[0].w);
+            gemv_e2m1x8_f16(v.y, s0, f[1 % SUB].x, f[1 % SUB].y, f[1 % SUB].z, f[1 % SUB].w);
+            gemv_e2m1x8_f16(v.z, s1, f[2 % SUB].x, f[2 % SUB].y, f[2 % SUB].z, f[2 % SUB].w);
+            gemv_e2m1x8_f16(v.w, s1, f[3 % SUB].x, f[3 % SUB].y, f[3 % SUB].z, f[3 % SUB].w);
           } else {
             u32x4& lo = wf[mt][h][0];
             u32x4& hi = wf[mt][h][SUB - 1];
@@ -394,7 +483,8 @@ ${PDL_WAIT}
         }
 #pragma unroll
       for (int sub = 0; sub < SUB; ++sub) {
-        const int col = kc + CW * (s * U + u) + 8 * SUB * q + 8 * sub;
+        // the fragment's 8 columns of x: lane q's sub-th 8 of the step (NVFP4: staged at slot 4 sub + q)
+        const int col = kc + CW * (s * U + u) + (W4 ? 8 * (4 * sub + q) : 8 * SUB * q + 8 * sub);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           const u32x4 xv = *reinterpret_cast<const u32x4*>(&xs[(8 * j + g) * LDX + col]);
@@ -422,6 +512,11 @@ ${PDL_WAIT}
   }
   if (kw) return;  // the row group's first warp stores its tile
 
+#if ${WB} == 2
+  const float gs = 1.0f;
+#else
+  const float gs = gemv_global_scale(weight_scale_2);  // NVFP4's epilogue factor (1 otherwise, unused)
+#endif
   float inv[NT][2];  // rms_norm: 1 / rms of tokens 8 j + 2 q + h, all MB of them (splitk.cuh)
   if (PROLOGUE == 1) SK::inv_rms<WARPS, K, true>(inv, ${KERNEL}_ss, ssq, q, ${EPS}, MB);
 
@@ -439,7 +534,7 @@ ${PDL_WAIT}
         const int t = 8 * j + 2 * q + e;
         if (t >= rows) continue;
         float a = acc[mt][j][e], b = acc[mt][j][2 + e];
-        a = gemv_wscale(a, w_scale, lo), b = gemv_wscale(b, w_scale, hi);
+        a = gemv_wscale(a, w_scale, lo, gs), b = gemv_wscale(b, w_scale, hi, gs);
         if (PROLOGUE == 1) a *= inv[j][e], b *= inv[j][e];
         if (${HAS_BIAS}) a += to_f32(bias[lo]), b += to_f32(bias[hi]);
 #if ${ROPE_PRELOAD}
@@ -463,7 +558,7 @@ ${PDL_WAIT}
         const int t = 8 * j + 2 * q + (r & 1), n = row0 + 16 * mt + (r < 2 ? 0 : 8);
         if (t < rows && n < N) {
           float y = acc[mt][j][r];
-          y = gemv_wscale(y, w_scale, n);
+          y = gemv_wscale(y, w_scale, n, gs);
           if (PROLOGUE == 1) y *= inv[j][r & 1];
           if (${HAS_BIAS}) y += to_f32(bias[n]);
           if (${HAS_RESIDUAL})

@@ -21,8 +21,16 @@ lacks: the rms_norm / swiglu prologues
 (``codegen/decode_fusion.py``), the rope epilogue (``codegen/qkv_rope_fusion.py``) and the row groups, with the bf16
 rule's configurations for the same bytes a row. The default since the twelfth session: on the H200 the 1B model's
 FP8 weight-only decode ran 1.15x faster at batch 1 and 1.25x at batch 64 (docs/PERF.md, "FP8 weights on
-kernel.cu"). ``INGOT_GEMV_FP8=quant`` keeps ``quant.cu`` for them; the any-M launch, FP8 activations and NVFP4 stay
+kernel.cu"). ``INGOT_GEMV_FP8=quant`` keeps ``quant.cu`` for them; the any-M launch and FP8 activations stay
 on ``quant.cu`` either way.
+
+**NVFP4 weight-only decode buckets on ``kernel.cu``** (``INGOT_GEMV_NVFP4``, ``nvfp4_template``): the same template
+with NVFP4 weights (``rule.gemv_spec(..., wb=rule.WB_NVFP4)``: codes and block scales turned into f16 exactly, the
+global scale in the epilogue; rule.py's **NVFP4 weights**), with the same fusions. The default since the fourteenth
+session: its GEMVs 1.1-2.4x ``quant.cu``'s up to 16 tokens (about half the instructions a weight), the 1B model's
+NVFP4 decode 1.44x at batch 1 and 1.05-1.07x at batch 64 (docs/PERF.md, "NVFP4 weights on kernel.cu, and plain GEMVs
+weights first"); at 32 tokens the small matrices (qkv, o) ran 0.9x ``quant.cu``. ``INGOT_GEMV_NVFP4=quant`` keeps
+``quant.cu``; the any-M launch stays there either way.
 
 **Selection**, as for the bf16 GEMV (``rule.py``): ``quant_variants`` gives one variant per token bucket
 (``BUCKETS``, each correct for ``M <= MB``, split-K sized for that bucket); ``quant_plan`` gives the launch for
@@ -70,6 +78,7 @@ from .rule import (
     ROPE_PARAMS,
     SHAPE_BY_BUCKET,
     SMEM_BUDGET,
+    WB_NVFP4,
     RopeEpilogue,
     gemv_spec,
     kw_quant_enabled,
@@ -91,12 +100,23 @@ ANY_M_CHUNK = 64
 FP8_ENV = "INGOT_GEMV_FP8"
 #: its default: measured faster end to end (the module docstring)
 FP8_DEFAULT = "kernel"
+#: compile-time switch: which template runs the NVFP4 weight-only decode buckets (``nvfp4_template``)
+NVFP4_ENV = "INGOT_GEMV_NVFP4"
+#: its default: measured faster (the module docstring)
+NVFP4_DEFAULT = "kernel"
 
 
 def fp8_template() -> str:
     """``INGOT_GEMV_FP8``: ``"kernel.cu"`` (``kernel``) or ``"quant.cu"`` (``quant``) for the FP8 weight-only decode
     buckets; unset or empty: ``FP8_DEFAULT``; another value is an error naming the variable."""
     choice = env_choice(FP8_ENV, {"": FP8_DEFAULT, "kernel": "kernel", "quant": "quant"}, "kernel or quant")
+    return f"{choice}.cu"
+
+
+def nvfp4_template() -> str:
+    """``INGOT_GEMV_NVFP4``: ``"kernel.cu"`` (``kernel``) or ``"quant.cu"`` (``quant``) for the NVFP4 weight-only
+    decode buckets; unset or empty: ``NVFP4_DEFAULT``; another value is an error naming the variable."""
+    choice = env_choice(NVFP4_ENV, {"": NVFP4_DEFAULT, "kernel": "kernel", "quant": "quant"}, "kernel or quant")
     return f"{choice}.cu"
 
 
@@ -324,6 +344,8 @@ def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) 
                     for mb in BUCKETS]
         if template == "kernel.cu":
             return [(mb, gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)) for mb in BUCKETS]
+    if a.weight_format == "nvfp4" and nvfp4_template() == "kernel.cu":  # weight-only NVFP4 (quant_applies)
+        return [(mb, gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=WB_NVFP4)) for mb in BUCKETS]
     return [(mb, quant_gemv_spec(a.n, a.k, mb, target, a.weight_format, a.act, a.act_granularity, a.bias,
                                  a.residual)) for mb in BUCKETS]
 

@@ -37,10 +37,12 @@ for bit, instead of storing the qkv row; its tiles stream each rotating pair's t
 parameters ``ROPE_PARAMS``; ``codegen/qkv_rope_fusion.py`` binds them and skips the rope launch in decode steps.
 
 **Weights before the grid-dependency wait** (``weights_first``): ptxas moves ``ld.global.nc`` across the PDL wait,
-so the variants measured so far wait first and only then load weights (their SASS: ``ACQBULK`` at the top).
+so with them a variant waits first and only then loads weights (its SASS: ``ACQBULK`` at the top).
 ``weights_first`` loads the first weight stage, and reads what the previous kernel wrote, with coherent loads, which
-ptxas keeps on their side of the wait (the template's header). On by default for fused variants, off for plain ones
-(their code stays as measured, docs/PERF.md); ``bench/bench_decode_fusion.py`` times both ways.
+ptxas keeps on their side of the wait (the template's header). On by default for every variant since the fourteenth
+session (plain ones too: the 1B model's batch-1 step 1.0-1.3% shorter with BF16 weights, 1.9-2.7% with FP8 ones,
+batch 64 no slower; docs/PERF.md, "Plain GEMVs load weights first"); ``INGOT_GEMV_WEIGHTS_FIRST=fused`` keeps it to
+the fused variants as before. ``bench/bench_decode_fusion.py`` times both ways.
 
 **Bulk copies** (opt-in, ``INGOT_GEMV_BULK=1``: buckets up to 8; ``bulk.cu``, ``bulk_rule.py``): variants whose
 weights go to shared memory by ``cp.async.bulk``, the CTA's whole ring issued before the grid-dependency wait; a bulk
@@ -57,6 +59,16 @@ elsewhere bf16, by bit operations. The configuration is the bf16 rule's with ste
 (``gemv_config(..., wb=1)``), and the prologues, the rope epilogue and the row groups are the bf16 variant's.
 ``quant_rule.quant_variants`` gives these for the decode buckets with ``INGOT_GEMV_FP8=kernel``
 (``quant_rule.fp8_template``).
+
+**NVFP4 weights** (``wb=WB_NVFP4``, 0: half a byte a weight): a weight-only NVFP4 ``quantized_linear`` (e2m1 codes
+``u8[n, k / 2]``, an e4m3 scale per 16 columns ``u8[n, k / 16]`` in the linear layout, the f32 global scale
+``weight_scale_2[1]``, bf16 x) on this template, params ``QUANT_PARAMS``. A lane's 16-byte load covers 32 columns
+(two scale blocks, whose two scale bytes it loads beside), so a step is 128 columns, 64 bytes of a row again; each
+code becomes an f16 by a shift and two masks (its value times 2^-14, exact) and one multiply by its block's scale
+(exact), f16 MMAs, x staged in f16 times 2^-4 as the FP8 f16 route's and in the fragments' order; the epilogue
+multiplies by 2^18 and the global scale. Same configurations (in bytes a row), prologues, rope epilogue and row
+groups. ``quant_rule.quant_variants`` gives these for the decode buckets with ``INGOT_GEMV_NVFP4=kernel``
+(``quant_rule.nvfp4_template``).
 
 **Quantized weights** (``quant.cu``, ``quant_rule.py``): ``quantized_linear`` with FP8 (per-channel) or NVFP4
 weights, bf16 or per-token FP8 activations, through the same two entry points (``variants`` per bucket, ``plan``
@@ -85,7 +97,11 @@ QUANT_PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("weig
                 ("input_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"), ("out", "ptr"), ("M", "i64")]
 #: bytes a weight -> columns a load step covers (16 bytes a lane, 4 lanes a row: 64 bytes of each row; quant.cu's
 #: steps by weight format: ``quant_rule.STEP_COLS``)
-WB_STEP_COLS = {2: 32, 1: 64}
+WB_STEP_COLS = {2: 32, 1: 64, 0: 128}
+#: ``wb`` of NVFP4 weights (half a byte a weight, with block scales: the module docstring)
+WB_NVFP4 = 0
+#: ``wb`` -> the weights' name in kernel names and docs
+WB_NAMES = {2: "bf16", 1: "fp8", 0: "nvfp4"}
 #: FP8-weight buckets whose e4m3 codes become f16 fragments (``cvt``, 4 instructions a 16-byte load) instead of bf16
 #: ones (bit operations, ~20): measured on the H200 (docs/PERF.md, "FP8 weights as f16"), the 1B model's batch-1
 #: GEMVs 2-11% faster and its FP8 batch-1 step 10% shorter; batch 64 (bucket 64) 6% slower with f16, so not there
@@ -126,14 +142,14 @@ KW_ENV = "INGOT_GEMV_KW"
 
 
 def kw_mode() -> str:
-    """``INGOT_GEMV_KW``: ``on`` (unset or 1: the rule's row groups in ``kernel.cu`` variants, bf16 or FP8 weights),
-    ``all`` (also in ``quant.cu``'s FP8 / NVFP4 variants: their GPU tests pass, no faster end to end) or ``off`` (0:
-    none); another value is an error."""
+    """``INGOT_GEMV_KW``: ``on`` (unset or 1: the rule's row groups in ``kernel.cu`` variants, bf16, FP8 or NVFP4
+    weights), ``all`` (also in ``quant.cu``'s FP8 / NVFP4 variants: their GPU tests pass, no faster end to end) or
+    ``off`` (0: none); another value is an error."""
     return env_choice(KW_ENV, {"": "on", "1": "on", "all": "all", "0": "off"}, "0, 1 or all")
 
 
 def kw_enabled() -> bool:
-    """Row groups in ``kernel.cu`` variants, bf16 or FP8 weights (``kw_mode``: on or all)."""
+    """Row groups in ``kernel.cu`` variants, bf16, FP8 or NVFP4 weights (``kw_mode``: on or all)."""
     return kw_mode() != "off"
 
 
@@ -176,14 +192,14 @@ class Prologue:
 
 
 #: compile time: which ``kernel.cu`` variants load their first weight stage before the grid-dependency wait (the
-#: template's ``WEIGHTS_FIRST``) when ``gemv_spec`` is not told: ``fused`` (default: those with a prologue) or ``all``
-#: (plain ones too: their SASS is tested, their speed in the model not yet measured)
+#: template's ``WEIGHTS_FIRST``) when ``gemv_spec`` is not told: ``all`` (default: measured faster end to end, the
+#: module docstring) or ``fused`` (those with a prologue only)
 WEIGHTS_FIRST_ENV = "INGOT_GEMV_WEIGHTS_FIRST"
 
 
 def weights_first_all() -> bool:
-    """``INGOT_GEMV_WEIGHTS_FIRST``: unset, empty or ``fused``: False; ``all``: True; anything else a ``ValueError``."""
-    return env_choice(WEIGHTS_FIRST_ENV, {"": False, "fused": False, "all": True}, "'fused' (the default) or 'all'")
+    """``INGOT_GEMV_WEIGHTS_FIRST``: unset, empty or ``all``: True; ``fused``: False; anything else a ``ValueError``."""
+    return env_choice(WEIGHTS_FIRST_ENV, {"": True, "fused": False, "all": True}, "'all' (the default) or 'fused'")
 
 
 #: compile time: ``kernel.cu``'s rope epilogue loads its slots and cos / sin right after the grid-dependency wait
@@ -242,9 +258,9 @@ def _round_up(x: int, m: int) -> int:
 
 
 def x_pad(wb: int = 2) -> int:
-    """Columns padding each token's row of x in shared memory (the template's ``LDX``): 64 bytes with bf16 weights,
-    16 with FP8 ones (the fragment reads' lane stride differs)."""
-    return 32 if wb == 2 else 8
+    """Columns padding each token's row of x in shared memory (the template's ``LDX``): 64 bytes with bf16 and NVFP4
+    weights, 16 with FP8 ones (the fragment reads' lane stride differs)."""
+    return 8 if wb == 1 else 32
 
 
 def smem_bytes(mb: int, slice_k: int, prologue: str = "none", wb: int = 2) -> int:
@@ -340,9 +356,10 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
     ``norm_weight`` after them with an ``rms_norm`` prologue, then ``ROPE_PARAMS`` with ``rope``). ``weights_first``:
     load the first weight stage before the PDL wait (default: with a prologue only, see the module docstring).
     ``wb=1``: a weight-only ``quantized_linear`` with e4m3 ``w[n, k]`` and f32 ``weight_scale[n]`` instead
-    (``QUANT_PARAMS``, the op's inputs by name; **FP8 weights** in the module docstring)."""
+    (``QUANT_PARAMS``, the op's inputs by name; **FP8 weights** in the module docstring); ``wb=WB_NVFP4`` (0): one
+    with NVFP4 weights (**NVFP4 weights**)."""
     if wb not in WB_STEP_COLS:
-        raise ValueError(f"gemv: wb must be 2 (bf16 weights) or 1 (e4m3), got {wb}")
+        raise ValueError(f"gemv: wb must be 2 (bf16 weights), 1 (e4m3) or 0 (NVFP4), got {wb}")
     if k % WB_STEP_COLS[wb] or mb not in BUCKETS:
         raise ValueError(f"gemv: K must be a multiple of {WB_STEP_COLS[wb]} (got {k}) and mb one of {BUCKETS} "
                          f"(got {mb})")
@@ -361,7 +378,8 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
               "EPS": float(pro.eps), "ALPHA": float(pro.alpha), "WEIGHTS_FIRST": first, "WB": wb,
               "F16": wb == 1 and mb in F16_BUCKETS,
               **(rope.values() if rope is not None else NO_ROPE)}
-    tag = (f"gemv_{'bf16' if wb == 2 else 'fp8w'}_n{n}_k{k}_m{mb}" + ("" if pro.kind == "none" else f"_{pro.kind}")
+    tag = (f"gemv_{'bf16' if wb == 2 else WB_NAMES[wb] + 'w'}_n{n}_k{k}_m{mb}"
+           + ("" if pro.kind == "none" else f"_{pro.kind}")
            + ("" if rope is None else "_rope"))
     base = PARAMS if wb == 2 else QUANT_PARAMS
     params = base + [("norm_weight", "ptr")] if pro.kind == "rms_norm" else base
@@ -371,20 +389,20 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
     return KernelSpec.make("gemv", "kernel.cu", tag, target.arch or "", values, params, 32 * cfg.warps,
                            [GridDim(const=-(-n // cfg.rows)), GridDim(const=cfg.splitk)],
                            smem=smem,
-                           doc=f"decode GEMV{'' if wb == 2 else ', fp8 weights'}, M <= {mb}, "
+                           doc=f"decode GEMV{'' if wb == 2 else ', ' + WB_NAMES[wb] + ' weights'}, M <= {mb}, "
                                f"split-K {cfg.splitk} x {cfg.slice_k}"
                                + (f", {cfg.kwarps} warps a row group" if cfg.kwarps > 1 else "") + what)
 
 
 def spec_config(spec: KernelSpec) -> GemvConfig:
-    """The configuration a kernel.cu GEMV spec (bf16 or FP8 weights) was made with (``gemv_spec(...,
+    """The configuration a kernel.cu GEMV spec (bf16, FP8 or NVFP4 weights) was made with (``gemv_spec(...,
     config=spec_config(s))`` rebuilds ``s``)."""
     v = dict(spec.values)
     return GemvConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["U"]), int(v["KS"]), int(v.get("KW", 1)))
 
 
 def is_plain(spec: KernelSpec) -> bool:
-    """A ``kernel.cu`` GEMV variant without a prologue, bf16 or FP8 weights (what ``variants`` and
+    """A ``kernel.cu`` GEMV variant without a prologue, bf16, FP8 or NVFP4 weights (what ``variants`` and
     ``quant_rule.quant_variants`` make and autotuning tunes); with ``INGOT_GEMV_BULK=1`` also ``bulk.cu``'s bf16
     ones, not its FP8-weight ones (``WB`` 1)."""
     v = dict(spec.values)

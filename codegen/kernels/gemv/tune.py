@@ -54,7 +54,7 @@ def _tries(v: Mapping) -> list[dict[str, int | None]]:
 
 
 def bf16_candidates(spec: KernelSpec, target: Target) -> list[KernelSpec]:
-    """``kernel.cu``'s candidates (bf16 weights, or FP8 ones: ``WB`` 1)."""
+    """``kernel.cu``'s candidates (bf16 weights, FP8 ones: ``WB`` 1, NVFP4 ones: ``WB`` 0)."""
     v = dict(spec.values)
     n, k, mb, wb = int(v["N"]), int(v["K"]), int(v["MB"]), int(v.get("WB", 2))
     out = [spec]
@@ -92,8 +92,8 @@ def workloads(spec: KernelSpec, bounds: Mapping[str, int]) -> list[Workload]:
     v = dict(spec.values)
     n, k, mb = int(v["N"]), int(v["K"]), int(v["MB"])
     quant = spec.template == "quant.cu"
-    # kernel.cu with e4m3 weights (WB 1) takes a weight-only FP8 quantized_linear's buffers
-    wfmt, afmt = (int(v["WFMT"]), int(v["AFMT"])) if quant else (0 if int(v.get("WB", 2)) == 1 else -1, 0)
+    # kernel.cu with e4m3 / NVFP4 weights (WB 1 / 0) takes a weight-only FP8 / NVFP4 quantized_linear's buffers
+    wfmt, afmt = (int(v["WFMT"]), int(v["AFMT"])) if quant else ({1: 0, 0: 1}.get(int(v.get("WB", 2)), -1), 0)
     out = []
     for m in _edges(mb):
         bufs: dict[str, tuple[str, tuple[int, ...]]] = {"x": ("bfloat16", (m, k)), "out": ("bfloat16", (m, n))}
