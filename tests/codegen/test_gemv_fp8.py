@@ -2,14 +2,16 @@
 scale per output channel) without a GPU: their configurations (64-column steps), specs (``quantized_linear``'s
 parameters, kept through the prologues and the rope epilogue), compile + SASS checks for sm_90a and sm_100a, which
 ``quantized_linear`` nodes ``INGOT_GEMV_FP8`` routes to them, what autotuning times them on, and the tiny quantized
-Llama (``fp8:wo``) lowered for h200 with them: its rms_norms, swiglus and rope launches fused into the quantized
-linears' decode variants, in the default prefill path (dequantize + GEMM launch whose variants have their own
-arguments) and without it (``INGOT_QUANT_PREFILL_GEMM=0``). GPU runs of the template: not here."""
+Llama lowered for h200 with them (``fp8:wo``; and ``nvfp4:wo`` with ``INGOT_GEMV_NVFP4=kernel``, the same lowering
+on kernel.cu's NVFP4 variants): its rms_norms, swiglus and rope launches fused into the quantized linears' decode
+variants, in the default prefill path (dequantize + GEMM launch whose variants have their own arguments) and without
+it (``INGOT_QUANT_PREFILL_GEMM=0``). GPU runs of the template: not here."""
 
 from __future__ import annotations
 
 import json
 import os
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -30,6 +32,7 @@ from ingot.codegen.kernels.gemv.rule import (
     ROPE_PARAMS,
     SHAPE_BY_BUCKET,
     SMEM_BUDGET,
+    WB_NVFP4,
     WB_STEP_COLS,
     Prologue,
     RopeEpilogue,
@@ -400,22 +403,55 @@ def test_autotune_workloads_and_candidates(n, k, mb):
     assert [c.key for c in at.candidates(spec, H200)] == [c.key for c in at.dedupe(cands)]
 
 
-# -- the tiny quantized Llama, fp8:wo, lowered for h200 with INGOT_GEMV_FP8=kernel -------------------------------------
+# -- the tiny quantized Llama, fp8:wo and nvfp4:wo, lowered for h200 with kernel.cu's variants -----------------------
 
 
-@pytest.fixture(scope="module")
-def lowered(ckpt, tmp_path_factory):
-    """The tiny quantized Llama (``fp8:wo``) lowered for h200 with ``INGOT_GEMV_FP8=kernel``, untuned: ``"on"`` the
-    default prefill path (dequantize + GEMM launch whose variants have their own arguments), ``"off"`` with
-    ``INGOT_QUANT_PREFILL_GEMM=0`` (the any-M GEMV launch, its variants taking its arguments). Without CUTLASS
-    (``INGOT_NO_CUTLASS=1``: the template GEMM; a CUTLASS build takes minutes cold, and decode variants do not
-    depend on it). Compiled through the session's kernel cache (common.py's ``session_kernel_cache``)."""
-    out = tmp_path_factory.mktemp("fp8-kernel")
+class WeightFormat(NamedTuple):
+    """A weight-only format the lowering tests run: its quant config, its switch, ``WB`` and kernel name prefixes."""
+
+    name: str
+    #: the quant config's spec string
+    config: str
+    #: the switch that puts its decode variants on kernel.cu (set to ``kernel``)
+    env: str
+    #: kernel.cu's ``WB`` for it
+    wb: int
+    #: kernel.cu's variants (``gemv_{fp8,nvfp4}w_...``) and quant.cu's any-M launch (``gemv_{fp8,nvfp4}_a16_...``)
+    variant: str
+    any_m: str
+
+
+FORMATS = {
+    "fp8": WeightFormat("fp8", "fp8:wo", quant_rule.FP8_ENV, 1, "gemv_fp8w_", "gemv_fp8_a16_"),
+    "nvfp4": WeightFormat("nvfp4", "nvfp4:wo", quant_rule.NVFP4_ENV, WB_NVFP4, "gemv_nvfp4w_", "gemv_nvfp4_a16_"),
+}
+
+
+class Lowered(NamedTuple):
+    fmt: WeightFormat
+    #: (artifact path, the manifest's ``cuda``) with the prefill GEMM (the default) and without it
+    on: tuple
+    off: tuple
+
+
+@pytest.fixture(scope="module", params=list(FORMATS), ids=list(FORMATS))
+def lowered(request, ckpt, tmp_path_factory) -> Lowered:
+    """The tiny quantized Llama, ``fp8:wo`` or ``nvfp4:wo`` (the param; every K of its linears is 128 or 256, whole
+    NVFP4 steps), lowered for h200 with that format's switch (``INGOT_GEMV_FP8`` / ``INGOT_GEMV_NVFP4``) at
+    ``kernel`` and the other one unset, untuned: ``on`` the default prefill path (dequantize + GEMM launch whose
+    variants have their own arguments), ``off`` with ``INGOT_QUANT_PREFILL_GEMM=0`` (the any-M GEMV launch, its
+    variants taking its arguments). Without CUTLASS (``INGOT_NO_CUTLASS=1``: the template GEMM; a CUTLASS build takes
+    minutes cold, and decode variants do not depend on it). Compiled through the session's kernel cache (common.py's
+    ``session_kernel_cache``)."""
+    fmt = FORMATS[request.param]
+    out = tmp_path_factory.mktemp(f"{fmt.name}-kernel")
     found = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
                   or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
-        mp.setenv(quant_rule.FP8_ENV, "kernel")
+        for other in FORMATS.values():
+            mp.delenv(other.env, raising=False)
+        mp.setenv(fmt.env, "kernel")
         mp.setenv("INGOT_AUTOTUNE", "0")
         mp.setenv("INGOT_NO_CUTLASS", "1")
         mp.setenv(decode_fusion.ENV, "1")
@@ -425,9 +461,9 @@ def lowered(ckpt, tmp_path_factory):
         for case in ("on", "off"):
             if case == "off":
                 mp.setenv(quant_prefill.ENV, "0")
-            path = compile_quant(ckpt, "h200", {"default": "fp8:wo"}, out / f"{case}.ingot")
+            path = compile_quant(ckpt, "h200", {"default": fmt.config}, out / f"{case}.ingot")
             found[case] = (path, json.loads((path / "manifest.json").read_text())["cuda"])
-    return found
+    return Lowered(fmt, found["on"], found["off"])
 
 
 def _spec(cuda: dict, entry: str) -> dict:
@@ -442,9 +478,21 @@ def _fused_into_quantized(cuda: dict) -> list[tuple[dict, dict]]:
             and launches[ln["skip"]["into"]]["op"] == "quantized_linear"]
 
 
-def _check_fusion(cuda: dict, base_args: dict[int, dict]) -> None:
+def _check_weight_args(fmt: WeightFormat, args: dict, base: dict) -> None:
+    """A GEMV variant's quantized operands are the node's (``base``, the quantized launch's arguments without the
+    prefill GEMM): the codes and their scale, and for NVFP4 the global scale (null for FP8)."""
+    assert args["weight"] == base["weight"] and args["weight"]["buffer"].endswith("proj.weight")
+    assert args["weight_scale"] == base["weight_scale"] and args["weight_scale"]["buffer"].endswith(".weight_scale")
+    assert args["weight_scale_2"] == base["weight_scale_2"]
+    if fmt.name == "nvfp4":
+        assert args["weight_scale_2"]["buffer"].endswith(".weight_scale_2")
+    else:
+        assert args["weight_scale_2"] == {"null": True}
+
+
+def _check_fusion(fmt: WeightFormat, cuda: dict, base_args: dict[int, dict]) -> None:
     """What both prefill paths share: every rms_norm and swiglu skipped up to 8 rows, those of the layers into the
-    quantized linear's launch with variants, whose bucket-8 variant is the FP8 kernel.cu one with the prologue,
+    quantized linear's launch with variants, whose bucket-8 variant is the format's kernel.cu one with the prologue,
     reading the producer's input and the quantized weight; the rope launch skipped into the qkv projection's."""
     launches = cuda["launches"]
     producers = [ln for ln in launches if ln["op"] in ("rms_norm", "swiglu")]
@@ -455,10 +503,10 @@ def _check_fusion(cuda: dict, base_args: dict[int, dict]) -> None:
         rows_arg = {"rms_norm": "rows", "swiglu": "num_tokens"}[producer["op"]]
         assert producer["rows_arg"] == rows_arg and producer["args"][rows_arg] == consumer["args"]["M"]
         first, *rest = consumer["variants"]
-        assert first["max_rows"] == 8 and first["kernel"].startswith("gemv_fp8w_")
+        assert first["max_rows"] == 8 and first["kernel"].startswith(fmt.variant)
         assert f"_m8_{producer['op']}" in first["kernel"]
         spec = _spec(cuda, first["kernel"])
-        assert spec["template"] == "kernel.cu" and spec["values"]["WB"] == 1 and spec["values"]["WEIGHTS_FIRST"]
+        assert spec["template"] == "kernel.cu" and spec["values"]["WB"] == fmt.wb and spec["values"]["WEIGHTS_FIRST"]
         assert spec["values"]["PROLOGUE"] == PROLOGUES[producer["op"]]
         assert {p for p, _ in spec["params"]} == set(first["args"])
         assert cuda["variant_kernels"][first["kernel"]].get("pdl")
@@ -468,9 +516,8 @@ def _check_fusion(cuda: dict, base_args: dict[int, dict]) -> None:
         else:
             assert own["x"] == producer["args"]["a"] and "norm_weight" not in own
         assert own["x"] != base["x"]
-        # the quantized weight and its scale, not the dequantize launch's scratch
-        assert own["weight"] == base["weight"] and own["weight"]["buffer"].endswith("proj.weight")
-        assert own["weight_scale"] == base["weight_scale"] and own["weight_scale"]["buffer"].endswith(".weight_scale")
+        # the quantized weight and its scales, not the dequantize launch's scratch
+        _check_weight_args(fmt, own, base)
         assert "dequant" not in json.dumps(own)
         assert {k: v for k, v in own.items() if k not in ("x", "norm_weight") and k not in dict(ROPE_PARAMS)} == \
             {k: v for k, v in base.items() if k != "x"}
@@ -482,9 +529,9 @@ def _check_fusion(cuda: dict, base_args: dict[int, dict]) -> None:
         qkv = launches[rope["skip"]["into"]]
         assert qkv["op"] == "quantized_linear" and qkv["args"]["out"] == rope["args"]["qkv"]
         first = qkv["variants"][0]
-        assert first["kernel"].startswith("gemv_fp8w_") and "_m8_rms_norm_rope" in first["kernel"]
+        assert first["kernel"].startswith(fmt.variant) and "_m8_rms_norm_rope" in first["kernel"]
         spec = _spec(cuda, first["kernel"])
-        assert spec["values"]["ROPE"] and spec["values"]["WB"] == 1 and spec["values"]["PROLOGUE"] == 1
+        assert spec["values"]["ROPE"] and spec["values"]["WB"] == fmt.wb and spec["values"]["PROLOGUE"] == 1
         for name in ("positions", "cos", "sin", "q", "kv_cache", "slot_mapping", "kv_scale"):
             assert first["args"][name] == rope["args"][name], name
     # every variant kernel of the table is used, compiled and its parameters bound
@@ -526,35 +573,45 @@ def _check_memory_plan(path, cuda: dict) -> None:
 
 @needs_compiler
 def test_lowering_fuses_into_the_quantized_gemm_launch(lowered):
-    path, cuda = lowered["on"]
-    _, off = lowered["off"]
-    assert cuda["switches"][quant_rule.FP8_ENV] == "kernel" and cuda["arch"] == "sm_90a"
+    fmt = lowered.fmt
+    path, cuda = lowered.on
+    _, off = lowered.off
+    assert cuda["switches"][fmt.env] == "kernel" and cuda["arch"] == "sm_90a"
+    assert not {f.env for f in FORMATS.values() if f != fmt} & set(cuda["switches"])
     launches = cuda["launches"]
     # the quantized launches' own arguments without the prefill GEMM: what the variants must take
     base_args = {ln["node"]: ln["args"] for ln in off["launches"] if ln["op"] == "quantized_linear"}
     assert len(base_args) == 8
-    dequants = [j for j, ln in enumerate(launches) if ln["kernel"].startswith("dequant_")]
+    dequants = [j for j, ln in enumerate(launches) if ln["kernel"].startswith(f"dequant_{fmt.name}_")]
     gemms = [j for j, ln in enumerate(launches) if ln["op"] == "quantized_linear" and "variants" in ln]
     assert len(dequants) == 8 and gemms == [j + 1 for j in dequants]
     for j in gemms:
         ln, dq = launches[j], launches[j - 1]
         assert dq["skip"] == {"max_rows": quant_prefill.GEMV_MAX_ROWS, "into": j} and dq["node"] == ln["node"]
         assert ln["args"]["weight"]["buffer"].endswith(quant_prefill.WEIGHT_SUFFIX)  # the GEMM reads the scratch
+        assert ln["args"]["weight"] == dq["args"]["out"]
+        _check_weight_args(fmt, dq["args"], base_args[ln["node"]])  # the dequantize reads the node's operands
+        if fmt.name == "nvfp4":  # the scales multiplied into an f32 [N] scratch, the GEMM's column scale
+            assert ln["args"]["weight_scale"] == dq["args"]["out_scale"]
+            assert dq["args"]["out_scale"]["buffer"].endswith(quant_prefill.SCALE_SUFFIX)
+        else:  # FP8's per-channel scale as it is
+            assert ln["args"]["weight_scale"] == dq["args"]["weight_scale"]
+            assert dq["args"]["out_scale"] == {"null": True}
         assert [v["max_rows"] for v in ln["variants"]] == [*BUCKETS, quant_prefill.GEMV_MAX_ROWS]
         assert all("args" in v for v in ln["variants"])
         *buckets, any_m = ln["variants"]
         for v in buckets:
             spec = _spec(cuda, v["kernel"])
-            assert v["kernel"].startswith("gemv_fp8w_") and spec["template"] == "kernel.cu"
-            assert spec["values"]["WB"] == 1 and {p for p, _ in spec["params"]} == set(v["args"])
-            assert v["args"]["weight"] == dq["args"]["weight"]
+            assert v["kernel"].startswith(fmt.variant) and spec["template"] == "kernel.cu"
+            assert spec["values"]["WB"] == fmt.wb and {p for p, _ in spec["params"]} == set(v["args"])
+            _check_weight_args(fmt, v["args"], base_args[ln["node"]])
             if not spec["values"]["PROLOGUE"] and not spec["values"]["ROPE"]:  # unfused: the quantized arguments
                 assert v["args"] == base_args[ln["node"]], v["kernel"]
         spec = _spec(cuda, any_m["kernel"])
-        assert any_m["kernel"].startswith("gemv_fp8_a16_") and "_any_" in any_m["kernel"]
+        assert any_m["kernel"].startswith(fmt.any_m) and "_any_" in any_m["kernel"]
         assert spec["template"] == "quant.cu" and spec["values"]["ANY_M"]
         assert any_m["args"] == base_args[ln["node"]]
-    _check_fusion(cuda, base_args)
+    _check_fusion(fmt, cuda, base_args)
     _check_memory_plan(path, cuda)
     # the quantized graph still runs on the CPU backend
     graph, _ = load_graph(path)
@@ -565,39 +622,44 @@ def test_lowering_fuses_into_the_quantized_gemm_launch(lowered):
 
 @needs_compiler
 def test_lowering_without_the_prefill_gemm_fuses_into_the_gemv_launch(lowered):
-    path, cuda = lowered["off"]
+    fmt = lowered.fmt
+    path, cuda = lowered.off
+    assert cuda["switches"][fmt.env] == "kernel" and cuda["switches"][quant_prefill.ENV] == "0"
     launches = cuda["launches"]
     qls = [ln for ln in launches if ln["op"] == "quantized_linear"]
     assert len(qls) == 8 and not any(ln["kernel"].startswith("dequant_") for ln in launches)
     for ln in qls:
         spec = cuda["kernels"][ln["kernel"]]["spec"]
-        assert ln["kernel"].startswith("gemv_fp8_a16_") and spec["template"] == "quant.cu" and spec["values"]["ANY_M"]
+        assert ln["kernel"].startswith(fmt.any_m) and spec["template"] == "quant.cu" and spec["values"]["ANY_M"]
         assert [v["max_rows"] for v in ln["variants"]] == list(BUCKETS)
         first, *rest = ln["variants"]
-        assert all(v["kernel"].startswith("gemv_fp8w_") for v in ln["variants"])
+        assert all(v["kernel"].startswith(fmt.variant) for v in ln["variants"])
+        assert all(_spec(cuda, v["kernel"])["values"]["WB"] == fmt.wb for v in ln["variants"])
         assert all("args" not in v and not _spec(cuda, v["kernel"])["values"]["PROLOGUE"] for v in rest)
         if "args" not in first:  # o_proj: nothing to fuse, its plain variant takes the launch's arguments
             assert [p for p, _ in _spec(cuda, first["kernel"])["params"]] == [p for p, _ in QUANT_PARAMS]
     assert sum("args" in ln["variants"][0] for ln in qls) == 6  # qkv, gate_up, down of both layers
-    _check_fusion(cuda, {ln["node"]: ln["args"] for ln in qls})
+    _check_fusion(fmt, cuda, {ln["node"]: ln["args"] for ln in qls})
     _check_memory_plan(path, cuda)
-    # the same FP8 kernel.cu variants as with the prefill GEMM
-    on = lowered["on"][1]
-    assert {k for k in cuda["variant_kernels"] if k.startswith("gemv_fp8w_")} == \
-        {k for k in on["variant_kernels"] if k.startswith("gemv_fp8w_")}
+    # the same kernel.cu variants as with the prefill GEMM
+    on = lowered.on[1]
+    assert {k for k in cuda["variant_kernels"] if k.startswith(fmt.variant)} == \
+        {k for k in on["variant_kernels"] if k.startswith(fmt.variant)}
 
 
 @needs_compiler
 def test_executor_runs_the_fused_variant_in_small_steps(lowered, monkeypatch):
     """The first layer's norm, dequantize, qkv GEMM and rope launches on the executor's ``Launch`` objects (built as
-    ``CudaExecutor`` builds them; the driver's launch recorded, no GPU): up to 8 rows only the fused FP8 variant
-    runs, with the norm's input, the norm weight and the quantized weight; up to 64 the norm, the plain FP8 bucket
-    and the rope launch; up to 256 the any-M GEMV; above, the dequantize kernel and the GEMM."""
+    ``CudaExecutor`` builds them; the driver's launch recorded, no GPU): up to 8 rows only the fused kernel.cu variant
+    runs, with the norm's input, the norm weight and the quantized weight (and its scales); up to 64 the norm, the
+    plain kernel.cu bucket and the rope launch; up to 256 the any-M GEMV; above, the dequantize kernel and the
+    GEMM."""
     from ingot.codegen.kernel import KernelSpec
     from ingot.runtime import cuda_driver
     from ingot.runtime import cuda_launch as cl
 
-    _, cuda = lowered["on"]
+    fmt = lowered.fmt
+    _, cuda = lowered.on
     buffers = cuda["memory_plan"]["buffers"]
     base = {"weights": 0, "io": 1 << 40, "scratch": 2 << 40, "kv": 3 << 40}
     address = {n: base[b["region"]] + b["offset"] for n, b in buffers.items()}.__getitem__
@@ -629,11 +691,15 @@ def test_executor_runs_the_fused_variant_in_small_steps(lowered, monkeypatch):
             assert ran == [fused["kernel"]], (t, ran)
             assert calls[0][1] == own.addr and own.values[names.index("M")].value == t
             for name, buffer in (("x", norm["args"]["x"]), ("norm_weight", norm["args"]["weight"]),
-                                 ("weight", dq["args"]["weight"])):
+                                 ("weight", dq["args"]["weight"]), ("weight_scale", dq["args"]["weight_scale"])):
                 assert own.values[names.index(name)].value == address(buffer["buffer"]), name
+            scale_2 = dq["args"]["weight_scale_2"]  # NVFP4's global scale; FP8's is null, a null pointer
+            assert ("null" in scale_2) == (fmt.name == "fp8")
+            assert own.values[names.index("weight_scale_2")].value == \
+                (0 if "null" in scale_2 else address(scale_2["buffer"]))
         elif t <= quant_prefill.GEMV_MAX_ROWS:
             bucket = next(v for v in gemm["variants"] if t <= v["max_rows"])
             assert ran == [norm["kernel"], bucket["kernel"], rope["kernel"]], (t, ran)
-            assert bucket["kernel"].startswith("gemv_fp8w_" if t <= 64 else "gemv_fp8_a16_")
+            assert bucket["kernel"].startswith(fmt.variant if t <= 64 else fmt.any_m)
         else:
             assert ran == [norm["kernel"], dq["kernel"], gemm["kernel"], rope["kernel"]], (t, ran)

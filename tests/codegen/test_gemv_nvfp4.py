@@ -17,7 +17,7 @@ from ingot.codegen.kernels.gemv.rule import (
     BUCKETS,
     KW_BUCKETS,
     KW_ENV,
-    KW_SHAPE,
+    KW_SHAPE_NVFP4,
     MIN_SLICE,
     PARAMS,
     PROLOGUES,
@@ -91,10 +91,12 @@ def test_config_covers_k_and_fits(n, k, mb):
 
 
 #: the 1B model's layer GEMVs with NVFP4 weights (N, K) -> (warps a row group, split-K) in bucket 8. Row groups take
-#: KW_SHAPE (4 warps x 8 steps a stage): with 128-column steps a warp's part of K is at least 1024 columns, so
-#: K = 2048 (qkv, o) splits over row groups of 2 warps at most; down's x slice (8192 columns, bf16) is over KW_MAX_X,
-#: so split-K 8 (slices of 1024, 512 bytes a row as bf16's 256-column ones); gate_up and the lm_head have rows enough
-ROW_GROUPS = {(3072, 2048): (2, 1), (2048, 2048): (2, 1), (2048, 8192): (1, 8), (16384, 2048): (1, 1),
+#: KW_SHAPE_NVFP4 (8 warps x 4 steps a stage: with 128-column steps KW_SHAPE's 8-step stage would leave K = 2048 to 2
+#: warps at most), so qkv and o get row groups of 4 warps, a 512-column part each, 96 and 64 CTAs (4 warps a group of
+#: 8 gives 0.9 CTAs an SM with no more than the warps: 8 would need K = 4096); down's x slice (8192 columns, bf16) is
+#: over KW_MAX_X, so split-K 8 (slices of 1024, 512 bytes a row as bf16's 256-column ones); gate_up and the lm_head
+#: have rows enough
+ROW_GROUPS = {(3072, 2048): (4, 1), (2048, 2048): (4, 1), (2048, 8192): (1, 8), (16384, 2048): (1, 1),
               (128256, 2048): (1, 1)}
 
 
@@ -103,7 +105,7 @@ def test_row_groups(n, k, monkeypatch):
     kw, split = ROW_GROUPS[(n, k)]
     c = gemv_config(n, k, 8, 132, wb=0)
     assert (c.kwarps, c.splitk) == (kw, split), c
-    assert (c.warps, c.tiles, c.stage_steps) == (KW_SHAPE if kw > 1 else SHAPE_BY_BUCKET[8]), c
+    assert (c.warps, c.tiles, c.stage_steps) == (KW_SHAPE_NVFP4 if kw > 1 else SHAPE_BY_BUCKET[8]), c
     if kw > 1:
         assert c.slice_k == k and c.rows == 16 * c.warps // kw
         assert k // kw == 128 * c.stage_steps  # each warp of a row group: one whole stage

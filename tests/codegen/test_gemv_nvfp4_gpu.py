@@ -141,8 +141,9 @@ def test_nvfp4_gemv_x_range(gpu, n, k):
 #: the bucket's edges); steps are 128 columns. 8 warps a row group with split-K 3 over CTAs and a partial last slice
 #: (slices of 2048, a warp's part 256 columns: the third holds 128, half of warp 0's part, warps 1-7 wholly past K);
 #: 2 tiles a warp; split-K 4 on top of row groups of 4 (each warp's part two stages of 2 steps); 64 tokens with N off
-#: the tiles (each warp's part one step); the rule's bucket-8 row groups of the 1B model's qkv (2 warps, one stage of
-#: 8 steps each); one slice of 8192 for K = 4224 (warp 2's part one step into K, warp 3's wholly past it)
+#: the tiles (each warp's part one step); KW_SHAPE's bucket-8 row groups of the 1B model's qkv (2 warps, one stage of
+#: 8 steps each: the rule's before KW_SHAPE_NVFP4); one slice of 8192 for K = 4224 (warp 2's part one step into K,
+#: warp 3's wholly past it)
 KW_RUNS = [(1000, 4224, 8, (8, 1, 2, 3, 8), (1, 8)), (3072, 2048, 32, (8, 2, 2, 1, 2), (17, 32)),
            (2048, 8192, 16, (4, 1, 2, 4, 4), (9, 16)), (200, 256, 64, (8, 1, 1, 1, 2), (33, 64)),
            (3072, 2048, 8, (4, 1, 8, 1, 2), (1, 3, 8)), (1000, 4224, 8, (4, 1, 8, 1, 4), (1, 8))]

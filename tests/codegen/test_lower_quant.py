@@ -86,7 +86,7 @@ def _kernel_cache(tmp_path_factory, monkeypatch):
     # the FP8 cache too in tests/codegen/test_rope_cache_fusion.py
     monkeypatch.setenv("INGOT_ROPE_CACHE_FUSION", "0")
     # NVFP4 weight-only decode buckets as quant.cu's: kernel.cu's by default (its lowering with the decode fusions:
-    # tests/codegen/test_gemv_nvfp4.py)
+    # tests/codegen/test_gemv_fp8.py, parametrized over FP8 and NVFP4)
     monkeypatch.setenv("INGOT_GEMV_NVFP4", "quant")
 
 

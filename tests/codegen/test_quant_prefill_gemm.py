@@ -55,8 +55,8 @@ def _kernel_cache(tmp_path_factory, monkeypatch):
                        or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
     monkeypatch.delenv(quant_prefill.ENV, raising=False)
     # the GEMV buckets as quant.cu's: FP8 and NVFP4 weight-only ones are kernel.cu's by default, with the decode
-    # fusions' own arguments in their bucket-8 variants (that lowering, with this step: tests/codegen/test_gemv_fp8.py,
-    # test_gemv_nvfp4.py)
+    # fusions' own arguments in their bucket-8 variants (that lowering, with this step, for both formats:
+    # tests/codegen/test_gemv_fp8.py)
     monkeypatch.setenv("INGOT_GEMV_FP8", "quant")
     monkeypatch.setenv("INGOT_GEMV_NVFP4", "quant")
 

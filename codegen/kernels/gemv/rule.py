@@ -136,6 +136,11 @@ CTAS_PER_SM = {8: 1.5, 16: 1.5, 32: 0.9, 64: 0.9}
 KW_BUCKETS = (8,)
 KW_CTAS_PER_SM = 0.9
 KW_SHAPE = (4, 1, 8)
+#: the row groups' shape with NVFP4 weights (``wb`` 0: 128-column steps, so KW_SHAPE's 1024-column stage lets K = 2048
+#: split over 2 warps only): 8 warps, 4 steps a stage, 4 warps a row group for the 1B model's qkv and o. Probed on the
+#: H200 (docs/PERF.md, "NVFP4 weights on kernel.cu, and plain GEMVs weights first"): qkv at M = 1 3.67 us against
+#: KW_SHAPE's 4.02, o 3.24 against 3.46, at M = 8 as fast (5.83 / 5.18 against 5.85 / 5.20)
+KW_SHAPE_NVFP4 = (8, 1, 4)
 KW_MAX_X = 72 * 1024
 #: ``INGOT_GEMV_KW=0`` at compile time: no row groups (every warp its own rows, as before they existed)
 KW_ENV = "INGOT_GEMV_KW"
@@ -319,7 +324,7 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         if -(-n // (16 * lw * lt)) >= WIDE_N_CTAS_PER_SM * num_sms:
             (dw, dt, du), per_sm = (lw, lt, lu), WIDE_N_CTAS_PER_SM
     if kwarps is None and row_groups_apply(n, mb, num_sms, smem_bytes(mb, k, wb=wb), kw_enabled()):
-        gw, gt, gu = KW_SHAPE
+        gw, gt, gu = KW_SHAPE_NVFP4 if wb == WB_NVFP4 else KW_SHAPE
         kwarps = _kwarps(n, k, num_sms, warps or gw, tiles or gt, stage_steps or gu, cw)
         if kwarps > 1:  # else (K not whole stages for 2 warps) the bucket's own shape, no row groups
             dw, dt, du = gw, gt, gu
