@@ -213,7 +213,8 @@ def test_fp8_configs_cover_k_and_fit(n, k):
 
 def test_fp8_switch_picks_the_template(monkeypatch):
     """FP8 weight-only buckets are bulk.cu's with ``INGOT_GEMV_BULK=all`` (quant.cu's parameters); FP8 activations
-    and NVFP4 weights stay on quant.cu; a bulk FP8 variant is no plain bf16 variant (decode fusion never fuses it)."""
+    stay on quant.cu, NVFP4 weights where ``INGOT_GEMV_NVFP4`` puts them (kernel.cu by default,
+    tests/codegen/test_gemv_nvfp4.py); a bulk FP8 variant is no plain bf16 variant (decode fusion never fuses it)."""
     h200 = get_target("h200")
     op, ins = qtypes("fp8", 3072, 2048, residual=True)
     monkeypatch.delenv(bulk_rule.ENV, raising=False)
@@ -228,7 +229,8 @@ def test_fp8_switch_picks_the_template(monkeypatch):
                s.value("HAS_RESIDUAL") and not is_plain(s) for _, s in found)
     for fmt, act, gran in (("fp8", "fp8", "token"), ("fp8", "fp8", "tensor"), ("nvfp4", "none", "token")):
         op, ins = qtypes(fmt, 3072, 2048, act, gran)
-        assert {s.template for _, s in quant_variants(op, ins, h200)} == {"quant.cu"}, (fmt, act, gran)
+        want = "kernel.cu" if fmt == "nvfp4" else "quant.cu"
+        assert {s.template for _, s in quant_variants(op, ins, h200)} == {want}, (fmt, act, gran)
 
 
 def _ldmatrix_x4(rows: np.ndarray, lane_addr) -> np.ndarray:

@@ -123,9 +123,10 @@ def test_quantized_qkv_gets_the_quant_epilogue(tmp_path, monkeypatch, quant):
     from tests.codegen.test_lower_quant import compile_quant, quant_checkpoint
 
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
-    # quant.cu's buckets for FP8 weight-only too (by default kernel.cu's, whose epilogue is on by default:
-    # tests/codegen/test_gemv_fp8.py)
+    # quant.cu's buckets for FP8 and NVFP4 weight-only too (by default kernel.cu's, whose epilogue is on by default:
+    # tests/codegen/test_gemv_fp8.py, parametrized over both)
     monkeypatch.setenv("INGOT_GEMV_FP8", "quant")
+    monkeypatch.setenv("INGOT_GEMV_NVFP4", "quant")
     ckpt = quant_checkpoint(tmp_path)
     monkeypatch.delenv(qkv_rope_fusion.ENV, raising=False)  # the default: kernel.cu's variants only
     path = compile_quant(ckpt, "h200", {"default": quant}, tmp_path / "default.ingot")
