@@ -416,3 +416,53 @@ def test_autotune_workloads_and_candidates(n, k, mb):
         fixed = {key: v for key, v in c.values if key not in t.knobs}
         assert fixed == {key: v for key, v in spec.values if key not in t.knobs}
     assert [c.key for c in at.candidates(spec, H200)] == [c.key for c in at.dedupe(cands)]
+
+
+# -- the conversion's arithmetic, emulated ------------------------------------------------------------------------
+
+
+def _byte_perm_spread(x: np.ndarray, hi: bool) -> np.ndarray:
+    """``__byte_perm(x, 0, 0x1404)`` (``hi``: ``0x3424``): bytes 0, 1 (2, 3) of x into the high bytes of two f16
+    halves, low bytes zero."""
+    b0, b1 = (x >> (16 if hi else 0)) & 0xFF, (x >> (24 if hi else 8)) & 0xFF
+    return ((b0 << 8) | (b1 << 24)).astype(np.uint32)
+
+
+def _e2m1x8_f16(v: np.ndarray, sf: np.ndarray) -> np.ndarray:
+    """kernel.cu's ``gemv_e2m1x8_f16`` in numpy, word by word: [n] u32 words, [n] f16 block scales -> [n, 8] f16 in
+    the fragments' order (n0, n2, n4, n6, n1, n3, n5, n7); ``mul.rn.f16x2`` as numpy's f16 multiply (both IEEE
+    round to nearest even, subnormals kept)."""
+    v = v.astype(np.uint32)
+    e = ((v << 1) & 0x0E0E0E0E) | ((v << 4) & 0x80808080)
+    d = ((v >> 3) & 0x0E0E0E0E) | (v & 0x80808080)
+    words = [_byte_perm_spread(e, False), _byte_perm_spread(e, True), _byte_perm_spread(d, False),
+             _byte_perm_spread(d, True)]
+    halves = np.stack(words, axis=1).view(np.uint16).reshape(len(v), 8)  # little-endian: low half first
+    return halves.view(np.float16) * sf.astype(np.float16)[:, None]
+
+
+def test_e2m1_to_f16_is_exact_for_every_code_and_scale():
+    """Every e2m1 code in every nibble of a word, under every finite e4m3 block scale (subnormals and 448 included):
+    the emulated conversion gives e2m1 * sf * 2^-14 exactly (the claim kernel.cu's header makes), in the pairs'
+    order the staged x follows."""
+    import ml_dtypes
+
+    from ingot.ir.quant.packing import unpack_e2m1
+
+    r = rng()
+    words = [r.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)]
+    for pos in range(8):  # each code at each nibble, the rest random
+        base = r.integers(0, 2**32, 16, dtype=np.uint64).astype(np.uint32)
+        words.append((base & ~np.uint32(0xF << (4 * pos))) | (np.arange(16, dtype=np.uint32) << (4 * pos)))
+    v = np.concatenate(words)
+    codes = np.arange(256, dtype=np.uint8)
+    sf_all = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    finite = np.isfinite(sf_all)
+    assert finite.sum() == 254 and sf_all[finite].max() == 448 and sf_all[1] == 2.0 ** -9  # NaNs: 0x7F, 0xFF
+    values = unpack_e2m1(v.view(np.uint8).reshape(len(v), 4)).astype(np.float64)  # [n, 8]: n0..n7
+    order = [0, 2, 4, 6, 1, 3, 5, 7]
+    for code in codes[finite]:
+        sf = np.full(len(v), sf_all[code])
+        got = _e2m1x8_f16(v, sf).astype(np.float64)
+        want = values[:, order] * sf_all[code] * 2.0 ** -14
+        assert np.array_equal(got, want), f"scale code {code:#04x} ({sf_all[code]})"
