@@ -72,9 +72,8 @@
 //   fragments: word i of the load (columns 8i..8i+7 of the lane's 32) gives the pairs (c0, c2), (c4, c6), (c1, c3),
 //   (c5, c7), the codes' f16 high bytes made four at a time by shifts and masks (sign to bit 7, exponent and mantissa
 //   bits to 3..1: the code's value times 2^-14, exactly, 0.5 as a subnormal) and spread into f16 halves by PRMT, each
-//   pair multiplied by its block's scale, converted
-//   by the hardware (e4m3 -> f16, exact): every product e2m1 * sf * 2^-14 is a multiple of 2^-24 below 65504, an
-//   exact f16. f16 MMAs, x staged as with FP8's f16 route (f16 times 2^-4) and in fragment order: in each 128-column
+//   pair multiplied by its block's scale, converted by the hardware (e4m3 -> f16, exact): every product
+//   e2m1 * sf * 2^-14 is a multiple of 2^-24 below 65504, an exact f16. f16 MMAs, x staged as with FP8's f16 route (f16 times 2^-4) and in fragment order: in each 128-column
 //   step lane q's chunk i (8 columns) sits at slot 4 i + q, so that the four lanes of a row read 64 contiguous bytes
 //   (rows padded by 64 bytes, as bf16's), its columns in the pairs' order. The epilogue multiplies the f32 sums by
 //   2^14 * 16 (exact) and the global scale (quant.cu's order: the reference's up to f32 rounding).
