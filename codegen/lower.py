@@ -321,9 +321,9 @@ def _quant_note(node: Node) -> str:
             f"layout), {act} activations ({getattr(op, 'act_granularity', '?')})")
     return (f"quantized_linear: {what}: the quantized GEMV (codegen/kernels/gemv/quant_rule.py) takes FP8 "
             "per-channel weights with bf16 or FP8 activations and weight-only NVFP4 with linear scales, K a multiple "
-            "of 64 (FP8) / 128 (NVFP4); pick such formats in the quant config (on b200 NVFP4/MXFP4 scales are always "
-            "swizzled for CUTLASS by pack-sm100: W4A4 runs the block-scaled CUTLASS GEMM there, weight-only FP4 "
-            "has no kernel), or compile for target cpu")
+            "of 64 (FP8) / 128 (NVFP4); pick such formats in the quant config (on b200 W4A4 NVFP4/MXFP4 scales are "
+            "swizzled for CUTLASS by pack-sm100 and run the block-scaled CUTLASS GEMM; weight-only NVFP4 keeps linear "
+            "scales for the GEMV; weight-only MXFP4 has no kernel), or compile for target cpu")
 
 
 def gemv_variant_plans(launches: list[Launch],

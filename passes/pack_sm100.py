@@ -7,7 +7,9 @@ the CPU backend and is tested against the unpacked one.
 NVFP4 and MXFP4 weights are already K-major with two E2M1 codes per byte (element 0 in the low
 nibble, CUTLASS's ``nv_float4_t`` order); their scale factors move into CUTLASS's
 ``Sm1xxBlkScaledConfig`` layout: padded to (128 rows, 4 scale columns) and stored in 128x4 atoms
-(``ir/quant/packing.py``). FP8 weights are K-major rows already and are left as they are.
+(``ir/quant/packing.py``). FP8 weights are K-major rows already and are left as they are, and so are weight-only
+NVFP4 linears' scales (``act_format`` none): no block-scaled MMA reads them, the decode GEMV (``kernel.cu`` /
+``quant.cu``) and the prefill's dequantize launch take linear scales, as on sm_90a.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class PackSm100(Pass):
                 continue
             if op.scale_layout != "linear":
                 continue
+            if op.weight_format == "nvfp4" and op.act_format == "none":
+                continue  # weight-only NVFP4: the GEMV and the dequantize launch read linear scales (the docstring)
             sv = node.inputs[2]
             assert sv is not None and sv.type.shape is not None
             rows, cols = (int(d) for d in sv.type.shape)

@@ -8,7 +8,7 @@ plan; the artifact still runs on the CPU backend. The same model runs on a GPU i
 ``tests/runtime/test_quant_cuda.py``.
 
 On b200, W4A4 NVFP4 / MXFP4 linears are the activation quantizer + the block-scaled CUTLASS GEMM
-(``test_w4a4_lowers_for_b200``, slow: CUTLASS builds); weight-only FP4 there still has no kernel.
+(``test_w4a4_lowers_for_b200``, slow: CUTLASS builds); weight-only MXFP4 there still has no kernel.
 
 The model's shapes suit the kernels: head_dim 64 (the split-KV kernel takes 64, 128, 256) and every K a
 multiple of 128 (NVFP4 GEMV steps).
@@ -343,10 +343,11 @@ def _check_w4a4_binding(cuda: dict) -> None:
             assert last < buffers[name]["nbytes"], (ln["kernel"], tensor, dims, strides, buffers[name]["nbytes"])
 
 
-@pytest.mark.parametrize("spec", ["nvfp4:wo", "mxfp4:wo"])
+@pytest.mark.parametrize("spec", ["mxfp4:wo"])
 def test_weight_only_fp4_for_b200_names_the_missing_kernel(ckpt, tmp_path, spec):
-    """Weight-only FP4 on b200 has sm100-swizzled scales (pack-sm100) and bf16 activations: no kernel reads that
-    (the GEMV takes linear scales, the block-scaled GEMM W4A4): the compile fails saying so, and writes nothing."""
+    """Weight-only MXFP4 on b200 has sm100-swizzled scales (pack-sm100) and bf16 activations: no kernel reads that
+    (the GEMV takes linear NVFP4 scales, the block-scaled GEMM W4A4): the compile fails saying so, and writes nothing.
+    (Weight-only NVFP4 keeps linear scales there and lowers as on h200: tests/codegen/test_quant_prefill_gemm.py.)"""
     fmt = spec.split(":")[0]
     why = (rf"(?s)quantized_linear \(8 nodes\).*{fmt} weights .*sm100 layout.*none activations.*"
            rf"weight-only FP4 with sm100-swizzled scales has no kernel")

@@ -40,7 +40,7 @@ from tests.codegen.test_lower import live_ranges
 from tests.codegen.test_lower_quant import ARCH, compile_quant
 from tests.helpers import rng
 
-#: weight-only cases the prefill GEMM takes (NVFP4 only on h200: b200's NVFP4 has sm100-swizzled scales)
+#: weight-only cases the prefill GEMM takes (on b200 ``nvfp4`` means W4A4; ``nvfp4:wo`` there: test_nvfp4_wo_for_b200)
 CASES = {"fp8-wo": {"default": "fp8:wo"}, "nvfp4": {"default": "nvfp4"}}
 #: the tiny Llama's quantized linears: (suffix of the output value, N, K, residual)
 LINEARS = {"qkv": (512, 128, False), "attn_out": (128, 256, True), "gate_up": (512, 128, False),
@@ -214,6 +214,33 @@ def test_fp8_wo_for_b200(ckpt, tmp_path, monkeypatch, fake_cutlass):
     path, manifest = _compile(ckpt, "b200", "fp8-wo", tmp_path / "b200.ingot", monkeypatch)
     assert manifest["cuda"]["arch"] == "sm_100a"
     _check_pairs(path, manifest["cuda"], "fp8", cutlass=True, target="b200")
+
+
+def test_nvfp4_wo_for_b200(ckpt, tmp_path, monkeypatch, fake_cutlass):
+    """Weight-only NVFP4 on b200: pack-sm100 leaves its scales linear (no block-scaled MMA reads them), so it lowers
+    as on h200: the dequantize launch + the bf16 CUTLASS GEMM (sm100.cu) with the quantized GEMV as its variants, and
+    with ``INGOT_GEMV_NVFP4`` at its default the decode buckets are kernel.cu's NVFP4 ones, compiled for sm_100a."""
+    path, manifest = _compile(ckpt, "b200", "nvfp4:wo", tmp_path / "b200.ingot", monkeypatch)
+    cuda = manifest["cuda"]
+    assert cuda["arch"] == "sm_100a"
+    _check_pairs(path, cuda, "nvfp4", cutlass=True, target="b200")
+    graph, _ = load_graph(path)
+    qls = [n for n in graph.nodes if n.op.name == "quantized_linear"]
+    assert len(qls) == 8 and all(n.op.weight_format == "nvfp4" and n.op.act_format == "none"
+                                 and n.op.scale_layout == "linear" for n in qls)
+    m = PagedModel(graph, num_blocks=8)
+    logits = m.step([(m.add_sequence(), [int(t) for t in rng().integers(3, 259, 21)])])
+    assert logits.shape == (1, 260) and np.isfinite(logits).all()
+    monkeypatch.delenv("INGOT_GEMV_NVFP4")  # the default: kernel.cu's decode buckets
+    _, manifest = _compile(ckpt, "b200", "nvfp4:wo", tmp_path / "b200-kernel.ingot", monkeypatch)
+    for ln in (ln for ln in manifest["cuda"]["launches"] if "variants" in ln and ln["op"] == "quantized_linear"):
+        *buckets, any_m = ln["variants"]
+        assert [v["max_rows"] for v in buckets] == [8, 16, 32, 64]
+        for v in buckets:
+            spec = manifest["cuda"]["variant_kernels"][v["kernel"]]["spec"]
+            assert v["kernel"].startswith("gemv_nvfp4w_") and spec["template"] == "kernel.cu", v["kernel"]
+            assert spec["values"]["WB"] == 0 and spec["arch"] == "sm_100a"
+        assert any_m["kernel"].startswith("gemv_nvfp4_a16_") and "_any_" in any_m["kernel"]
 
 
 def test_switch_off_and_fp8_activations_keep_the_gemv(ckpt, tmp_path, monkeypatch):

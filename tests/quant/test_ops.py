@@ -69,6 +69,28 @@ def test_quantize_then_pack_sm100_keeps_values(spec):
     assert "quantized_linear" in text and parse_graph(text).nodes[0].op == g.nodes[0].op
 
 
+def test_pack_sm100_leaves_weight_only_nvfp4_linear():
+    """Weight-only NVFP4 keeps linear scales on b200 (the GEMV and the dequantize launch read them); W4A4 beside it in
+    the same graph is swizzled."""
+    rng = np.random.default_rng(4)
+    g = Graph()
+    x = g.add_input("x", TensorType(DType.f32, ("T", 64)))
+    h = x
+    for name in ("a", "b"):
+        w = g.add_weight(f"{name}.weight", Weight.from_array(rng.standard_normal((64, 64)).astype(np.float32)))
+        h = g.add1(Linear(), [h, w], name)
+    g.add_output(h, "y")
+    cfg = {"default": "nvfp4:wo", "layers": {"b": "nvfp4:w4a4:dynamic"}}
+    run_passes(g, ["quantize"], PassContext(options={"quantize": {"format": "nvfp4:wo", "config": cfg}}))
+    ops = {n.outputs[0].name: n.op for n in g.nodes}
+    assert ops["a"].act_format == "none" and ops["b"].act_format == "nvfp4"
+    shape = g.weights["a.weight_scale"].type.shape
+    run_passes(g, ["pack-sm100"], PassContext(target="b200"))
+    ops = {n.outputs[0].name: n.op for n in g.nodes}
+    assert ops["a"].scale_layout == "linear" and g.weights["a.weight_scale"].type.shape == shape
+    assert ops["b"].scale_layout == "sm100" and g.weights["b.weight_scale"].type.shape == (128, 4)
+
+
 @pytest.mark.parametrize("granularity", ["tensor", "head"])
 def test_paged_attention_fp8_is_attention_on_decoded_cache(granularity):
     rng = np.random.default_rng(3)

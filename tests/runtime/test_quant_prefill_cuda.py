@@ -2,7 +2,8 @@
 on the CUDA backend against the CPU backend running the same quantized graph (``-m gpu``; skipped without one).
 
 The tiny Llama of ``tests/codegen/test_lower_quant.py`` with FP8 weight-only and NVFP4 weight-only weights (h200;
-b200's NVFP4 has no weight-only kernel), its GEMMs the CUTLASS ones where nvcc and CUTLASS are installed and the
+b200's default NVFP4 is W4A4: its weight-only form, ``nvfp4:wo``, lowers there as on h200 but has not run on a B200),
+its GEMMs the CUTLASS ones where nvcc and CUTLASS are installed and the
 template GEMM (``INGOT_NO_CUTLASS=1``). Steps with more rows than ``GEMV_MAX_ROWS`` (310 rows: the dequantize
 launch, then the GEMM) and with fewer (68 rows: the any-M GEMV variant; 17 rows, exactly 64 rows, decode: the GEMV
 buckets; the dequantize launch skipped in all of them), as plain launches and with CUDA graphs for the decode
@@ -58,7 +59,7 @@ def test_prefill_gemm_artifact_matches_cpu(gpu_target, ckpt, tmp_path, monkeypat
     from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
 
     if case == "nvfp4" and gpu_target != "h200":
-        pytest.skip("b200 NVFP4 is W4A4 with sm100-swizzled scales: no weight-only kernel")
+        pytest.skip("b200's default NVFP4 is W4A4 (the block-scaled GEMM, tests/runtime/test_quant_cuda.py)")
     if gemm == "cutlass" and not cutlass_available():
         pytest.skip("CUTLASS GEMMs need nvcc and the nvidia-cutlass wheel")
     monkeypatch.setenv(quant_prefill.ENV, "1")

@@ -68,7 +68,7 @@ def decline_reason(node: Node, target: Target) -> str | None:
         return "the block-scaled GEMM takes FP4 weights with sm100-swizzled scales (pack-sm100)"
     if act != fmt:
         return (f"the block-scaled GEMM takes {fmt} activations with {fmt} weights (W4A4); weight-only FP4 with "
-                f"sm100-swizzled scales has no kernel (use {fmt}:w4a4 or fp8 on b200)")
+                f"sm100-swizzled scales has no kernel (use {fmt}:w4a4, nvfp4:wo or fp8 on b200)")
     if not target.fp4_tensor_cores or not supports(fmt, target):
         return f"target {target.name} has no FP4 tensor cores"
     w = node.inputs[1]
