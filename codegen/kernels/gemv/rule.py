@@ -41,7 +41,8 @@ so with them a variant waits first and only then loads weights (its SASS: ``ACQB
 ``weights_first`` loads the first weight stage, and reads what the previous kernel wrote, with coherent loads, which
 ptxas keeps on their side of the wait (the template's header). On by default for every variant since the fourteenth
 session (plain ones too: the 1B model's batch-1 step 1.0-1.3% shorter with BF16 weights, 1.9-2.7% with FP8 ones,
-batch 64 no slower; docs/PERF.md, "Plain GEMVs load weights first"); ``INGOT_GEMV_WEIGHTS_FIRST=fused`` keeps it to
+batch 64 no slower; docs/PERF.md, "NVFP4 weights on kernel.cu, and plain GEMVs weights first");
+``INGOT_GEMV_WEIGHTS_FIRST=fused`` keeps it to
 the fused variants as before. ``bench/bench_decode_fusion.py`` times both ways.
 
 **Bulk copies** (opt-in, ``INGOT_GEMV_BULK=1``: buckets up to 8; ``bulk.cu``, ``bulk_rule.py``): variants whose
@@ -63,12 +64,13 @@ elsewhere bf16, by bit operations. The configuration is the bf16 rule's with ste
 **NVFP4 weights** (``wb=WB_NVFP4``, 0: half a byte a weight): a weight-only NVFP4 ``quantized_linear`` (e2m1 codes
 ``u8[n, k / 2]``, an e4m3 scale per 16 columns ``u8[n, k / 16]`` in the linear layout, the f32 global scale
 ``weight_scale_2[1]``, bf16 x) on this template, params ``QUANT_PARAMS``. A lane's 16-byte load covers 32 columns
-(two scale blocks, whose two scale bytes it loads beside), so a step is 128 columns, 64 bytes of a row again; each
-code becomes an f16 by a shift and two masks (its value times 2^-14, exact) and one multiply by its block's scale
-(exact), f16 MMAs, x staged in f16 times 2^-4 as the FP8 f16 route's and in the fragments' order; the epilogue
-multiplies by 2^18 and the global scale. Same configurations (in bytes a row), prologues, rope epilogue and row
-groups. ``quant_rule.quant_variants`` gives these for the decode buckets with ``INGOT_GEMV_NVFP4=kernel``
-(``quant_rule.nvfp4_template``).
+(two scale blocks, whose two scale bytes it loads beside), so a step is 128 columns, 64 bytes of a row again; the
+codes' f16s (their values times 2^-14, exact) are made four high bytes at a time by shifts and masks and spread into
+f16 halves by PRMT, then one multiply by the block's scale (exact); f16 MMAs, x staged in f16 times 2^-4 as the FP8
+f16 route's and in the fragments' order; the epilogue multiplies by 2^18 and the global scale. Same configurations
+(in bytes a row; row groups take ``KW_SHAPE_NVFP4``), prologues, rope epilogue and row groups.
+``quant_rule.quant_variants`` gives these for the decode buckets with ``INGOT_GEMV_NVFP4=kernel`` (the default;
+``quant_rule.nvfp4_template``).
 
 **Quantized weights** (``quant.cu``, ``quant_rule.py``): ``quantized_linear`` with FP8 (per-channel) or NVFP4
 weights, bf16 or per-token FP8 activations, through the same two entry points (``variants`` per bucket, ``plan``
@@ -359,7 +361,8 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
               weights_first: bool | None = None, rope: RopeEpilogue | None = None, wb: int = 2) -> KernelSpec:
     """The variant for ``M <= mb`` of ``linear`` with bf16 ``x[M, k]``, ``w[n, k]``; params as the GEMM's (and
     ``norm_weight`` after them with an ``rms_norm`` prologue, then ``ROPE_PARAMS`` with ``rope``). ``weights_first``:
-    load the first weight stage before the PDL wait (default: with a prologue only, see the module docstring).
+    load the first weight stage before the PDL wait (default: ``INGOT_GEMV_WEIGHTS_FIRST``'s, every variant unless
+    ``fused``: a prologue's only; the module docstring).
     ``wb=1``: a weight-only ``quantized_linear`` with e4m3 ``w[n, k]`` and f32 ``weight_scale[n]`` instead
     (``QUANT_PARAMS``, the op's inputs by name; **FP8 weights** in the module docstring); ``wb=WB_NVFP4`` (0): one
     with NVFP4 weights (**NVFP4 weights**)."""
