@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -174,6 +175,33 @@ def test_tiny_gguf_tokenizer(tiny_gguf, tmp_path):
     assert [chat.index(1), chat.index(2)] == [0, 8], "special tokens stay whole"
     assert tok.decode(chat) == "user\nhi\nassistant\n"
     assert tok.config["eos_token"] == "<|im_end|>" and tok.config["bos_token"] == "<|im_start|>"
+
+
+def test_a_compile_opens_the_file_once(tiny_gguf, tmp_path, monkeypatch):
+    """``import_gguf`` then ``write_tokenizer`` (what a compile does) parse the file's metadata once; a changed file
+    (another modification time) is read again; a missing one is an error naming it."""
+    from ingot.frontend import gguf as frontend
+
+    opened = []
+
+    class Counting(gguf.GGUFReader):
+        def __init__(self, path, *args, **kwargs):
+            opened.append(str(path))
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    frontend._open_reader.cache_clear()
+    path = tiny_gguf[0]
+    import_gguf(path)
+    write_tokenizer(path, tmp_path / "tok")
+    import_gguf(str(path))
+    assert opened == [str(path.resolve())]
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert import_gguf(path).meta["llm"]["num_layers"] == 2 and len(opened) == 2
+    with pytest.raises(CheckpointError, match="missing.gguf"):
+        import_gguf(tmp_path / "missing.gguf")
+    frontend._open_reader.cache_clear()
 
 
 def test_unsupported_architecture(tmp_path):
