@@ -234,14 +234,11 @@ __device__ __forceinline__ unsigned gemv_hmul2(unsigned a, unsigned b) {
 // Those bytes are made for the even codes (e) and the odd ones (d) four at a time, spread into f16 halves by PRMT
 // (low bytes zero), then one multiply each, exact (e2m1 * sf * 2^-14 is a multiple of 2^-24 below 65504; f16
 // arithmetic keeps subnormals)
-__device__ __forceinline__ void gemv_e2m1x8_f16(unsigned v, unsigned sc, unsigned& o0, unsigned& o1, unsigned& o2,
-                                                unsigned& o3) {
+__device__ __forceinline__ u32x4 gemv_e2m1x8_f16(unsigned v, unsigned sc) {
   const unsigned e = ((v << 1) & 0x0E0E0E0Eu) | ((v << 4) & 0x80808080u);  // n0 n2 n4 n6
   const unsigned d = ((v >> 3) & 0x0E0E0E0Eu) | (v & 0x80808080u);         // n1 n3 n5 n7
-  o0 = gemv_hmul2(__byte_perm(e, 0u, 0x1404), sc);
-  o1 = gemv_hmul2(__byte_perm(e, 0u, 0x3424), sc);
-  o2 = gemv_hmul2(__byte_perm(d, 0u, 0x1404), sc);
-  o3 = gemv_hmul2(__byte_perm(d, 0u, 0x3424), sc);
+  return {gemv_hmul2(__byte_perm(e, 0u, 0x1404), sc), gemv_hmul2(__byte_perm(e, 0u, 0x3424), sc),
+          gemv_hmul2(__byte_perm(d, 0u, 0x1404), sc), gemv_hmul2(__byte_perm(d, 0u, 0x3424), sc)};
 }
 // two e4m3 block scales (bytes of s) -> {sf0, sf0} and {sf1, sf1} in f16 (exact)
 __device__ __forceinline__ void gemv_sf_f16(unsigned short s, unsigned& s0, unsigned& s1) {
@@ -459,11 +456,9 @@ ${PDL_WAIT}
           } else if (W4) {  // words 0, 1: the first scale block of the lane's 32 columns; 2, 3: the second
             unsigned s0, s1;
             gemv_sf_f16(sbuf[s & 1][u][mt][h], s0, s1);
-            u32x4* const f = wf[mt][h];
-            gemv_e2m1x8_f16(v.x, s0, f[0].x, f[0].y, f[0].z, f[0].w);
-            gemv_e2m1x8_f16(v.y, s0, f[1 % SUB].x, f[1 % SUB].y, f[1 % SUB].z, f[1 % SUB].w);
-            gemv_e2m1x8_f16(v.z, s1, f[2 % SUB].x, f[2 % SUB].y, f[2 % SUB].z, f[2 % SUB].w);
-            gemv_e2m1x8_f16(v.w, s1, f[3 % SUB].x, f[3 % SUB].y, f[3 % SUB].z, f[3 % SUB].w);
+            const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < SUB; ++i) wf[mt][h][i] = gemv_e2m1x8_f16(words[i], i < 2 ? s0 : s1);
           } else {
             u32x4& lo = wf[mt][h][0];
             u32x4& hi = wf[mt][h][SUB - 1];
