@@ -29,7 +29,7 @@ from ...autotune import Tunable, Workload, random_array
 from ...kernel import KernelSpec
 from ...target import Target
 from .quant_rule import WEIGHT_FORMATS, QuantGemvConfig, quant_config, quant_gemv_spec
-from .rule import BUCKETS, gemv_config, gemv_spec
+from .rule import BUCKETS, WB_NAMES, gemv_config, gemv_spec
 
 #: (warps, tiles per warp, steps per stage) tried besides the heuristic's (bench/bench_gemv.py --sweep's best ones)
 SHAPES = ((4, 1, 8), (8, 1, 4), (4, 1, 4), (8, 2, 2))
@@ -92,8 +92,10 @@ def workloads(spec: KernelSpec, bounds: Mapping[str, int]) -> list[Workload]:
     v = dict(spec.values)
     n, k, mb = int(v["N"]), int(v["K"]), int(v["MB"])
     quant = spec.template == "quant.cu"
-    # kernel.cu with e4m3 / NVFP4 weights (WB 1 / 0) takes a weight-only FP8 / NVFP4 quantized_linear's buffers
-    wfmt, afmt = (int(v["WFMT"]), int(v["AFMT"])) if quant else ({1: 0, 0: 1}.get(int(v.get("WB", 2)), -1), 0)
+    # kernel.cu with e4m3 / NVFP4 weights (WB 1 / 0) takes a weight-only FP8 / NVFP4 quantized_linear's buffers (the
+    # format's quant.cu code; bf16 weights: -1)
+    wb_format = WEIGHT_FORMATS.get(WB_NAMES[int(v.get("WB", 2))], -1)
+    wfmt, afmt = (int(v["WFMT"]), int(v["AFMT"])) if quant else (wb_format, 0)
     out = []
     for m in _edges(mb):
         bufs: dict[str, tuple[str, tuple[int, ...]]] = {"x": ("bfloat16", (m, k)), "out": ("bfloat16", (m, n))}
