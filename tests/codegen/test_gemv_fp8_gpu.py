@@ -98,18 +98,15 @@ def test_fp8_gemv_matches_reference(gpu, n, k, mb, ms, epilogue):
 X_MAGNITUDES = (2e-4, 1.0, 3e3, 6e5)
 
 
-@pytest.mark.parametrize("n,k", [(3072, 2048), (2048, 8192)])
-def test_fp8_gemv_x_range(gpu, n, k):
-    """Tokens of very different magnitudes in one launch, each within the GEMV tolerance of its own reference (the
-    shared tolerance, relative to the largest output of all tokens, would not see the small ones)."""
-    r = rng()
-    spec = gemv_spec(n, k, 8, gpu_target(gpu), wb=1)
-    _check_fp8_spec(spec, n, k, 8)
-    wq, bufs = _fp8_weight(gpu, r, n, k)
+def check_x_range(gpu, spec, r: np.random.Generator, bufs: dict, ref) -> None:
+    """Tokens of very different magnitudes (``X_MAGNITUDES``) in one launch of ``spec`` (weights ``bufs``), each within
+    the GEMV tolerance of its own reference ``ref(x)`` (the shared tolerance, relative to the largest output of all
+    tokens, would not see the small ones); launched twice, outputs poisoned."""
+    n, k = spec.value("N"), spec.value("K")
     x = np.stack([r.uniform(-1.0, 1.0, k) * mag for mag in X_MAGNITUDES]).astype(BF16)
     m = x.shape[0]
     assert np.abs(x.astype(np.float32)).max() > 65504 and np.abs(x.astype(np.float32)).max() < 65504 * 16
-    want = _op(k).ref(x, wq["weight"], wq["weight_scale"], None, None, None, None).astype(np.float64)
+    want = ref(x).astype(np.float64)
     for attempt in range(2):
         out = gpu.alloc((m, n), BF16)  # poisoned (0xFF: NaN)
         gpu.launch(spec, x=gpu.upload(x), **bufs, bias=None, residual=None, out=out, M=m)
@@ -118,6 +115,17 @@ def test_fp8_gemv_x_range(gpu, n, k):
         for t, mag in enumerate(X_MAGNITUDES):
             err = np.abs(got[t] - want[t]).max() / np.abs(want[t]).max()
             assert err < TOL, f"launch {attempt}: token {t} (|x| up to {mag:g}): relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("n,k", [(3072, 2048), (2048, 8192)])
+def test_fp8_gemv_x_range(gpu, n, k):
+    """``check_x_range`` on the FP8 variant of bucket 8 (f16 fragments: x staged as f16 times 2^-4)."""
+    r = rng()
+    spec = gemv_spec(n, k, 8, gpu_target(gpu), wb=1)
+    _check_fp8_spec(spec, n, k, 8)
+    wq, bufs = _fp8_weight(gpu, r, n, k)
+    check_x_range(gpu, spec, r, bufs,
+                  lambda x: _op(k).ref(x, wq["weight"], wq["weight_scale"], None, None, None, None))
 
 
 #: explicit configurations (N, K, bucket, (warps, tiles, steps a stage, split-K, warps a row group), token counts at

@@ -50,7 +50,7 @@ from ingot.ir.ops.quantized import QuantizedLinear
 from ingot.ir.types import DType
 from tests.codegen.common import gpu_target
 from tests.codegen.test_decode_fusion_gpu import EPS, _cases, _err, check_rms_norm, check_swiglu
-from tests.codegen.test_gemv_fp8_gpu import X_MAGNITUDES
+from tests.codegen.test_gemv_fp8_gpu import check_x_range
 from tests.codegen.test_gemv_quant_gpu import CASES as QUANT_CASES
 from tests.codegen.test_gemv_quant_gpu import TOL, _u8, activations, quantized_weight, run_case
 from tests.codegen.test_qkv_rope_fusion_gpu import BLOCK, CTYPE, check_rope_epilogue
@@ -123,18 +123,7 @@ def test_nvfp4_gemv_x_range(gpu, n, k):
     spec = gemv_spec(n, k, 8, gpu_target(gpu), wb=WB_NVFP4)
     _check_nvfp4_spec(spec, n, k, 8)
     wq, bufs = _nvfp4_weight(gpu, r, n, k)
-    x = np.stack([r.uniform(-1.0, 1.0, k) * mag for mag in X_MAGNITUDES]).astype(BF16)
-    m = x.shape[0]
-    assert np.abs(x.astype(np.float32)).max() > 65504 and np.abs(x.astype(np.float32)).max() < 65504 * 16
-    want = _ref(k, wq, x).astype(np.float64)
-    for attempt in range(2):
-        out = gpu.alloc((m, n), BF16)  # poisoned (0xFF: NaN)
-        gpu.launch(spec, x=gpu.upload(x), **bufs, bias=None, residual=None, out=out, M=m)
-        got = gpu.download(out).astype(np.float64)
-        assert np.isfinite(got).all(), f"launch {attempt}: non-finite outputs (x overflowed as staged?)"
-        for t, mag in enumerate(X_MAGNITUDES):
-            err = np.abs(got[t] - want[t]).max() / np.abs(want[t]).max()
-            assert err < TOL, f"launch {attempt}: token {t} (|x| up to {mag:g}): relative error {err:.2e}"
+    check_x_range(gpu, spec, r, bufs, lambda x: _ref(k, wq, x))
 
 
 #: explicit configurations (N, K, bucket, (warps, tiles, steps a stage, split-K, warps a row group), token counts at
