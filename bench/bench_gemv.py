@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import json
 import os
 import statistics
@@ -187,12 +188,16 @@ def time_graph(record, launches: int, reps: int) -> float:
 
 
 def configs(n: int, k: int, mb: int, sweep: bool, kw_only: bool = False):
-    from ingot.codegen.kernels.gemv.rule import SMEM_BUDGET, _round_up, gemv_config, smem_bytes
+    from ingot.codegen.kernels.gemv.rule import SMEM_BUDGET, _round_up, cluster_fits, gemv_config, smem_bytes
 
     base, old = gemv_config(n, k, mb, 132), gemv_config(n, k, mb, 132, kwarps=1)
     out = [("default", base)]
     if base.kwarps > 1:  # beside it, the rule's configuration without row groups (INGOT_GEMV_KW=0)
         out.append(("kw1", old))
+    # beside a split configuration, its twin reduced the other way (a cluster or the workspace: rule.GemvConfig.cluster)
+    for name, c in list(out):
+        if cluster_fits(mb, c):
+            out.append((name + ("-ws" if c.cluster else "-cl"), dataclasses.replace(c, cluster=not c.cluster)))
     if not sweep and not kw_only:
         return out
     seen = {c for _, c in out}
@@ -215,6 +220,10 @@ def configs(n: int, k: int, mb: int, sweep: bool, kw_only: bool = False):
             if c not in seen and near:
                 seen.add(c)
                 out.append((f"w{warps} t{mt} u{u} sk{c.splitk}" + (f" kw{kw}" if kw > 1 else ""), c))
+                twin = dataclasses.replace(c, cluster=not c.cluster)
+                if cluster_fits(mb, c) and twin not in seen:
+                    seen.add(twin)
+                    out.append((out[-1][0] + (" ws" if c.cluster else " cl"), twin))
     return out
 
 
@@ -267,7 +276,8 @@ def bench_shape(n: int, k: int, ms: list[int], sweep: bool, launches: int, reps:
             tbps = nbytes / t / 1e12
             row = {"n": n, "k": k, "m": m, "mb": mb, "config": name, "splitk": cfg.splitk, "warps": cfg.warps,
                    "tiles": cfg.tiles, "u": getattr(cfg, "stage_steps", 0),
-                   "kw": getattr(cfg, "kwarps", 1), "us": t * 1e6, "tbps": tbps,
+                   "kw": getattr(cfg, "kwarps", 1), "cluster": getattr(cfg, "cluster", False), "us": t * 1e6,
+                   "tbps": tbps,
                    "frac": tbps / COPY_TBPS,
                    "pdl": pdl, "plain_us": t_plain * 1e6,
                    "cublas_us": t_cublas * 1e6, "cublas_tbps": nbytes / t_cublas / 1e12,

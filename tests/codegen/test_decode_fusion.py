@@ -57,6 +57,13 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 @pytest.fixture(autouse=True)
+def _workspace_split_k(monkeypatch):
+    """The workspace split-K and row groups these tests were written for (``INGOT_GEMV_CLUSTER=0``); the cluster
+    reduction, the default, has its own tests (test_gemv_cluster.py, test_gemv_cluster_gpu.py)."""
+    monkeypatch.setenv("INGOT_GEMV_CLUSTER", "0")
+
+
+@pytest.fixture(autouse=True)
 def _fusion_on(monkeypatch):
     """Decode fusion is on by default (``INGOT_DECODE_FUSION=0`` turns it off); these tests set it on explicitly
     (a developer's environment may have it off) unless they say otherwise."""

@@ -38,6 +38,14 @@ from tests.codegen.common import (  # noqa: F401 (autouse fixture)
 )
 from tests.codegen.test_decode_fusion import W_FIRST, W_NC, WAIT, X_LOAD, X_NC, check_pdl_order, sass_sequence
 
+
+@pytest.fixture(autouse=True)
+def _workspace_split_k(monkeypatch):
+    """The workspace split-K and row groups these tests were written for (``INGOT_GEMV_CLUSTER=0``); the cluster
+    reduction, the default, has its own tests (test_gemv_cluster.py, test_gemv_cluster_gpu.py)."""
+    monkeypatch.setenv("INGOT_GEMV_CLUSTER", "0")
+
+
 #: the Llama-3.2-1B layer shapes of bench/bench_gemv.py, and awkward ones (N, K not multiples of the tiles)
 SHAPES = [(3072, 2048), (16384, 2048), (2048, 8192), (128256, 2048), (576, 576), (200, 96), (1000, 4128)]
 

@@ -21,6 +21,7 @@ from ingot.codegen import decode_fusion, quant_prefill
 from ingot.codegen.kernels.gemv import bulk_rule, quant_rule, tune
 from ingot.codegen.kernels.gemv.rule import (
     BUCKETS,
+    CLUSTER_ENV,
     F16_BUCKETS,
     KW_BUCKETS,
     KW_ENV,
@@ -80,6 +81,9 @@ def _switches(monkeypatch):
     unset (the tests that route set it themselves)."""
     for name in (KW_ENV, bulk_rule.ENV, quant_rule.FP8_ENV):
         monkeypatch.delenv(name, raising=False)
+    # the workspace split-K and row groups these tests were written for (INGOT_GEMV_CLUSTER=0); the cluster
+    # reduction, the default, has its own: test_gemv_cluster.py / test_gemv_cluster_gpu.py
+    monkeypatch.setenv(CLUSTER_ENV, "0")
 
 
 # -- configurations --------------------------------------------------------------------------------------------------

@@ -26,6 +26,14 @@
 //   workspace, and the last CTA of a row block (atomic counter, reset by that CTA for the next launch)
 //   sums the partials in a fixed order (deterministic) and runs the epilogue. One launch at a time per
 //   module (stream order) may use the workspace. (splitk.cuh, shared with quant.cu and bulk.cu)
+//   With CLUSTER (${CLUSTER}) the SPLITK slices of a row block are one thread-block cluster instead (1 x SPLITK,
+//   at most 8): each CTA stores its partial tile in its own shared memory (x's region, free once the products are
+//   done), a cluster barrier publishes them, and warp w of CTA rank r (r = w's row group mod SPLITK) sums its row
+//   group's partials of all the cluster's CTAs through distributed shared memory, in slice order, then runs the
+//   epilogue for those rows; a second barrier keeps every CTA's shared memory alive until its peers have read it. No
+//   workspace, fence or atomic, and the reduction is spread over the cluster instead of one CTA reading every
+//   slice's partials from L2 (at 32 tokens a 128-row block's partials are 16 KB a slice); the same additions in the
+//   same order, so bit for bit the workspace's result.
 // - programmatic dependent launch: the weights do not depend on the kernel before this one, so the CTA may load its
 //   first stage of weights *before* waiting for that kernel's grid; only x (its output) and the residual must be read
 //   after the wait. Launched early (PDL), the weight stream so starts during the previous kernel's tail. ptxas moves
@@ -156,6 +164,28 @@ __device__ __forceinline__ unsigned gemv_pack_f16(float lo, float hi) {
   return r;
 }
 
+// thread-block clusters (CLUSTER): every thread of the cluster arrives (release) and waits (acquire); this CTA's
+// rank; a shared-memory address of this CTA's as the same variable's in CTA `rank`'s; an f32 there (volatile: kept in
+// order with the barriers; no memory clobber, so that the loads of one element's slices go out together)
+__device__ __forceinline__ void gemv_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ unsigned gemv_cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned gemv_mapa(unsigned addr, unsigned rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float gemv_ld_cluster(unsigned addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, KW = ${KW};
 constexpr int BN = 16 * MT * (WARPS / KW);  // rows of a CTA: WARPS / KW row groups of 16 MT rows
@@ -183,6 +213,10 @@ static_assert(SPLITK * KS >= K && (SPLITK - 1) * KS < K, "SPLITK slices cover K"
 // prologues: a token's K slice in chunks of 32 16-byte vectors (one a lane), CHW chunks a warp
 constexpr int PROLOGUE = ${PROLOGUE}, VPT = KS / 8, CH = (VPT + 31) / 32, CHW = (CH + WARPS - 1) / WARPS;
 constexpr bool WEIGHTS_FIRST = ${WEIGHTS_FIRST};
+// CLUSTER: split-K over a thread-block cluster, reduced through distributed shared memory (see the header)
+constexpr bool CSK = ${CLUSTER};
+static_assert(!CSK || (SPLITK > 1 && SPLITK <= 8), "CLUSTER: 2..8 slices (a portable cluster)");
+static_assert(!CSK || BN * MB * 4 <= MB * LDX * 2, "CLUSTER: the CTA's partial tile fits x's region");
 constexpr float SWIGLU_K = -(${ALPHA}) * 1.4426950408889634f;  // silu's exponent in log2 units
 using SK = GemvSplitK<MT, NT, MB, BN, GX, SPLITK>;
 // XH: x is staged as f16 times XF16 (see the header); the epilogue undoes it
@@ -257,11 +291,16 @@ __device__ __forceinline__ float gemv_swiglu(float a, float b) {
 }  // namespace
 #include "rope_epilogue.cuh"
 
-__device__ float ${KERNEL}_ws[SPLITK > 1 ? SPLITK * GX * BN * MB : 1];
+__device__ float ${KERNEL}_ws[SPLITK > 1 && !CSK ? SPLITK * GX * BN * MB : 1];
 __device__ unsigned ${KERNEL}_cnt[GX];
-__device__ float ${KERNEL}_ss[PROLOGUE == 1 && SPLITK > 1 ? SPLITK * GX * MB : 1];  // [split][row block][token]
+__device__ float ${KERNEL}_ss[PROLOGUE == 1 && SPLITK > 1 && !CSK ? SPLITK * GX * MB : 1];  // [split][row block][token]
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
+#if ${CLUSTER}
+#define GEMV_CLUSTER_DIMS __cluster_dims__(1, ${SPLITK}, 1)
+#else
+#define GEMV_CLUSTER_DIMS
+#endif
+extern "C" __global__ void GEMV_CLUSTER_DIMS __launch_bounds__(WARPS * 32) ${KERNEL}(
     const bf16* __restrict__ x, const void* __restrict__ w, const float* __restrict__ w_scale,
 #if ${WB} != 2
     // quantized_linear's; input_scale unused, weight_scale_2 NVFP4's global scale (w_scale then its block scales)
@@ -283,6 +322,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) ${KERNEL}(
   extern __shared__ __align__(16) unsigned short xs[];  // [MB][LDX]
   __shared__ unsigned is_last;
   __shared__ float ssq[PROLOGUE == 1 ? MB * WARPS : 1];  // rms_norm: [token][warp] sums of x^2 over the warp's chunks
+  // CLUSTER, rms_norm: each token's sum of x^2 over this slice (read by the cluster), then over all the slices
+  __shared__ float ss_slice[PROLOGUE == 1 && CSK ? MB : 1], ss_total[PROLOGUE == 1 && CSK ? MB : 1];
   if (M > MB) __trap();  // the executor launches this variant only for M <= MB
   const int rows = (int)M;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
@@ -496,7 +537,74 @@ ${PDL_WAIT}
   if (KW > 1)  // the row group's partial tiles -> its first warp, in warp order (splitk.cuh)
     SK::template row_group_sum<KW, WARPS / KW>(reinterpret_cast<float*>(xs), acc, kw, rg, lane);
 
-  if (SPLITK > 1) {  // the partial tile -> workspace; the row block's last CTA sums them (splitk.cuh)
+  float inv[NT][2];  // rms_norm: 1 / rms of tokens 8 j + 2 q + h, all MB of them (splitk.cuh)
+  if (CSK) {  // split-K in a cluster (see the header)
+    // Every thread of the CTA sums some of the elements of the row groups this CTA reduces (rg % SPLITK == rank) over
+    // the cluster's partial tiles, in slice order from 0 (the workspace reduction's additions); once every CTA has read
+    // what it needs, the sums go to this CTA's own x region, where the row groups' first warps pick up their tiles.
+    constexpr int TILE = MT * NT * 4 * 32, GROUPS = WARPS / KW, THREADS = WARPS * 32;  // TILE: f32 [mt][j][reg][lane]
+    constexpr int AMAX = (GROUPS + SPLITK - 1) / SPLITK, PER = (AMAX * TILE + THREADS - 1) / THREADS;
+    float* const red = reinterpret_cast<float*>(xs);
+    __syncthreads();  // every warp is done with x's region (MMAs, the row groups' partials)
+    if (!kw) {
+      float* const mine = red + rg * TILE + lane;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) mine[((mt * NT + j) * 4 + r) * 32] = acc[mt][j][r];
+    }
+    if (PROLOGUE == 1 && threadIdx.x < MB) {  // this slice's sum of x^2 of token tid over its warps (store_ss's)
+      float v = 0.0f;
+      for (int w2 = 0; w2 < WARPS; ++w2) v += ssq[threadIdx.x * WARPS + w2];
+      ss_slice[threadIdx.x] = v;
+    }
+    gemv_cluster_sync();  // every slice's partials (and sums of x^2) are visible to the cluster
+    const int rank = (int)gemv_cluster_rank();
+    const unsigned red_addr = gemv_shared_addr(red);
+    float sum[PER];
+    int at[PER];  // the element's offset in red (-1: none)
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int e = threadIdx.x + i * THREADS, a = e / TILE, grp = rank + a * SPLITK;
+      at[i] = a < AMAX && grp < GROUPS ? grp * TILE + e % TILE : -1;
+      float v[SPLITK];  // all the slices' values first (their loads in flight together), then added in order
+#pragma unroll
+      for (int sk = 0; sk < SPLITK; ++sk) v[sk] = at[i] >= 0 ? gemv_ld_cluster(gemv_mapa(red_addr, sk) + 4 * at[i]) : 0.0f;
+      sum[i] = 0.0f;
+#pragma unroll
+      for (int sk = 0; sk < SPLITK; ++sk) sum[i] += v[sk];
+    }
+    float ss_sum = 0.0f;  // rms_norm: token tid's sum of x^2 over the slices, in slice order (sum_ss's)
+    if (PROLOGUE == 1 && threadIdx.x < MB) {
+      const unsigned sq = gemv_shared_addr(ss_slice + threadIdx.x);
+      float v[SPLITK];
+#pragma unroll
+      for (int sk = 0; sk < SPLITK; ++sk) v[sk] = gemv_ld_cluster(gemv_mapa(sq, sk));
+#pragma unroll
+      for (int sk = 0; sk < SPLITK; ++sk) ss_sum += v[sk];
+    }
+    gemv_cluster_sync();  // the cluster is done reading this CTA's partials: its x region takes the sums
+#pragma unroll
+    for (int i = 0; i < PER; ++i)
+      if (at[i] >= 0) red[at[i]] = sum[i];
+    if (PROLOGUE == 1 && threadIdx.x < MB) ss_total[threadIdx.x] = ss_sum;
+    __syncthreads();
+    if (kw || rg % SPLITK != rank) return;
+    const float* const mine = red + rg * TILE + lane;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[mt][j][r] = mine[((mt * NT + j) * 4 + r) * 32];
+    if (PROLOGUE == 1)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) inv[j][h] = rsqrtf(ss_total[8 * j + 2 * q + h] * (1.0f / K) + ${EPS});
+  } else if (SPLITK > 1) {  // the partial tile -> workspace; the row block's last CTA sums them (splitk.cuh)
     float* ws = SK::slot(${KERNEL}_ws, rg, lane);
     if (!kw) SK::store(ws, acc, q, rows);
     if (PROLOGUE == 1) SK::store_ss<WARPS>(${KERNEL}_ss, ssq, rows, threadIdx.x);  // this slice's sums of x^2
@@ -511,8 +619,7 @@ ${PDL_WAIT}
 #else
   const float gs = gemv_global_scale(weight_scale_2);  // NVFP4's epilogue factor (1 otherwise, unused)
 #endif
-  float inv[NT][2];  // rms_norm: 1 / rms of tokens 8 j + 2 q + h, all MB of them (splitk.cuh)
-  if (PROLOGUE == 1) SK::inv_rms<WARPS, K, true>(inv, ${KERNEL}_ss, ssq, q, ${EPS}, MB);
+  if (PROLOGUE == 1 && !CSK) SK::inv_rms<WARPS, K, true>(inv, ${KERNEL}_ss, ssq, q, ${EPS}, MB);
 
 #if ${ROPE}
   // the rope epilogue (see the header): the pair (lo, hi) = tile rows (g, g + 8), tokens 2q, 2q+1 of each n-tile

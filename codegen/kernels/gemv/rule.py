@@ -81,6 +81,7 @@ for any M). ``codegen/registry.py`` lists this family in ``FAMILY_NAMES`` after 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -148,6 +149,37 @@ KW_MAX_X = 72 * 1024
 KW_ENV = "INGOT_GEMV_KW"
 
 
+#: compile time: split-K over thread-block clusters in ``kernel.cu`` (``cluster_mode``)
+CLUSTER_ENV = "INGOT_GEMV_CLUSTER"
+#: the most slices a cluster takes (a portable cluster size)
+CLUSTER_MAX = 8
+#: the rule reduces in a cluster only where its CTAs' x slices take at most this much shared memory together: a
+#: cluster's CTAs are placed in one GPC at once. Measured on the H200 (docs/PERF.md, "Split-K in a cluster"): 8 CTAs of
+#: 67 KB and 135 KB (the 1B model's down at 32 / 64 tokens) ran slower than the workspace's reduction, clusters of
+#: 264-288 KB (8 x 33-36 KB; 2 x 135 KB: gate_up and the lm_head at 64 tokens) faster
+CLUSTER_SMEM = 384 * 1024
+#: bf16 weights: bucket -> (warps, tiles, steps a stage, CTAs an SM split-K aims at) of the matrices that split K in
+#: a cluster there, where the bucket's own shape would split too (the 1B model's qkv and o at 32 tokens: 8 slices of
+#: 64-row CTAs instead of 128-row ones). Swept on the H200 (docs/PERF.md, "Split-K in a cluster"): qkv at M = 32
+#: 8.90 -> 7.75 us (0.75x -> 0.86x cuBLAS), o 7.19 -> 6.26 (0.88x -> 1.01x); down, whose clusters the rule does not
+#: take at 32 (CLUSTER_SMEM), was slower with the shape alone (22.1 against 17.1 us): it applies where a cluster results
+CLUSTER_SHAPE = {32: (4, 1, 8, 1.5)}
+
+
+def cluster_mode() -> bool:
+    """``INGOT_GEMV_CLUSTER``: unset, empty or ``1`` (the default): the split-K slices of a row block as one
+    thread-block cluster, reduced through distributed shared memory (kernel.cu's header), where ``cluster_fits`` and
+    the cluster's shared memory is within ``CLUSTER_SMEM``, and no row groups (the cluster's reduction replaces them);
+    ``0``: the workspace and the row block's last CTA, and row groups, as before; another value is an error."""
+    return env_choice(CLUSTER_ENV, {"": True, "0": False, "1": True}, "'0' or '1'")
+
+
+def cluster_fits(mb: int, cfg: GemvConfig, wb: int = 2) -> bool:
+    """``cfg`` can reduce its split-K slices in a cluster: 2 to ``CLUSTER_MAX`` slices, and the CTA's partial tile
+    (f32, ``rows x mb``) fits x's shared-memory region, where it is stored."""
+    return 1 < cfg.splitk <= CLUSTER_MAX and cfg.rows * mb * 4 <= smem_bytes(mb, cfg.slice_k, wb=wb)
+
+
 def kw_mode() -> str:
     """``INGOT_GEMV_KW``: ``on`` (unset or 1: the rule's row groups in ``kernel.cu`` variants, bf16, FP8 or NVFP4
     weights), ``all`` (also in ``quant.cu``'s FP8 / NVFP4 variants: their GPU tests pass, no faster end to end) or
@@ -173,6 +205,7 @@ class GemvConfig:
     stage_steps: int = 4  # U: steps per load stage (32 columns, 64 with FP8 weights)
     slice_k: int = 0  # KS (0: derived from splitk)
     kwarps: int = 1  # KW: warps of a row group, splitting the CTA's K slice among them (1: a warp its own rows)
+    cluster: bool = False  # CLUSTER: the split-K slices of a row block are one thread-block cluster (DSMEM reduction)
 
     @property
     def rows(self) -> int:
@@ -310,13 +343,23 @@ def _kwarps(n: int, k: int, num_sms: int, warps: int, tiles: int, stage_steps: i
 
 def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None, stage_steps: int | None = None,
                 splitk: int | None = None, tiles: int | None = None, kwarps: int | None = None,
-                wb: int = 2) -> GemvConfig:
+                wb: int = 2, cluster: bool | None = None, ctas_per_sm: float | None = None) -> GemvConfig:
     """The launch configuration for ``w[n, k]`` and ``M <= mb`` (see the module docstring). ``kwarps``: warps
     sharing a row group (None: ``KW_BUCKETS``' rule; 1: none). ``wb``: bytes a weight (1: FP8); a step and the
-    smallest slice cover the same bytes of a row in both (so twice the columns with FP8 weights)."""
+    smallest slice cover the same bytes of a row in both (so twice the columns with FP8 weights). ``cluster``: reduce
+    the split-K slices in a thread-block cluster where ``cluster_fits`` (None: ``cluster_mode``'s choice, and then
+    ``CLUSTER_SHAPE`` and ``CLUSTER_SMEM`` apply; False: never). ``ctas_per_sm``: the CTAs per SM split-K aims at
+    (None: the bucket's ``CTAS_PER_SM``)."""
+    use_cluster = cluster_mode() if cluster is None else cluster
+    if (cluster is None and use_cluster and wb == 2 and mb in CLUSTER_SHAPE
+            and all(v is None for v in (warps, stage_steps, splitk, tiles, kwarps, ctas_per_sm))):
+        sw, st, su, sper = CLUSTER_SHAPE[mb]
+        shaped = gemv_config(n, k, mb, num_sms, warps=sw, tiles=st, stage_steps=su, kwarps=1, wb=wb, ctas_per_sm=sper)
+        if shaped.cluster:
+            return shaped
     cw = WB_STEP_COLS[wb]
     dw, dt, du = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
-    per_sm = CTAS_PER_SM.get(mb, 1.0)
+    per_sm = CTAS_PER_SM.get(mb, 1.0) if ctas_per_sm is None else ctas_per_sm
     if mb in LARGE_N_SHAPE:
         lw, lt, lu = LARGE_N_SHAPE[mb]
         if -(-n // (16 * lw * lt)) >= 2 * num_sms:
@@ -325,7 +368,8 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         lw, lt, lu = WIDE_N_SHAPE[mb]
         if -(-n // (16 * lw * lt)) >= WIDE_N_CTAS_PER_SM * num_sms:
             (dw, dt, du), per_sm = (lw, lt, lu), WIDE_N_CTAS_PER_SM
-    if kwarps is None and row_groups_apply(n, mb, num_sms, smem_bytes(mb, k, wb=wb), kw_enabled()):
+    # row groups avoid the split-K tail over CTAs; a cluster's reduction replaces them (cluster_mode's docstring)
+    if kwarps is None and not use_cluster and row_groups_apply(n, mb, num_sms, smem_bytes(mb, k, wb=wb), kw_enabled()):
         gw, gt, gu = KW_SHAPE_NVFP4 if wb == WB_NVFP4 else KW_SHAPE
         kwarps = _kwarps(n, k, num_sms, warps or gw, tiles or gt, stage_steps or gu, cw)
         if kwarps > 1:  # else (K not whole stages for 2 warps) the bucket's own shape, no row groups
@@ -351,6 +395,9 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         ks = _round_up(-(-k // splitk), stage)
     splitk = -(-k // ks)
     cfg = GemvConfig(warps=warps, tiles=tiles, splitk=splitk, stage_steps=stage_steps, slice_k=ks, kwarps=kwarps)
+    together = cfg.splitk * smem_bytes(mb, ks, wb=wb)  # the cluster's x slices, bytes
+    if use_cluster and cluster_fits(mb, cfg, wb) and (cluster is not None or together <= CLUSTER_SMEM):
+        cfg = dataclasses.replace(cfg, cluster=True)
     if not kw_fits(mb, cfg, wb):
         raise ValueError(f"gemv: {kwarps} warps a row group need more shared memory than x's slice for M <= {mb}")
     return cfg
@@ -376,6 +423,9 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
     pro = prologue or Prologue()
     first = (pro.kind != "none" or weights_first_all()) if weights_first is None else weights_first
     cfg = config or gemv_config(n, k, mb, target.num_sms or 132, wb=wb)
+    if cfg.cluster and (not cluster_fits(mb, cfg, wb) or target.sm < 90):
+        raise ValueError(f"gemv: split-K {cfg.splitk} in a cluster needs 2..{CLUSTER_MAX} slices, a partial tile of "
+                         f"{cfg.rows} x {mb} f32 within x's shared memory and sm_90+ (target {target.name})")
     smem, limit = smem_bytes(mb, cfg.slice_k, pro.kind, wb), target.smem_per_block or 227 * 1024
     if smem + STATIC_SMEM > limit:
         raise ValueError(f"gemv: {smem} bytes of shared memory for M <= {mb}, a slice of {cfg.slice_k}, {pro.kind} "
@@ -384,7 +434,7 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
               "U": cfg.stage_steps, "KW": cfg.kwarps, "HAS_BIAS": bias, "HAS_RESIDUAL": residual,
               "PROLOGUE": PROLOGUES[pro.kind],
               "EPS": float(pro.eps), "ALPHA": float(pro.alpha), "WEIGHTS_FIRST": first, "WB": wb,
-              "F16": wb == 1 and mb in F16_BUCKETS,
+              "F16": wb == 1 and mb in F16_BUCKETS, "CLUSTER": cfg.cluster,
               **(rope.values() if rope is not None else NO_ROPE)}
     tag = (f"gemv_{'bf16' if wb == 2 else WB_NAMES[wb] + 'w'}_n{n}_k{k}_m{mb}"
            + ("" if pro.kind == "none" else f"_{pro.kind}")
@@ -399,6 +449,7 @@ def gemv_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
                            smem=smem,
                            doc=f"decode GEMV{'' if wb == 2 else ', ' + WB_NAMES[wb] + ' weights'}, M <= {mb}, "
                                f"split-K {cfg.splitk} x {cfg.slice_k}"
+                               + (" in a cluster" if cfg.cluster else "")
                                + (f", {cfg.kwarps} warps a row group" if cfg.kwarps > 1 else "") + what)
 
 
@@ -406,7 +457,8 @@ def spec_config(spec: KernelSpec) -> GemvConfig:
     """The configuration a kernel.cu GEMV spec (bf16, FP8 or NVFP4 weights) was made with (``gemv_spec(...,
     config=spec_config(s))`` rebuilds ``s``)."""
     v = dict(spec.values)
-    return GemvConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["U"]), int(v["KS"]), int(v.get("KW", 1)))
+    return GemvConfig(int(v["WARPS"]), int(v["MT"]), int(v["SPLITK"]), int(v["U"]), int(v["KS"]), int(v.get("KW", 1)),
+                      bool(v.get("CLUSTER", False)))
 
 
 def is_plain(spec: KernelSpec) -> bool:

@@ -1,0 +1,181 @@
+"""Split-K over a thread-block cluster in the decode GEMV (``kernel.cu``'s ``CLUSTER``, ``rule.GemvConfig.cluster``;
+the default, ``INGOT_GEMV_CLUSTER=0`` turns it off) on the CPU: the rule's choices for the Llama-3.2-1B shapes, the
+switch, the limits a cluster configuration must meet, specs that keep it through the fusions, and the compiled
+kernels for sm_90a and sm_100a (the cluster shape in the PTX, cluster barriers and no split-K counter in the SASS, the
+first weight stage still before the grid-dependency wait, no spills). GPU runs: test_gemv_cluster_gpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ingot.codegen.kernels.gemv.rule import (
+    BUCKETS,
+    CLUSTER_ENV,
+    CLUSTER_MAX,
+    CLUSTER_SHAPE,
+    CLUSTER_SMEM,
+    KW_ENV,
+    SHAPE_BY_BUCKET,
+    WB_NAMES,
+    GemvConfig,
+    Prologue,
+    RopeEpilogue,
+    cluster_fits,
+    fused_spec,
+    gemv_config,
+    gemv_spec,
+    smem_bytes,
+    spec_config,
+    with_rope,
+)
+from ingot.codegen.target import Target, get_target
+from tests.codegen.common import (  # noqa: F401 (autouse fixture)
+    assert_no_local_memory,
+    compiled,
+    disassembled,
+    module_kernel_cache,
+    needs_compiler,
+)
+from tests.codegen.test_decode_fusion import CP_ASYNC, W_FIRST, WAIT, check_pdl_order, sass_sequence
+from tests.codegen.test_prefill_wgmma import _registers
+
+H200 = get_target("h200")
+#: the Llama-3.2-1B linears: qkv, o, gate_up, down, lm_head
+QKV, O, GATE_UP, DOWN, LM_HEAD = (3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048)
+#: the rule's choice per shape (bf16, FP8 and NVFP4 weights alike): the buckets whose variant reduces in a cluster.
+#: qkv and o split K in every bucket, each slice's x small (at most 36 KB a CTA); down's 1056-column slices take 67 KB
+#: a CTA at 32 tokens, 135 KB at 64: 8 of them exceed CLUSTER_SMEM; gate_up and the lm_head split K (2 ways) only at
+#: 64 tokens
+CLUSTERED = {QKV: (8, 16, 32, 64), O: (8, 16, 32, 64), DOWN: (8, 16), GATE_UP: (64,), LM_HEAD: (64,)}
+
+
+@pytest.fixture(autouse=True)
+def _switches(monkeypatch):
+    for name in (CLUSTER_ENV, KW_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize("wb", [2, 1, 0], ids=lambda wb: WB_NAMES[wb])
+def test_the_rule_for_the_1b_model(wb):
+    for shape, buckets in CLUSTERED.items():
+        for mb in BUCKETS:
+            cfg = gemv_config(*shape, mb, H200.num_sms, wb=wb)
+            assert cfg.cluster == (mb in buckets), (shape, mb, cfg)
+            assert cfg.kwarps == 1, (shape, mb, cfg)  # the cluster's reduction replaces the row groups
+            if cfg.cluster:
+                assert 1 < cfg.splitk <= CLUSTER_MAX and cluster_fits(mb, cfg, wb)
+                assert cfg.splitk * smem_bytes(mb, cfg.slice_k, wb=wb) <= CLUSTER_SMEM
+            elif cfg.splitk > 1:  # split, but the cluster's CTAs would take too much shared memory together
+                assert cfg.splitk * smem_bytes(mb, cfg.slice_k, wb=wb) > CLUSTER_SMEM
+
+
+def test_cluster_shape_at_32_tokens():
+    """bf16 qkv and o at 32 tokens: 64-row CTAs, 8 slices of 256 columns, in clusters (``CLUSTER_SHAPE``); down keeps
+    the bucket's 128-row CTAs without a cluster (8 of its 67 KB slices exceed CLUSTER_SMEM), gate_up and the lm_head
+    their unsplit shapes; FP8 weights keep the bucket's shape (the cluster shape was measured with bf16 only)."""
+    warps, tiles, steps, per_sm = CLUSTER_SHAPE[32]
+    for shape in (QKV, O):
+        cfg = gemv_config(*shape, 32, H200.num_sms)
+        assert (cfg.warps, cfg.tiles, cfg.stage_steps, cfg.splitk, cfg.slice_k, cfg.cluster) == \
+            (warps, tiles, steps, 8, 256, True), (shape, cfg)
+        assert -(-shape[0] // cfg.rows) * cfg.splitk >= per_sm * H200.num_sms
+        fp8 = gemv_config(*shape, 32, H200.num_sms, wb=1)
+        assert (fp8.warps, fp8.stage_steps) == SHAPE_BY_BUCKET[32][::2] and fp8.cluster, fp8
+    for shape in (DOWN, GATE_UP, LM_HEAD):
+        cfg = gemv_config(*shape, 32, H200.num_sms)
+        assert not cfg.cluster and (cfg.warps, cfg.stage_steps) != (warps, steps), (shape, cfg)
+
+
+def test_off_is_the_workspace_rule_with_row_groups(monkeypatch):
+    monkeypatch.setenv(CLUSTER_ENV, "0")
+    for shape in CLUSTERED:
+        for mb in BUCKETS:
+            assert not gemv_config(*shape, mb, H200.num_sms).cluster
+    # the small matrices at batch 1 go back to row groups (16-row CTAs, no split over CTAs)
+    for shape in (QKV, O):
+        cfg = gemv_config(*shape, 8, H200.num_sms)
+        assert cfg.kwarps > 1 and cfg.splitk == 1, cfg
+    monkeypatch.setenv(CLUSTER_ENV, "yes")
+    with pytest.raises(ValueError, match=CLUSTER_ENV):
+        gemv_config(*QKV, 8, H200.num_sms)
+
+
+def test_explicit_choice_wins_over_the_switch(monkeypatch):
+    monkeypatch.setenv(CLUSTER_ENV, "0")
+    assert gemv_config(*DOWN, 64, H200.num_sms, cluster=True).cluster  # past CLUSTER_SMEM, but asked for
+    monkeypatch.delenv(CLUSTER_ENV)
+    assert not gemv_config(*QKV, 8, H200.num_sms, cluster=False).cluster
+
+
+def test_what_a_cluster_needs():
+    base = gemv_config(*QKV, 32, H200.num_sms, cluster=False)
+    assert base.splitk == 8 and cluster_fits(32, base)
+    assert not cluster_fits(32, dataclasses.replace(base, splitk=1))  # nothing to reduce
+    assert not cluster_fits(32, dataclasses.replace(base, splitk=16))  # past a portable cluster
+    # the CTA's partial tile (rows x tokens, f32) is stored in x's region: 256 rows x 64 tokens do not fit 64 columns
+    tight = GemvConfig(warps=8, tiles=2, splitk=2, stage_steps=2, slice_k=64)
+    assert tight.rows * 64 * 4 > smem_bytes(64, 64) and not cluster_fits(64, tight)
+    with pytest.raises(ValueError, match="cluster"):
+        gemv_spec(*QKV, 32, H200, config=dataclasses.replace(base, splitk=1, slice_k=2048, cluster=True))
+    with pytest.raises(ValueError, match="cluster"):
+        gemv_spec(2048, 128, 64, H200, config=dataclasses.replace(tight, cluster=True))
+    old = Target(name="sm80", arch="sm_80", sm=80, num_sms=108)
+    with pytest.raises(ValueError, match="sm_90"):
+        gemv_spec(*QKV, 32, old, config=dataclasses.replace(base, cluster=True))
+
+
+@pytest.mark.parametrize("wb", [2, 1, 0], ids=lambda wb: WB_NAMES[wb])
+def test_specs_keep_the_cluster(wb):
+    spec = gemv_spec(*QKV, 8, H200, residual=False, wb=wb)
+    assert spec.value("CLUSTER") is True and "in a cluster" in spec.doc
+    assert spec_config(spec).cluster and gemv_spec(*QKV, 8, H200, config=spec_config(spec), wb=wb) == spec
+    fused = fused_spec(spec, Prologue("rms_norm", eps=1e-5), H200)
+    rope = with_rope(fused, RopeEpilogue(32, 8, 64, False, 16), H200)
+    for s in (fused, rope):
+        assert s.value("CLUSTER") is True and s.value("SPLITK") == spec.value("SPLITK")
+    down = fused_spec(gemv_spec(*DOWN, 16, H200, residual=True, wb=wb), Prologue("swiglu", alpha=1.0), H200)
+    assert down.value("CLUSTER") is True
+
+
+#: (weights, N, K, bucket, prologue, rope): the compiled variants checked below
+COMPILED = [(2, *QKV, 8, "rms_norm", True), (2, *DOWN, 8, "swiglu", False), (2, *O, 32, "none", False),
+            (2, *QKV, 64, "rms_norm", False), (2, *LM_HEAD, 64, "rms_norm", False), (1, *QKV, 8, "rms_norm", True),
+            (1, *DOWN, 16, "swiglu", False), (0, *QKV, 8, "rms_norm", True), (0, *O, 32, "none", False),
+            (0, *DOWN, 8, "swiglu", False)]
+
+
+def _variant(wb: int, n: int, k: int, mb: int, prologue: str, rope: bool, target: Target, cluster: bool):
+    cfg = dataclasses.replace(gemv_config(n, k, mb, target.num_sms, wb=wb), cluster=cluster)
+    spec = gemv_spec(n, k, mb, target, residual=prologue != "rms_norm", config=cfg, wb=wb)
+    if prologue != "none":
+        spec = fused_spec(spec, Prologue(prologue, eps=1e-5, alpha=1.0), target)
+    return with_rope(spec, RopeEpilogue(32, 8, 64, False, 16), target) if rope else spec
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["h200", "b200"])
+@pytest.mark.parametrize("case", COMPILED, ids=lambda c: f"{WB_NAMES[c[0]]}-{c[1]}x{c[2]}-m{c[3]}-{c[4]}"
+                         + ("-rope" if c[5] else ""))
+def test_compiles_as_a_cluster(target, case):
+    """The PTX asks for the cluster (1 x SPLITK); the SASS has its barriers and distributed shared-memory loads, no
+    split-K counter (an atomic) and no spills, and still loads the first weight stage before the grid-dependency
+    wait; registers leave 4 CTAs of 128 threads an SM. The same configuration without the cluster keeps its counter."""
+    tgt = get_target(target)
+    arch = "sm_90a" if target == "h200" else "sm_100a"
+    spec = _variant(*case, tgt, cluster=True)
+    assert spec.value("CLUSTER") is True and spec.value("SPLITK") > 1
+    built = compiled(spec)
+    assert f".reqnctapercluster 1, {spec.value('SPLITK')}, 1" in built.ptx
+    seq = sass_sequence(disassembled(built, arch))
+    ops = set(seq)
+    assert {"UCGABAR_ARV", "UCGABAR_WAIT"} <= ops and "LD.E" in ops, sorted(ops)
+    assert not any(o.startswith(("ATOMG", "RED")) for o in ops), sorted(ops)
+    assert_no_local_memory(ops, spec.doc)
+    if case[4] != "none":  # the fused variants load weights first (what the lowering makes)
+        check_pdl_order(seq, 1, (CP_ASYNC,))
+        assert seq.index(W_FIRST) < seq.index(WAIT)
+    assert _registers(built.cubin) <= 128
+    ws = sass_sequence(disassembled(compiled(_variant(*case, tgt, cluster=False)), arch))
+    assert any(o.startswith("ATOMG") for o in ws) and "UCGABAR_ARV" not in ws
