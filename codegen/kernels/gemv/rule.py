@@ -169,7 +169,8 @@ CLUSTER_SHAPE = {32: (4, 1, 8, 1.5)}
 def cluster_mode() -> bool:
     """``INGOT_GEMV_CLUSTER``: unset, empty or ``1`` (the default): the split-K slices of a row block as one
     thread-block cluster, reduced through distributed shared memory (kernel.cu's header), where ``cluster_fits`` and
-    the cluster's shared memory is within ``CLUSTER_SMEM``, and no row groups (the cluster's reduction replaces them);
+    the cluster's shared memory is within ``CLUSTER_SMEM``, and no row groups but with NVFP4 weights (the cluster's
+    reduction replaces them);
     ``0``: the workspace and the row block's last CTA, and row groups, as before; another value is an error."""
     return env_choice(CLUSTER_ENV, {"": True, "0": False, "1": True}, "'0' or '1'")
 
@@ -368,8 +369,11 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         lw, lt, lu = WIDE_N_SHAPE[mb]
         if -(-n // (16 * lw * lt)) >= WIDE_N_CTAS_PER_SM * num_sms:
             (dw, dt, du), per_sm = (lw, lt, lu), WIDE_N_CTAS_PER_SM
-    # row groups avoid the split-K tail over CTAs; a cluster's reduction replaces them (cluster_mode's docstring)
-    if kwarps is None and not use_cluster and row_groups_apply(n, mb, num_sms, smem_bytes(mb, k, wb=wb), kw_enabled()):
+    # row groups avoid the split-K tail over CTAs; a cluster's reduction replaces them (cluster_mode's docstring), but
+    # for NVFP4 weights, whose conversion-bound GEMVs ran faster with KW_SHAPE_NVFP4's row groups (qkv at M = 1 3.67
+    # us against 4.15 in a cluster, o 3.24 against 3.45: docs/PERF.md, "Split-K in a cluster")
+    groups_ok = not use_cluster or wb == WB_NVFP4
+    if kwarps is None and groups_ok and row_groups_apply(n, mb, num_sms, smem_bytes(mb, k, wb=wb), kw_enabled()):
         gw, gt, gu = KW_SHAPE_NVFP4 if wb == WB_NVFP4 else KW_SHAPE
         kwarps = _kwarps(n, k, num_sms, warps or gw, tiles or gt, stage_steps or gu, cw)
         if kwarps > 1:  # else (K not whole stages for 2 warps) the bucket's own shape, no row groups
