@@ -230,10 +230,17 @@ class Result:
             return None if s is None else round(s * 1e6, 3)
 
         return {"heuristic": self.heuristic.entry, "heuristic_us": us(self.heuristic_s), "chosen_us": us(self.chosen_s),
-                "config": {k: self.chosen.value(k) for k in self.knobs},
-                "heuristic_config": {k: self.heuristic.value(k) for k in self.knobs},
+                "config": _knob_values(self.chosen, self.knobs),
+                "heuristic_config": _knob_values(self.heuristic, self.knobs),
                 "candidates": len(self.times), "timed": sum(t is not None for t in self.times.values()),
                 "workloads": self.workloads, "gpu": self.gpu.name, "driver": self.gpu.driver}
+
+
+def _knob_values(spec: KernelSpec, knobs: Sequence[str]) -> dict[str, Any]:
+    """``spec``'s values of ``knobs``, those its template has (a tunable may serve templates with different knobs:
+    ``quant.cu`` has no ``CLUSTER``)."""
+    values = dict(spec.values)
+    return {k: values[k] for k in knobs if k in values}
 
 
 def cache_key(spec: KernelSpec, cands: Sequence[KernelSpec], loads: Sequence[Workload], gpu: GpuInfo,

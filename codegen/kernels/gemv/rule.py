@@ -21,6 +21,16 @@ split-K slices that give at least ``CTAS_PER_SM[bucket] x num_sms`` CTAs, with s
 columns and the CTA's x slice in at most ``SMEM_BUDGET`` bytes of shared memory. At 32+ tokens the
 split-K reduction costs more (its partials grow with M), so those buckets split less.
 
+**Split-K in a cluster** (``GemvConfig.cluster``, the template's ``CLUSTER``; ``INGOT_GEMV_CLUSTER``, on by default):
+the split-K slices of a row block run as one thread-block cluster (1 x SPLITK CTAs, 2 to ``CLUSTER_MAX``) and add
+their partial tiles through distributed shared memory, in slice order (bit for bit the workspace reduction's),
+instead of a global workspace, a fence, an atomic counter and the last CTA reading every slice's partials from L2.
+The rule takes it where ``cluster_fits`` and the cluster's x slices take at most ``CLUSTER_SMEM`` together (8 CTAs of
+67 KB and more measured slower: a cluster's CTAs are placed in one GPC at once); with it the row groups go (but for
+NVFP4 weights) and the small matrices at 32 tokens take ``CLUSTER_SHAPE``. Measured on the H200 (docs/PERF.md,
+"Split-K in a cluster"): the 1B model's qkv at M = 1 5.59 -> 4.82 us (62% of 4.19 TB/s), the BF16 batch-1 step 2.7%
+shorter, batch 64 11-15% faster. ``INGOT_GEMV_CLUSTER=0`` gives the workspace and the row groups as before.
+
 **Prologues** (``Prologue``, ``fused_spec``): a variant may compute its x from the output's producer's input while
 staging it (the template's ``PROLOGUE``): ``rms_norm`` (x is the norm's input; an extra ``norm_weight`` parameter;
 the CTA stages ``x * norm_weight`` and sums ``x^2`` over its K slice, the epilogue scales the accumulators by each

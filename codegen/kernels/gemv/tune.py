@@ -33,8 +33,9 @@ from .rule import BUCKETS, WB_NAMES, gemv_config, gemv_spec
 
 #: (warps, tiles per warp, steps per stage) tried besides the heuristic's (bench/bench_gemv.py --sweep's best ones)
 SHAPES = ((4, 1, 8), (8, 1, 4), (4, 1, 4), (8, 2, 2))
-#: the spec values candidates differ in (both templates'; KW: the warps of a row group, ``GemvConfig.kwarps``)
-KNOBS = ("WARPS", "MT", "U", "SPLITK", "KS", "KW")
+#: the spec values candidates differ in (both templates'; KW: the warps of a row group, ``GemvConfig.kwarps``; CLUSTER:
+#: split-K in a cluster, kernel.cu's, ``GemvConfig.cluster``)
+KNOBS = ("WARPS", "MT", "U", "SPLITK", "KS", "KW", "CLUSTER")
 #: quant.cu's AFMT -> (act_format, act_granularity)
 ACTS = {0: ("none", "token"), 1: ("fp8", "token"), 2: ("fp8", "tensor")}
 
