@@ -542,19 +542,11 @@ ${PDL_WAIT}
     // Every thread of the CTA sums some of the elements of the row groups this CTA reduces (rg % SPLITK == rank) over
     // the cluster's partial tiles, in slice order from 0 (the workspace reduction's additions); once every CTA has read
     // what it needs, the sums go to this CTA's own x region, where the row groups' first warps pick up their tiles.
-    constexpr int TILE = MT * NT * 4 * 32, GROUPS = WARPS / KW, THREADS = WARPS * 32;  // TILE: f32 [mt][j][reg][lane]
+    constexpr int TILE = SK::TILE, GROUPS = WARPS / KW, THREADS = WARPS * 32;  // TILE: a row group's, f32
     constexpr int AMAX = (GROUPS + SPLITK - 1) / SPLITK, PER = (AMAX * TILE + THREADS - 1) / THREADS;
     float* const red = reinterpret_cast<float*>(xs);
     __syncthreads();  // every warp is done with x's region (MMAs, the row groups' partials)
-    if (!kw) {
-      float* const mine = red + rg * TILE + lane;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) mine[((mt * NT + j) * 4 + r) * 32] = acc[mt][j][r];
-    }
+    if (!kw) SK::put(red + rg * TILE + lane, acc);
     if (PROLOGUE == 1 && threadIdx.x < MB) {  // this slice's sum of x^2 of token tid over its warps (store_ss's)
       float v = 0.0f;
       for (int w2 = 0; w2 < WARPS; ++w2) v += ssq[threadIdx.x * WARPS + w2];
@@ -592,13 +584,7 @@ ${PDL_WAIT}
     if (PROLOGUE == 1 && threadIdx.x < MB) ss_total[threadIdx.x] = ss_sum;
     __syncthreads();
     if (kw || rg % SPLITK != rank) return;
-    const float* const mine = red + rg * TILE + lane;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[mt][j][r] = mine[((mt * NT + j) * 4 + r) * 32];
+    SK::get(red + rg * TILE + lane, acc);
     if (PROLOGUE == 1)
 #pragma unroll
       for (int j = 0; j < NT; ++j)

@@ -70,23 +70,33 @@ struct GemvSplitK {
     if (tid == 0) cnt[blockIdx.x] = 0u;  // ready for the next launch
   }
 
+  // a warp's tile in memory, [mt][j][reg][lane] f32 (TILE floats; p: this lane's first element): stored, loaded
+  static constexpr int TILE = MT * NT * 4 * 32;
+  static __device__ __forceinline__ void put(float* p, const float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) p[((mt * NT + j) * 4 + r) * 32] = acc[mt][j][r];
+  }
+  static __device__ __forceinline__ void get(const float* p, float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[mt][j][r] = p[((mt * NT + j) * 4 + r) * 32];
+  }
+
   // row groups (kernel.cu, quant.cu: KW warps a group, GROUPS groups a CTA): warp kw of group rg holds a partial tile of
   // the group's rows over its part of the K slice; warps kw > 0 store theirs in red (x's shared-memory region, free
   // once the products are done: [KW - 1][GROUPS][mt][j][reg][lane] f32), the group's first warp adds them in warp
   // order (deterministic). Every thread of the CTA calls it (two __syncthreads).
   template <int KW, int GROUPS>
   static __device__ __forceinline__ void row_group_sum(float* red, float (&acc)[MT][NT][4], int kw, int rg, int lane) {
-    constexpr int TILE = MT * NT * 4 * 32;  // one warp's partial tile, f32
     __syncthreads();
-    if (kw) {
-      float* mine = red + ((kw - 1) * GROUPS + rg) * TILE + lane;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) mine[((mt * NT + j) * 4 + r) * 32] = acc[mt][j][r];
-    }
+    if (kw) put(red + ((kw - 1) * GROUPS + rg) * TILE + lane, acc);
     __syncthreads();
     if (!kw) {
 #pragma unroll 1
