@@ -21,7 +21,12 @@ bytes, time per launch, TB/s of weights read, the fraction of the 4.19 TB/s copy
 against a float32 product of the same bf16 values (outputs poisoned first). ``--bulk`` adds a row per shape and M
 for the bulk-copy variant (``codegen/kernels/gemv/bulk_rule.py``), timed the same way. Where the rule's
 configuration has row groups (warps sharing a CTA's rows, each a part of its K slice: ``rule.GemvConfig.kwarps``),
-a ``kw1`` row times the configuration the rule gives without them (``INGOT_GEMV_KW=0``) in the same run.
+a ``kw1`` row times the configuration the rule gives without them (``INGOT_GEMV_KW=0``) in the same run. Every
+configuration that splits K (the rule's and, with ``--sweep``, the others) is timed beside its twin with the other
+reduction (``rule.GemvConfig.cluster``: ``-cl`` / `` cl`` rows reduce in a thread-block cluster, ``-ws`` / `` ws``
+rows through the workspace), so one run compares them (JSON rows carry ``cluster``). The rule's choice follows
+``INGOT_GEMV_CLUSTER`` (on by default). A ``--sweep`` run prints one row per configuration: on the GPU machine, tar
+its log and JSON (a device call returns 8 files at most).
 
 ``--chain``: per token count, ``CHAIN_LAYERS`` layers of Llama-3.2-1B's GEMVs (qkv, o + residual, gate_up,
 down + residual), every layer with its own weights (~1.9 GB: nothing stays in L2), launched back to back with PDL
