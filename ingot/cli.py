@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -85,6 +86,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     out.print(f"parameters: {graph.num_parameters():,} in {len(graph.weights)} weights ({nbytes / 1e6:.2f} MB)")
     _print_quant_report(Path(args.model))
     _print_autotune(Path(args.model))
+    if getattr(args, "kernels", False):
+        _print_kernels(Path(args.model))
     if args.ir:
         out.print(str(graph), markup=False)
     return 0
@@ -166,6 +169,38 @@ def _print_autotune(artifact: Path) -> None:
             t.add_row(escape(entry), "-" if h is None else f"{h:.2f}", "-" if c is None else f"{c:.2f}",
                       f"{h / c:.2f}x" if h and c else "-", escape(cfg))
     out.print(t)
+
+
+def _print_kernels(artifact: Path) -> None:
+    """``inspect --kernels``: a GPU artifact's kernels, each once: its family and template, the ops whose launches run
+    it (as the launch's kernel, its variant or its alternative), the row counts it takes (a variant's ``max_rows``:
+    the decode GEMVs' token buckets; ``any`` otherwise) and what its rule made of it (the spec's description: split-K,
+    clusters, row groups, prologues, ...)."""
+    path = artifact / "manifest.json"
+    cuda = json.loads(path.read_text()).get("cuda") if path.is_file() else None
+    if not cuda:
+        out.print("kernels: none (not a GPU artifact)")
+        return
+    ops: dict[str, Counter[str]] = {}
+    rows: dict[str, set[int]] = {}
+    for launch in cuda.get("launches", []):
+        op = str(launch.get("op", "?"))
+        for k in [launch] + list(launch.get("variants", [])) + list(launch.get("alternatives", [])):
+            ops.setdefault(k["kernel"], Counter())[op] += 1
+            if "max_rows" in k:
+                rows.setdefault(k["kernel"], set()).add(int(k["max_rows"]))
+    table = {**cuda.get("kernels", {}), **cuda.get("variant_kernels", {}), **cuda.get("alternative_kernels", {})}
+    t = Table(title=f"kernels ({len(table)}, {cuda.get('arch', '?')})", title_justify="left")
+    for col in ("kernel", "family / template", "launches", "rows", "what"):
+        t.add_column(col, overflow="fold")  # an entry name is never cut short
+    for entry, k in sorted(table.items(), key=lambda kv: (kv[1].get("spec", {}).get("family", ""), kv[0])):
+        spec = k.get("spec", {})
+        used = ", ".join(f"{op} x{n}" for op, n in sorted(ops.get(entry, Counter()).items())) or "-"
+        takes = ", ".join(f"<= {r}" for r in sorted(rows.get(entry, ()))) or "any"
+        t.add_row(escape(entry), escape(f"{spec.get('family', '?')} / {spec.get('template', '?')}"), escape(used),
+                  takes, escape(spec.get("doc", "")))
+    # piped (not a terminal): wide enough for one line a kernel, for grep
+    (out if out.is_terminal else Console(file=out.file, width=400, highlight=False)).print(t)
 
 
 def _print_pass_times(timing) -> None:
@@ -349,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("inspect", help="show a model's or artifact's inputs, outputs, ops and parameters")
     s.add_argument("model", help="an .onnx file or a .ingot artifact directory")
     s.add_argument("--ir", action="store_true", help="also print the graph in the text IR")
+    s.add_argument("--kernels", action="store_true", help="a GPU artifact: also list its kernels, the launches that "
+                   "run them and what each is (split-K, clusters, fusions, token buckets)")
     s.add_argument("--passes", metavar="PIPELINE", help="run a pipeline (O1, O2, llm, ...) or comma-separated "
                    "passes first; shows op counts before and after")
     s.set_defaults(fn=cmd_inspect)

@@ -128,6 +128,32 @@ def test_gpu_artifact_runs_on_cpu_backend(tmp_path):
     assert np.array_equal(rows[1].argmax(-1), np.array(seq[len(ids):]))
 
 
+def test_inspect_lists_the_kernels(tmp_path, capsys):
+    """``ingot inspect --kernels``: every kernel of a GPU artifact once (one line each when piped), the decode GEMV
+    variants with their token buckets and their rule's description; a CPU artifact has none."""
+    from ingot.cli import main
+
+    path = ingot.compile(TINY_KV, target="h200", out=tmp_path / "g.ingot", mode="llm")
+    cuda = json.loads((path / "manifest.json").read_text())["cuda"]
+    entries = {**cuda["kernels"], **cuda.get("variant_kernels", {}), **cuda.get("alternative_kernels", {})}
+    capsys.readouterr()
+    assert main(["inspect", str(path), "--kernels"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(f"kernels ({len(entries)}, sm_90a)" in ln for ln in lines)
+    rows = {e: [ln for ln in lines if e in ln] for e in entries}
+    assert all(len(r) == 1 for r in rows.values()), {e: len(r) for e, r in rows.items() if len(r) != 1}
+    buckets = {v["kernel"]: v["max_rows"] for ln in cuda["launches"] for v in ln.get("variants", [])}
+    assert buckets
+    for entry, mb in buckets.items():
+        assert f"<= {mb}" in rows[entry][0] and f"decode GEMV, M <= {mb}" in rows[entry][0], rows[entry][0]
+    for entry, k in cuda["kernels"].items():
+        assert k["spec"]["family"] in rows[entry][0] and "any" in rows[entry][0]
+    cpu = ingot.compile(TINY_KV, target="cpu", out=tmp_path / "c.ingot", mode="llm")
+    capsys.readouterr()
+    assert main(["inspect", str(cpu), "--kernels"]) == 0
+    assert "kernels: none (not a GPU artifact)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("fusion", ["0", "1"])
 def test_memory_plan_reuses_without_overlap(tmp_path, monkeypatch, fusion):
     monkeypatch.setenv("INGOT_DECODE_FUSION", fusion)
