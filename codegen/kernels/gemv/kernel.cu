@@ -28,12 +28,13 @@
 //   module (stream order) may use the workspace. (splitk.cuh, shared with quant.cu and bulk.cu)
 //   With CLUSTER (${CLUSTER}) the SPLITK slices of a row block are one thread-block cluster instead (1 x SPLITK,
 //   at most 8): each CTA stores its partial tile in its own shared memory (x's region, free once the products are
-//   done), a cluster barrier publishes them, and warp w of CTA rank r (r = w's row group mod SPLITK) sums its row
-//   group's partials of all the cluster's CTAs through distributed shared memory, in slice order, then runs the
-//   epilogue for those rows; a second barrier keeps every CTA's shared memory alive until its peers have read it. No
-//   workspace, fence or atomic, and the reduction is spread over the cluster instead of one CTA reading every
-//   slice's partials from L2 (at 32 tokens a 128-row block's partials are 16 KB a slice); the same additions in the
-//   same order, so bit for bit the workspace's result.
+//   done) and a cluster barrier publishes them; CTA rank r reduces the row groups rg with rg mod SPLITK = r, every
+//   thread of it some of their elements: all slices' values read through distributed shared memory at once, then added
+//   in slice order. A second barrier (the peers are done reading this CTA's partials), the sums go to the CTA's own x
+//   region and each row group's first warp takes its tile from there to the epilogue. No workspace, fence or atomic,
+//   and the reduction is spread over the cluster instead of one CTA reading every slice's partials from L2 (at 32
+//   tokens a 128-row block's partials are 16 KB a slice); the same additions in the same order, so bit for bit the
+//   workspace's result.
 // - programmatic dependent launch: the weights do not depend on the kernel before this one, so the CTA may load its
 //   first stage of weights *before* waiting for that kernel's grid; only x (its output) and the residual must be read
 //   after the wait. Launched early (PDL), the weight stream so starts during the previous kernel's tail. ptxas moves
@@ -81,9 +82,10 @@
 //   (c5, c7), the codes' f16 high bytes made four at a time by shifts and masks (sign to bit 7, exponent and mantissa
 //   bits to 3..1: the code's value times 2^-14, exactly, 0.5 as a subnormal) and spread into f16 halves by PRMT, each
 //   pair multiplied by its block's scale, converted by the hardware (e4m3 -> f16, exact): every product
-//   e2m1 * sf * 2^-14 is a multiple of 2^-24 below 65504, an exact f16. f16 MMAs, x staged as with FP8's f16 route (f16 times 2^-4) and in fragment order: in each 128-column
-//   step lane q's chunk i (8 columns) sits at slot 4 i + q, so that the four lanes of a row read 64 contiguous bytes
-//   (rows padded by 64 bytes, as bf16's), its columns in the pairs' order. The epilogue multiplies the f32 sums by
+//   e2m1 * sf * 2^-14 is a multiple of 2^-24 below 65504, an exact f16. f16 MMAs, x staged as with FP8's f16 route
+//   (f16 times 2^-4) and in fragment order: in each 128-column step lane q's chunk i (8 columns) sits at slot 4 i + q,
+//   so that the four lanes of a row read 64 contiguous bytes (rows padded by 64 bytes, as bf16's), its columns in the
+//   pairs' order. The epilogue multiplies the f32 sums by
 //   2^14 * 16 (exact) and the global scale (quant.cu's order: the reference's up to f32 rounding).
 struct u32x4 { unsigned x, y, z, w; };
 
@@ -547,11 +549,7 @@ ${PDL_WAIT}
     float* const red = reinterpret_cast<float*>(xs);
     __syncthreads();  // every warp is done with x's region (MMAs, the row groups' partials)
     if (!kw) SK::put(red + rg * TILE + lane, acc);
-    if (PROLOGUE == 1 && threadIdx.x < MB) {  // this slice's sum of x^2 of token tid over its warps (store_ss's)
-      float v = 0.0f;
-      for (int w2 = 0; w2 < WARPS; ++w2) v += ssq[threadIdx.x * WARPS + w2];
-      ss_slice[threadIdx.x] = v;
-    }
+    if (PROLOGUE == 1 && threadIdx.x < MB) ss_slice[threadIdx.x] = SK::template slice_ss<WARPS>(ssq, threadIdx.x);
     gemv_cluster_sync();  // every slice's partials (and sums of x^2) are visible to the cluster
     const int rank = (int)gemv_cluster_rank();
     const unsigned red_addr = gemv_shared_addr(red);
@@ -563,7 +561,8 @@ ${PDL_WAIT}
       at[i] = a < AMAX && grp < GROUPS ? grp * TILE + e % TILE : -1;
       float v[SPLITK];  // all the slices' values first (their loads in flight together), then added in order
 #pragma unroll
-      for (int sk = 0; sk < SPLITK; ++sk) v[sk] = at[i] >= 0 ? gemv_ld_cluster(gemv_mapa(red_addr, sk) + 4 * at[i]) : 0.0f;
+      for (int sk = 0; sk < SPLITK; ++sk)
+        v[sk] = at[i] >= 0 ? gemv_ld_cluster(gemv_mapa(red_addr, sk) + 4 * at[i]) : 0.0f;
       sum[i] = 0.0f;
 #pragma unroll
       for (int sk = 0; sk < SPLITK; ++sk) sum[i] += v[sk];

@@ -180,8 +180,8 @@ def cluster_mode() -> bool:
     """``INGOT_GEMV_CLUSTER``: unset, empty or ``1`` (the default): the split-K slices of a row block as one
     thread-block cluster, reduced through distributed shared memory (kernel.cu's header), where ``cluster_fits`` and
     the cluster's shared memory is within ``CLUSTER_SMEM``, and no row groups but with NVFP4 weights (the cluster's
-    reduction replaces them);
-    ``0``: the workspace and the row block's last CTA, and row groups, as before; another value is an error."""
+    reduction replaces them); ``0``: the workspace and the row block's last CTA, and row groups, as before; another
+    value is an error."""
     return env_choice(CLUSTER_ENV, {"": True, "0": False, "1": True}, "'0' or '1'")
 
 

@@ -112,13 +112,21 @@ struct GemvSplitK {
     }
   }
 
+  // rms_norm prologues: token t's sum of x^2 over this CTA's slice, from the warps' sums ssq [token][warp], in warp
+  // order
+  template <int WARPS>
+  static __device__ __forceinline__ float slice_ss(const float* ssq, int t) {
+    float v = 0.0f;
+    for (int w = 0; w < WARPS; ++w) v += ssq[t * WARPS + w];
+    return v;
+  }
+
   // rms_norm prologues (workspace ss [split][row block][token]): this slice's sum of x^2 of token tid, from the
   // warps' sums ssq [token][warp] in warp order
   template <int WARPS>
   static __device__ __forceinline__ void store_ss(float* ss, const float* ssq, int rows, unsigned tid) {
     if (tid < rows) {
-      float v = 0.0f;
-      for (int w = 0; w < WARPS; ++w) v += ssq[tid * WARPS + w];
+      const float v = slice_ss<WARPS>(ssq, tid);
       float* pw = ss + ((i64)blockIdx.y * GX + blockIdx.x) * MB + tid;
       asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(pw), "f"(v) : "memory");
     }
@@ -149,12 +157,7 @@ struct GemvSplitK {
       for (int h = 0; h < 2; ++h) {
         const int t = 8 * j + 2 * q + h;
         if (ALL || t < rows) {
-          float v = 0.0f;
-          if (SPLITK > 1) {
-            v = sum_ss(ss, t);
-          } else {
-            for (int w = 0; w < WARPS; ++w) v += ssq[t * WARPS + w];
-          }
+          const float v = SPLITK > 1 ? sum_ss(ss, t) : slice_ss<WARPS>(ssq, t);
           inv[j][h] = rsqrtf(v * (1.0f / K) + eps);
         } else {
           inv[j][h] = 1.0f;
