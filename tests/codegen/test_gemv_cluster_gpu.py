@@ -33,11 +33,14 @@ from ingot.codegen.kernels.gemv.rule import (
     with_rope,
 )
 from ingot.codegen.kernels.rope.cache_rule import rope_qkv_cache_spec
-from ingot.ir.ops.quantized import QuantizedLinear
 from ingot.ir.types import DType
 from tests.codegen.common import gpu_target
 from tests.codegen.test_decode_fusion_gpu import EPS, TOL, bf16_weight, check_rms_norm, check_swiglu
-from tests.codegen.test_gemv_quant_gpu import _u8, activations, quantized_weight
+from tests.codegen.test_gemv_fp8_gpu import _fp8_linear, _fp8_weight
+from tests.codegen.test_gemv_fp8_gpu import _op as _fp8_op
+from tests.codegen.test_gemv_nvfp4_gpu import _nvfp4_linear, _nvfp4_weight
+from tests.codegen.test_gemv_nvfp4_gpu import _op as _nvfp4_op
+from tests.codegen.test_gemv_quant_gpu import activations
 from tests.codegen.test_qkv_rope_fusion_gpu import BLOCK, CTYPE, check_rope_epilogue
 from tests.codegen.test_qkv_rope_fusion_gpu import CASES as ROPE_CASES
 from tests.helpers import rng
@@ -62,14 +65,13 @@ CASES = [
 ]
 
 
+#: weight format -> (its weights' buffers ``(gpu, r, n, k) -> (inputs, buffers)``, its op ``k -> QuantizedLinear``)
+QUANT = {1: (_fp8_weight, _fp8_op), 0: (_nvfp4_weight, _nvfp4_op)}
+
+
 def _ids(case) -> str:
     wb, n, k, mb, c, _ = case
     return f"{WB_NAMES[wb]}-{n}x{k}-m{mb}-w{c[0]}t{c[1]}u{c[2]}sk{c[3]}kw{c[4]}"
-
-
-def _op(wb: int, k: int) -> QuantizedLinear:
-    return QuantizedLinear(weight_format=WB_NAMES[wb], weight_granularity="channel", act_format="none",
-                           act_granularity="token", in_features=k)
 
 
 def _pair(gpu, wb: int, n: int, k: int, mb: int, c, bias: bool, residual: bool, prologue: Prologue | None = None):
@@ -98,15 +100,11 @@ def _weights(gpu, r: np.random.Generator, wb: int, n: int, k: int):
             return y if bias is None else y + bias.astype(np.float64) + res.astype(np.float64)
 
         return {"weight": gpu.upload(w), "weight_scale": None}, ref
-    wq = quantized_weight(r, WB_NAMES[wb], n, k)
-    s2 = wq["weight_scale_2"]
-    bufs = {"weight": gpu.upload(_u8(wq["weight"])),
-            "weight_scale": gpu.upload(wq["weight_scale"] if wb == 1 else _u8(wq["weight_scale"])),
-            "weight_scale_2": None if s2 is None else gpu.upload(np.asarray(s2, np.float32).reshape(1)),
-            "input_scale": None}
+    make, op = QUANT[wb]  # the FP8 / NVFP4 GEMV tests' own buffers and op
+    wq, bufs = make(gpu, r, n, k)
 
     def ref(x, bias, res):
-        y = _op(wb, k).ref(x, wq["weight"], wq["weight_scale"], s2, None, bias, res)
+        y = op(k).ref(x, wq["weight"], wq["weight_scale"], wq["weight_scale_2"], None, bias, res)
         return y.astype(np.float64)
 
     return bufs, ref
@@ -143,13 +141,8 @@ def test_cluster_reduction_is_the_workspace_reduction(gpu, case, epilogue):
         assert diff == 0, f"{cl.doc} M={m}: {diff} outputs differ from the workspace reduction's"
 
 
-def _linear(wb: int):
-    """``check_rms_norm`` / ``check_swiglu``'s ``weight``: buffers and reference ``(x, res) -> y``."""
-    def weight(gpu, r, n, k):
-        bufs, ref = _weights(gpu, r, wb, n, k)
-        return bufs, lambda x, res: ref(x, None, res)
-
-    return weight if wb != 2 else bf16_weight
+#: ``check_rms_norm`` / ``check_swiglu``'s ``weight`` per weight format: buffers and reference ``(x, res) -> y``
+LINEAR = {2: bf16_weight, 1: _fp8_linear, 0: _nvfp4_linear}
 
 
 #: (weights, N, K, bucket, configuration) for the prologues (their checks run the bucket's edge token counts)
@@ -186,7 +179,7 @@ def test_cluster_rms_norm_prologue(gpu, case):
     pro = Prologue("rms_norm", eps=EPS)
     _, plain_cl = _pair(gpu, wb, n, k, mb, c, False, False)
     ws, cl = _pair(gpu, wb, n, k, mb, c, False, False, pro)
-    check_rms_norm(gpu, plain_cl, cl, False, f"cluster {WB_NAMES[wb]}", weight=_linear(wb))
+    check_rms_norm(gpu, plain_cl, cl, False, f"cluster {WB_NAMES[wb]}", weight=LINEAR[wb])
     r = rng()
     g = gpu.upload((1 + 0.2 * r.standard_normal(k)).astype(BF16))
     for m in (1, mb):
@@ -199,7 +192,7 @@ def test_cluster_swiglu_prologue(gpu, case):
     pro = Prologue("swiglu", alpha=1.0)
     _, plain_cl = _pair(gpu, wb, n, k, mb, c, False, True)
     ws, cl = _pair(gpu, wb, n, k, mb, c, False, True, pro)
-    check_swiglu(gpu, plain_cl, cl, f"cluster {WB_NAMES[wb]}", weight=_linear(wb))
+    check_swiglu(gpu, plain_cl, cl, f"cluster {WB_NAMES[wb]}", weight=LINEAR[wb])
     r = rng()
     for m in (1, mb):
         _bitwise(gpu, ws, cl, r, wb, (3 * r.standard_normal((m, 2 * k))).astype(BF16), {}, True)
