@@ -85,9 +85,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     nbytes = sum((w.type.numel() or 0) * w.type.dtype.np.itemsize for w in graph.weights.values())
     out.print(f"parameters: {graph.num_parameters():,} in {len(graph.weights)} weights ({nbytes / 1e6:.2f} MB)")
     _print_quant_report(Path(args.model))
-    _print_autotune(Path(args.model))
+    cuda = _manifest_cuda(Path(args.model))
+    _print_autotune(cuda)
     if getattr(args, "kernels", False):
-        _print_kernels(Path(args.model))
+        _print_kernels(cuda)
     if args.ir:
         out.print(str(graph), markup=False)
     return 0
@@ -141,12 +142,16 @@ def _print_quant_report(artifact: Path) -> None:
         out.print(report_table(json.loads((artifact / REPORT).read_text())))
 
 
-def _print_autotune(artifact: Path) -> None:
-    """The kernels a GPU artifact's compile autotuned (codegen/autotune.py): heuristic vs chosen time and config."""
+def _manifest_cuda(artifact: Path) -> dict | None:
+    """An artifact's manifest ``cuda`` entry (codegen/lower.py); None for a CPU artifact or a model file."""
     path = artifact / "manifest.json"
-    if not path.is_file():
+    return json.loads(path.read_text()).get("cuda") if path.is_file() else None
+
+
+def _print_autotune(cuda: dict | None) -> None:
+    """The kernels a GPU artifact's compile autotuned (codegen/autotune.py): heuristic vs chosen time and config."""
+    if cuda is None:
         return
-    cuda = json.loads(path.read_text()).get("cuda") or {}
     switches = cuda.get("switches")
     if switches is not None:  # the INGOT_* switches the compile saw (codegen/lower.py compile_switches)
         shown = ", ".join(f"{k}={v}" for k, v in switches.items()) or "none (every default)"
@@ -171,13 +176,11 @@ def _print_autotune(artifact: Path) -> None:
     out.print(t)
 
 
-def _print_kernels(artifact: Path) -> None:
+def _print_kernels(cuda: dict | None) -> None:
     """``inspect --kernels``: a GPU artifact's kernels, each once: its family and template, the ops whose launches run
     it (as the launch's kernel, its variant or its alternative), the row counts it takes (a variant's ``max_rows``:
     the decode GEMVs' token buckets; ``any`` otherwise) and what its rule made of it (the spec's description: split-K,
     clusters, row groups, prologues, ...)."""
-    path = artifact / "manifest.json"
-    cuda = json.loads(path.read_text()).get("cuda") if path.is_file() else None
     if not cuda:
         out.print("kernels: none (not a GPU artifact)")
         return
