@@ -65,9 +65,19 @@ class SpecKernel:
         if spec.smem > 48 * 1024:
             attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(cu.cuFuncSetAttribute(self.fn, attr, spec.smem))
+        self.kv_region: tuple[int, int] | None = None
 
     def launch(self, pdl: bool = False, **args) -> None:
         import torch
+
+        from ingot.runtime.kv_tma import fill_kv_tma, needs_kv_tma
+
+        if needs_kv_tma(self.spec):  # the KV cache's tensor map, whenever the cache changes (before any capture)
+            kv = args["kv_cache"]
+            region = (kv.data_ptr(), kv.numel() * kv.element_size())
+            if region != self.kv_region:
+                fill_kv_tma(self.module, self.spec, *region)
+                self.kv_region = region
 
         vals = []
         for p in self.spec.params:

@@ -43,19 +43,22 @@ DEFAULT_SHAPES = ("1x4096x32x32x128", "8x2048x32x8x64")
 BF16_PEAK_TFLOPS = 747.0  # cuBLAS bf16 GEMM 8192^3 on this H200 (../shared/GPU.md)
 #: wgmma configs benched by default: warpgroups x K/V positions per tile x stages, then flags in any order: ``ov``:
 #: softmax overlapping O += P V, ``ws``: a producer warpgroup with mbarriers, ``hf``: the heaviest CTAs first, ``lm``:
-#: the mask only on the tiles that need it, ``pp``: ping-pong consumers (needs ``ws`` and 2 warpgroups)
-#: (``default``: the rule's)
+#: the mask only on the tiles that need it, ``pp``: ping-pong consumers (needs ``ws`` and 2 warpgroups), ``tm``: K/V
+#: by TMA (needs ``ws``) (``default``: the rule's)
 DEFAULT_WGMMA_CONFIGS = ("default", "2x128x2", "2x128x3", "2x64x3", "1x128x2", "2x128x3ov", "2x64x3ov", "2x128x2ws",
                          "2x128x3ws", "2x64x3ws", "2x128x3ovws", "2x64x3ovws",
                          "2x128x3wshf", "2x64x3wshf", "2x128x3wslm", "2x64x3wslm", "2x128x3wspp", "2x64x3wspp",
                          "2x128x3ovwspp", "2x64x3ovwspp", "2x128x3ovwslmpp", "2x128x3wshflm", "2x64x3wshflm",
-                         "2x128x3wshflmpp", "2x64x3wshflmpp", "2x128x3ovwshflmpp", "2x64x3ovwshflmpp")
-def parse_wgmma_config(name: str, head_dim: int):
+                         "2x128x3wshflmpp", "2x64x3wshflmpp", "2x128x3ovwshflmpp", "2x64x3ovwshflmpp",
+                         "2x128x3wstm", "2x128x3wshflmpptm", "2x128x3ovwshflmpptm", "2x64x3wshflmtm")
+
+
+def parse_wgmma_config(name: str, head_dim: int, block_size: int | None = None):
     """``WxNxS`` then any of the rule's flags (``2x128x3ovwspp``, ``prefill_wgmma_rule.parse_config``), or
-    ``default`` (the rule's config, ``INGOT_PREFILL_WGMMA_CONFIG`` included)."""
+    ``default`` (the rule's config for a cache of ``block_size``, ``INGOT_PREFILL_WGMMA_CONFIG`` included)."""
     from ingot.codegen.kernels.attention.prefill_wgmma_rule import default_config, parse_config
 
-    return default_config(head_dim) if name == "default" else parse_config(name)
+    return default_config(head_dim, block_size) if name == "default" else parse_config(name)
 
 
 def wgmma_label(cfg) -> str:
@@ -78,7 +81,7 @@ def ingot_kernels(shape: str, block_size: int, wgmma_configs: list[str]) -> list
     found = [(f"w{w}", prefill_spec(bf16, bf16, H, KV, D, block_size, scale, tgt, warps=w)) for w in (4, 8)]
     seen = set()
     for name in wgmma_configs:
-        cfg = parse_wgmma_config(name, D)
+        cfg = parse_wgmma_config(name, D, block_size)
         if cfg in seen or not supported(bf16, bf16, H, KV, D, block_size, tgt, cfg):
             continue
         seen.add(cfg)
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wgmma-configs", nargs="+", default=list(DEFAULT_WGMMA_CONFIGS),
                     help="wgmma configs: WARPGROUPSxBLOCK_NxSTAGES then flags in any order, or 'default' (ov: "
                          "softmax overlapping PV, ws: a producer warpgroup, hf: heaviest CTAs first, lm: mask only "
-                         "boundary tiles, pp: ping-pong consumers, needs ws)")
+                         "boundary tiles, pp: ping-pong consumers, needs ws, tm: K/V by TMA, needs ws)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dry-run", action="store_true", help="no GPU: compile the ingot kernels a run would launch")
     a = ap.parse_args(argv)

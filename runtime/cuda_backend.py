@@ -70,6 +70,7 @@ from .cuda_launch import (
     cutlass_nk,
 )
 from .cuda_steps import DecodeSteps, Layout, StagedBucket, StepsGraph
+from .kv_tma import fill_kv_tma, needs_kv_tma
 from .paged import PagedModel, SequenceState
 
 if TYPE_CHECKING:
@@ -198,6 +199,11 @@ class CudaExecutor(DecodeSteps):
                 attr = cd.driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
                 cd.check(cd.driver().cuFuncSetAttribute(fn, attr, kspec.smem), f"cuFuncSetAttribute({entry})")
             functions[entry] = (fn, kspec)
+            if needs_kv_tma(kspec):  # K/V by TMA: the tensor map over the whole KV region (every layer's cache)
+                if not self.kv_inputs:
+                    raise CudaArtifactError(f"{entry} loads a KV cache by TMA, but the artifact has no KV cache")
+                fill_kv_tma(module.handle, kspec, self.arena.ptr + self.base["kv"],
+                            self.kv_layer_bytes * len(self.kv_inputs))
         use_cutlass = os.environ.get("INGOT_NO_CUTLASS", "") in ("", "0")
         # kernels with the PDL prologue, as the kernel table marks them (codegen/kernel.py); INGOT_PDL=0: none
         pdl = frozenset(e for table in tables for e, k in table.items() if k.get("pdl")) if cd.pdl_enabled() \

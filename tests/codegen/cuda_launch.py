@@ -14,6 +14,7 @@ import numpy as np
 
 from ingot.codegen.compile import compile_spec
 from ingot.codegen.kernel import KernelSpec
+from ingot.runtime.kv_tma import fill_kv_tma, needs_kv_tma
 
 
 def _driver():
@@ -51,6 +52,7 @@ class Gpu:
         self.ctx = check(cu.cuDevicePrimaryCtxRetain(self.device))
         check(cu.cuCtxSetCurrent(self.ctx))
         self._functions: dict[str, object] = {}
+        self._modules: dict[str, object] = {}
         self._buffers: list[Buffer] = []
         self.arch = "sm_{}{}a".format(
             check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
@@ -100,6 +102,7 @@ class Gpu:
                 check(cu.cuFuncSetAttribute(
                     fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.smem))
             self._functions[spec.key] = fn
+            self._modules[spec.key] = module
         return self._functions[spec.key]
 
     def launch(self, spec: KernelSpec, **args) -> None:
@@ -126,5 +129,7 @@ class Gpu:
         if min(grid) == 0:
             return
         fn = self.function(spec)
+        if needs_kv_tma(spec):  # the KV cache's tensor map over this launch's cache buffer
+            fill_kv_tma(self._modules[spec.key], spec, args["kv_cache"].ptr, args["kv_cache"].nbytes)
         check(cu.cuLaunchKernel(fn, *grid, *spec.block, spec.smem, 0, ctypes.addressof(pointers), 0))
         check(cu.cuCtxSynchronize())

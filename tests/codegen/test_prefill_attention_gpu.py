@@ -19,6 +19,8 @@ element compared."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -66,6 +68,9 @@ WGMMA_CONFIGS = {"wgmma": {4: None, 8: WgmmaConfig(1, 64, 3)},
                                        8: WgmmaConfig(1, 64, 3, heavy_first=True)},
                  "wgmma-lean-mask": {4: WgmmaConfig(2, 128, 3, producer=True, lean_mask=True),
                                      8: WgmmaConfig(1, 64, 3, True, True, lean_mask=True)},
+                 # K/V by TMA through the cache's tensor map (runtime/kv_tma.py fills it from the kv_cache buffer)
+                 "wgmma-tma": {4: WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True, tma=True),
+                               8: WgmmaConfig(1, 64, 3, producer=True, tma=True)},
                  "wgmma-pingpong": {4: WgmmaConfig(2, 128, 3, producer=True, pingpong=True),
                                     8: WgmmaConfig(2, 64, 3, producer=True, pingpong=True)},
                  "wgmma-pingpong-overlap": {4: WgmmaConfig(2, 128, 3, True, True, pingpong=True),
@@ -73,7 +78,10 @@ WGMMA_CONFIGS = {"wgmma": {4: None, 8: WgmmaConfig(1, 64, 3)},
                  "wgmma-all-knobs": {4: WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True,
                                                     pingpong=True),
                                      8: WgmmaConfig(2, 64, 3, producer=True, heavy_first=True, lean_mask=True,
-                                                    pingpong=True)}}
+                                                    pingpong=True)},
+                 "wgmma-tma-pingpong-overlap": {4: WgmmaConfig(2, 128, 3, True, True, pingpong=True, tma=True),
+                                                8: WgmmaConfig(2, 64, 3, True, True, lean_mask=True, pingpong=True,
+                                                               tma=True)}}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -106,6 +114,47 @@ def test_prefill_attention_matches_reference(gpu, case, kernel):
         where_wrong(got, ref, H, D)
         assert np.isfinite(got.astype(np.float32)).all(), f"launch {attempt}: unwritten or non-finite outputs"
         assert_close(got, ref, what=f"attention out, launch {attempt}")
+
+
+TMA_TWINS = {"default": WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True),
+             "one-consumer": WgmmaConfig(1, 64, 3, producer=True),
+             "pingpong-overlap": WgmmaConfig(2, 128, 3, True, True, lean_mask=True, pingpong=True)}
+
+
+@pytest.mark.parametrize("case", ["chunked-prefix-gqa-d128", "softcap-window-group3", "padding-block32",
+                                  "long-causal-gqa16/4-d64"])
+@pytest.mark.parametrize("twin", sorted(TMA_TWINS))
+def test_tma_loads_match_cp_async_bit_for_bit(gpu, case, twin):
+    """K/V by TMA (whole cache blocks, the context's last one past its end too) against the same config loading by
+    cp.async (zeros past the context): the same bits, on a cache of finite values. A second launch over another
+    cache buffer (the tensor map filled again) as well."""
+    if gpu.arch != "sm_90a":
+        pytest.skip(f"prefill_wgmma.cu is sm_90a only (this GPU is {gpu.arch})")
+    H, KV, D, bs, softcap, window, _, seqs, padding = CASES[case]
+    r = rng()
+    tgt = get_target("h200")
+    block_tables, seq_lens, qsl, slots, q, k, v, T, num_blocks, max_blocks = paged_step(
+        r, seqs, bs, H, KV, D, padding, spare_columns=2, spare_blocks=5)
+    scale = float(D ** -0.5)
+    cfg = TMA_TWINS[twin]
+    specs = [wgmma_spec(bf16, bf16, H, KV, D, bs, scale, tgt, softcap, window, cfg=replace(cfg, tma=t))
+             for t in (False, True)]
+    outs = []
+    for attempt in range(2):
+        cache = cast_array(r.standard_normal((num_blocks, 2, bs, KV, D)).astype(np.float32), bf16)
+        args = dict(q=gpu.upload(q), kv_cache=gpu.upload(cache), block_tables=gpu.upload(block_tables),
+                    seq_lens=gpu.upload(seq_lens), query_start_loc=gpu.upload(qsl), num_tokens=T,
+                    num_seqs=len(seqs), max_blocks=max_blocks)
+        got = []
+        for spec in specs:
+            out = gpu.alloc(q.shape, q.dtype)  # poisoned (NaN)
+            gpu.launch(spec, out=out, **args)
+            got.append(gpu.download(out))
+        assert np.isfinite(got[1].astype(np.float32)).all(), "unwritten or non-finite outputs"
+        np.testing.assert_array_equal(got[1].view(np.uint16), got[0].view(np.uint16),
+                                      err_msg=f"{case} {twin}: TMA vs cp.async, cache {attempt}")
+        outs.append(got[1])
+    assert not np.array_equal(outs[0], outs[1]), "the second cache gave the first one's outputs"
 
 
 def where_wrong(got: np.ndarray, ref: np.ndarray, H: int, D: int) -> None:

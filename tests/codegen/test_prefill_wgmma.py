@@ -69,6 +69,13 @@ def test_supported_and_declined():
     assert supported(bf16, bf16, 32, 8, 64, 16, h200, WgmmaConfig(2, 64, 3, True, True, pingpong=True))
     assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, pingpong=True))
     assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(1, 128, 3, producer=True, pingpong=True))
+    # TMA copies are the producer's, of whole 8k-row parts of blocks that tile the K/V tile
+    assert supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, producer=True, tma=True))
+    assert supported(bf16, bf16, 32, 8, 128, 256, h200, WgmmaConfig(2, 64, 3, producer=True, tma=True))
+    assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, tma=True))
+    for bs in (4, 12, 24, 48):
+        assert not supported(bf16, bf16, 32, 8, 128, bs, h200, WgmmaConfig(2, 128, 3, producer=True, tma=True))
+        assert supported(bf16, bf16, 32, 8, 128, bs, h200, WgmmaConfig(2, 128, 3, producer=True))
     for knobs in ({"heavy_first": True}, {"lean_mask": True}):
         assert supported(bf16, bf16, 32, 8, 64, 16, h200, WgmmaConfig(1, 64, 2, **knobs))
         assert supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, True, True, **knobs))
@@ -84,9 +91,14 @@ def test_spec_shares_the_flash_parameters():
     assert tokens_per_cta(32, 8, cfg) == 32 and tokens_per_cta(32, 32, cfg) == 128 and tokens_per_cta(9, 3, cfg) == 42
     assert spec.grid == (GridDim("num_tokens", 32), GridDim(const=8), GridDim())
     assert spec.grid_dims({"num_tokens": 4096, "num_seqs": 1, "max_blocks": 256}) == (128, 8, 1)
-    # the default at both head dims (2x128x3wshflm): a producer warpgroup beside the two consumers, three stages of
-    # 128-position tiles, the heaviest CTAs first, the mask only where it cuts
-    assert cfg == default_config(128) == WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True)
+    # the default at both head dims (2x128x3wshflmtm): a producer warpgroup (loading K/V by TMA) beside the two
+    # consumers, three stages of 128-position tiles, the heaviest CTAs first, the mask only where it cuts; caches of
+    # blocks TMA copies cannot tile load by cp.async
+    assert cfg == default_config(128) == WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True,
+                                                     tma=True)
+    assert default_config(64, 16) == default_config(128, 256) == cfg
+    assert default_config(128, 12) == default_config(64, 4) == replace(cfg, tma=False)
+    assert dict(wgmma_spec(bf16, bf16, 32, 8, 64, 12, 0.125, h200).values)["TMA"] is False
     assert spec.block == (384, 1, 1) and spec.smem == smem_bytes(64, cfg) == 1024 + 2 * 64 * (128 + 6 * 128) + 3 * 16
     one = wgmma_spec(bf16, bf16, 8, 8, 128, 32, 0.088, h200, cfg=WgmmaConfig(1, 64, 3))
     assert one.block == (128, 1, 1) and one.smem == 1024 + 2 * 128 * (64 + 6 * 64)
@@ -101,7 +113,7 @@ def test_spec_shares_the_flash_parameters():
 
 
 def test_knobs_are_opt_in_and_tagged():
-    """heavy_first, lean_mask and pingpong are off in a plain WgmmaConfig (default_config turns the first two on,
+    """heavy_first, lean_mask, pingpong and tma are off in a plain WgmmaConfig (default_config turns the first two on,
     as measured), each reaches the template as a value and tags the kernel name; none changes shared memory or the
     launch."""
     assert not (WgmmaConfig().heavy_first or WgmmaConfig().lean_mask or WgmmaConfig().pingpong)
@@ -115,14 +127,14 @@ def test_knobs_are_opt_in_and_tagged():
 
     assert tag(plain).endswith("_wg2_n128_s3_ws")
     values = dict(plain.values)
-    assert (values["HEAVY_FIRST"], values["LEAN_MASK"], values["PINGPONG"]) == (False, False, False)
+    assert (values["HEAVY_FIRST"], values["LEAN_MASK"], values["PINGPONG"], values["TMA"]) == (False,) * 4
     for knob, suffix, key in (("heavy_first", "_hf", "HEAVY_FIRST"), ("lean_mask", "_lm", "LEAN_MASK"),
-                              ("pingpong", "_pp", "PINGPONG")):
+                              ("pingpong", "_pp", "PINGPONG"), ("tma", "_tm", "TMA")):
         spec = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=replace(base, **{knob: True}))
         assert tag(spec) == tag(plain) + suffix and dict(spec.values)[key] is True
         assert (spec.smem, spec.block, spec.grid) == (plain.smem, plain.block, plain.grid)
-    every = replace(base, overlap=True, heavy_first=True, lean_mask=True, pingpong=True)
-    assert tag(wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=every)).endswith("_s3_ov_ws_hf_lm_pp")
+    every = replace(base, overlap=True, heavy_first=True, lean_mask=True, pingpong=True, tma=True)
+    assert tag(wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=every)).endswith("_s3_ov_ws_hf_lm_pp_tm")
 
 
 def heavy_first_order(grid_x: int, kv: int) -> list[tuple[int, int]]:
@@ -223,7 +235,12 @@ def sass_counts(sass: str) -> Counter:
     (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, True, True, pingpong=True)),
     (9, 3, 128, 16, 30.0, 700, WgmmaConfig(2, 64, 3, True, True, lean_mask=True, pingpong=True)),
     (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True, pingpong=True)),
-    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(2, 64, 3, producer=True, heavy_first=True, lean_mask=True, pingpong=True))])
+    (32, 8, 64, 16, 0.0, 0, WgmmaConfig(2, 64, 3, producer=True, heavy_first=True, lean_mask=True, pingpong=True)),
+    # K/V by TMA: the default's knobs, one consumer, blocks larger than the tile, overlap + ping-pong + window
+    (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True, tma=True)),
+    (32, 8, 64, 32, 0.0, 0, WgmmaConfig(1, 64, 3, producer=True, tma=True)),
+    (16, 4, 128, 256, 0.0, 0, WgmmaConfig(2, 128, 2, producer=True, tma=True)),
+    (9, 3, 128, 16, 30.0, 700, WgmmaConfig(2, 64, 3, True, True, lean_mask=True, pingpong=True, tma=True))])
 def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
     spec = wgmma_spec(bf16, bf16, H, KV, D, bs, D ** -0.5, h200, softcap, window, cfg=cfg)
     cfg = cfg or default_config(D)
@@ -263,8 +280,12 @@ def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
         assert re.search(r"BAR\.SYNC\S* R\d+, 0x100", sass) and re.search(r"BAR\.ARV R\d+, 0x100", sass)
     else:
         assert "bar.arrive" not in built.ptx
-    if cfg.producer:  # mbarriers, cp.async arriving on them; registers moved from the producer to the consumers
-        assert "mbarrier.try_wait.parity" in built.ptx and "cp.async.mbarrier.arrive.noinc" in built.ptx
+    if cfg.producer:  # mbarriers, cp.async (or TMA) arriving on them; registers moved from producer to consumers
+        assert "mbarrier.try_wait.parity" in built.ptx
+        assert ("cp.async.mbarrier.arrive.noinc" in built.ptx) != cfg.tma
+        # TMA: tensor copies completing the stage's transaction bytes, lane 0 arriving with their count
+        assert ("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in built.ptx
+                and "mbarrier.arrive.expect_tx" in built.ptx and "UTMALDG.3D" in ops) == cfg.tma
         assert ("setmaxnreg" in built.ptx) == (cfg.warpgroups == 2)
         assert spec.block == (128 * (cfg.warpgroups + 1), 1, 1)
         if cfg.warpgroups == 2:  # setmaxnreg only moves registers: the CTA must start with the 40 + 2 x 232 it
@@ -472,6 +493,7 @@ def test_config_names_and_the_environment_override(monkeypatch):
     cfg = parse_config("2x128x3ovwspp")
     assert cfg == WgmmaConfig(2, 128, 3, overlap=True, producer=True, pingpong=True)
     assert config_name(cfg) == "2x128x3ovwspp" and parse_config("2x64x3lmwshf") == parse_config("2x64x3wshflm")
+    assert config_name(parse_config("2x128x3tmwslmhf")) == "2x128x3wshflmtm"
     for bad in ("2x128", "2x128x3zz", "fast"):
         with pytest.raises(ValueError, match="WxNxS"):
             parse_config(bad)

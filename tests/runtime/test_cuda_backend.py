@@ -227,6 +227,39 @@ def test_smollm2_shaped_logits_and_greedy(gpu_target, tmp_path):
     ex.close()
 
 
+@pytest.mark.gpu
+def test_long_prefill_matches_cpu(gpu_target, tmp_path):
+    """Steps of more than 256 tokens run the prefill attention kernel (on sm_90a ``prefill_wgmma.cu`` loading K/V by
+    TMA through the tensor map the executor fills over its whole KV region, every layer's cache at its offset in it):
+    two prompts of 300 and 530 tokens in one step, then 280 more tokens of the first over its cached prefix, then a
+    decode step of both; logits within bf16 tolerance of the CPU backend."""
+    from ingot.codegen.kernel import KernelSpec
+    from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
+    from ingot.runtime.kv_tma import needs_kv_tma
+
+    ckpt = smollm2_like(tmp_path, 3)
+    gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot")
+    cpu = ingot.compile(ckpt, target="cpu", out=tmp_path / "c.ingot")
+    ex = CudaExecutor.from_artifact(gpu, num_blocks=128)
+    tables = (ex.cuda["kernels"], ex.cuda.get("variant_kernels", {}))
+    tma = [e for table in tables for e, k in table.items() if needs_kv_tma(KernelSpec.from_dict(k["spec"]))]
+    assert bool(tma) == (gpu_target == "h200"), tma  # the wgmma kernel is sm_90a's (b200: prefill_flash.cu)
+    r = np.random.default_rng(7)
+    prompts = [[int(t) for t in r.integers(3, 49152, n)] for n in (300, 530)]
+    ref_model, dev = PagedModel(load_graph(cpu)[0], 128), CudaPagedModel(ex)
+    ids = [(ref_model.add_sequence(), dev.add_sequence()) for _ in prompts]
+    more = [int(t) for t in r.integers(3, 49152, 280)]
+    errs = []
+    for step in ([(i, p) for i, p in zip(ids, prompts)], [(ids[0], more)], [(i, [5]) for i in ids]):
+        ref = ref_model.step([(i[0], p) for i, p in step])
+        got = dev.step([(i[1], p) for i, p in step])
+        assert np.isfinite(got).all()
+        errs.append(_rel(got, ref))
+    REPORT["long_prefill"] = {"rel_err": errs, "tma_kernels": tma}
+    assert max(errs) < 5e-2, errs
+    ex.close()
+
+
 def assert_same_steps(runs: dict, reference: tuple, what: str) -> None:
     """Every run's per-step logits finite and bit-identical to ``runs[reference]``'s."""
     for key, got in runs.items():

@@ -74,6 +74,12 @@ constexpr bool HEAVY_FIRST = ${HEAVY_FIRST};
 constexpr bool LEAN_MASK = ${LEAN_MASK};
 // PINGPONG: the two consumer warpgroups issue their MMAs in turn (FlashAttention-3's scheduling barriers)
 constexpr bool PINGPONG = ${PINGPONG};
+// TMA (with PRODUCER): the producer's first warp loads K/V by TMA through the KV cache's tensor map (ingot_kv_tma,
+// below), a copy per (cache block, 64-wide head_dim panel, K or V) of R rows, instead of 128 threads' cp.async
+constexpr bool TMA = ${TMA};
+constexpr int R = BS < BN ? BS : BN, PANELS = D / 64, COPIES = 2 * PANELS * (BN / R);
+static_assert(!TMA || PRODUCER, "TMA loads are the producer warpgroup's");
+static_assert(!TMA || (R % 8 == 0 && BN % R == 0 && BS % R == 0), "TMA: blocks of 8k rows dividing or divided by BN");
 constexpr unsigned TILE = BN * D * 2;  // one K or V tile
 constexpr float SCALE = ${SCALE}, SOFTCAP = ${SOFTCAP}, LOG2E = 1.4426950408889634f;
 static_assert(D == 64 || D == 128, "head_dim 64 or 128");
@@ -93,6 +99,22 @@ __device__ __forceinline__ void pw_load_kv(const bf16* kv_cache, const int* tabl
     const bf16* kp = kv_cache + ((blk * 2 + 0) * BS + p % BS) * (KV * D) + kvh * D + c * 8;
     att_cp16(sk + pw_off(j, c, BN), ok ? kp : kv_cache, ok);
     att_cp16(sv + pw_off(j, c, BN), ok ? kp + BS * (KV * D) : kv_cache, ok);
+  }
+}
+// TMA: the K and V tiles of positions [p0, p0 + BN) into one stage, lane `lane`'s share of its COPIES copies (each
+// R cache rows of one block, one head_dim panel, K or V: a box of 64 x 1 x R at {64 panel, kvh, row}, which lands as
+// R rows of 128 bytes with the panel's 128-byte swizzle, at 1024-aligned offsets). Copies wholly outside [lo, hi]
+// read no block-table entry and go to row -R, out of the tensor: zeros, as cp.async's zero fill. Copies crossing hi
+// (the context's last block) also bring its rows past hi, cache rows of this sequence's own block: whatever K/V were
+// last written there (zeros from allocation otherwise), finite, which the mask gives P = 0.
+__device__ __forceinline__ void pw_tma_kv(unsigned long long map, i64 row0, const int* table, int kvh, int p0, int lo,
+                                          int hi, unsigned sk, unsigned sv, unsigned bar, int lane) {
+#pragma unroll
+  for (int c = lane; c < COPIES; c += 32) {
+    const int kv = c & 1, panel = (c >> 1) % PANELS, j = (c >> 1) / PANELS, pb = p0 + j * R;
+    const bool ok = pb + R - 1 >= lo && pb <= hi;
+    const i64 row = ok ? row0 + ((i64)table[pb / BS] * 2 + kv) * BS + pb % BS : -(i64)R;
+    pw_tma_3d((kv ? sv : sk) + panel * (BN * 128) + j * (R * 128), map, 64 * panel, kvh, (int)row, bar);
   }
 }
 // S = Q K^T for this warpgroup's 64 rows and the BN positions of the K tile at sk: D / 16 k-steps (K-major A and
@@ -290,6 +312,14 @@ __device__ __forceinline__ void pw_store(bf16* out, const float* o, const PwRows
 }
 }  // namespace
 
+// TMA: the KV cache's tensor map (words 0-15: a CUtensorMap over the cache region as rows of KV x D bf16, dims
+// {D, KV, rows}, box {64, 1, R}, 128-byte swizzle), the region's base address (16) and size in bytes (17). The
+// loader fills it before the first launch (runtime/kv_tma.py: the executor over its whole KV region, every layer's
+// cache inside it; the tests and benchmarks over their cache buffer).
+extern "C" {
+__device__ __align__(128) unsigned long long ingot_kv_tma[18];
+}
+
 extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
     const bf16* __restrict__ q, const bf16* __restrict__ kv_cache, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ query_start_loc, bf16* __restrict__ out,
@@ -398,30 +428,59 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
     if (tid == 0) {
 #pragma unroll
       for (int st = 0; st < STAGES; ++st) {
-        pw_mbar_init(bars + 8 * st, 128);
+        pw_mbar_init(bars + 8 * st, TMA ? 1 : 128);
         pw_mbar_init(bars + 8 * (STAGES + st), WGS * 128);
       }
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     if (tid < 128) {
-      if (WGS == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-      int n = 0;
-      for (int s = s_first; s < num_seqs; ++s) {
-        const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
-        if (u.ntok < 0) break;
-        if (u.ntok == 0) continue;
-        for (int it = 0; it < u.ntiles; ++it, ++n) {
-          const int st = n % STAGES;
-          pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
-          pw_load_kv(kv_cache, u.table, kvh, (u.kt0 + it) * BN, u.lo, u.qpos_hi, sk0 + st * TILE, sv0 + st * TILE,
-                     tid);
-          pw_mbar_arrive_cp(bars + 8 * st);
+      // with two consumers at 232 registers a thread the producer keeps 40; TMA's copy loop needs 56 without a spill
+      // (the consumers then take 224: 128 x 56 + 256 x 224 is the SM's 64K)
+      if (WGS == 2 && TMA) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
+      if (WGS == 2 && !TMA) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+      if constexpr (TMA) {  // the first warp issues the copies, lane 0 the stage's expected bytes; the rest are done
+        if (tid < 32) {
+          const unsigned long long map = reinterpret_cast<unsigned long long>(ingot_kv_tma);
+          const unsigned long long base = ingot_kv_tma[16], bytes = ingot_kv_tma[17];
+          const unsigned long long at = reinterpret_cast<unsigned long long>(kv_cache);
+          // a loader that did not fill the map for this cache (runtime/kv_tma.py): trap, never read another region
+          if (at < base || at >= base + bytes) __trap();
+          const i64 row0 = (i64)((at - base) / (KV * D * 2));
+          if (tid == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+          int n = 0;
+          for (int s = s_first; s < num_seqs; ++s) {
+            const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
+            if (u.ntok < 0) break;
+            if (u.ntok == 0) continue;
+            for (int it = 0; it < u.ntiles; ++it, ++n) {
+              const int st = n % STAGES;
+              pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
+              if (tid == 0) pw_mbar_expect_tx(bars + 8 * st, 2 * TILE);
+              __syncwarp();
+              pw_tma_kv(map, row0, u.table, kvh, (u.kt0 + it) * BN, u.lo, u.qpos_hi, sk0 + st * TILE, sv0 + st * TILE,
+                        bars + 8 * st, tid);
+            }
+          }
         }
+      } else {
+        int n = 0;
+        for (int s = s_first; s < num_seqs; ++s) {
+          const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
+          if (u.ntok < 0) break;
+          if (u.ntok == 0) continue;
+          for (int it = 0; it < u.ntiles; ++it, ++n) {
+            const int st = n % STAGES;
+            pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
+            pw_load_kv(kv_cache, u.table, kvh, (u.kt0 + it) * BN, u.lo, u.qpos_hi, sk0 + st * TILE, sv0 + st * TILE,
+                       tid);
+            pw_mbar_arrive_cp(bars + 8 * st);
+          }
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");
       }
-      asm volatile("cp.async.wait_all;" ::: "memory");
     } else {
-      if (WGS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+      if (WGS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(TMA ? 224 : 232) : "memory");
       const int ct = tid - 128, warp = ct >> 5, wg = ct >> 7;  // consumer thread, warp, warpgroup
       const unsigned qa = sq + wg * 64 * 128, scratch = bars + 16 * STAGES + 4 * ct;
       // PINGPONG: consumer w's turn is named barrier 3 + w (256 threads: its own bar.sync, the other's bar.arrive).
@@ -466,7 +525,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
           // turns: S of the first tile; then per tile O += P V of it and S of the next (the MMAs between two of
           // this consumer's softmaxes), so one consumer's softmax runs while the other's MMAs are on the tensor cores
           pw_mbar_wait(bars + 8 * (n % STAGES), (n / STAGES) & 1);
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          if (!TMA) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           pw_bar_sync<256>(turn);
           pw_qk(sc, qa, sk0 + (n % STAGES) * TILE);
           pw_bar_arrive<256>(other_turn);
@@ -480,7 +539,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
             pw_pack_p(sc, pa);
             if (more) {  // the next tile's K (and V) landed, before this consumer's turn is taken
               pw_mbar_wait(bars + 8 * ((n + 1) % STAGES), ((n + 1) / STAGES) & 1);
-              asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+              if (!TMA) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             }
             pw_bar_sync<256>(turn);
             pw_pv(o, pa, sv0 + st * TILE);
@@ -495,7 +554,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
           for (int it = 0; it < u.ntiles; ++it, ++n) {
             const int st = n % STAGES;
             pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async's writes, then wgmma's reads
+            // cp.async's writes (generic proxy), then wgmma's reads (async proxy); TMA writes through the async proxy
+            if (!TMA) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             const int p0 = (u.kt0 + it) * BN;
             const bool masked = p0 + BN - 1 > u.qpos_lo || (WINDOW > 0 && p0 < u.first_hi);
             if (PINGPONG) pw_bar_sync<256>(turn);  // OVERLAP: a turn issues S of tile it and O += P V of it - 1

@@ -59,6 +59,10 @@ class WgmmaConfig:
     #: FlashAttention-3's inter-warpgroup ping-pong (with a producer and two consumers): named barriers let the
     #: consumers issue their MMAs in turn, so one's softmax runs under the other's O += P V and next S = Q K^T
     pingpong: bool = False
+    #: (with a producer) its first warp loads K/V by TMA, a copy per cache block, head_dim panel and K or V, through
+    #: a tensor map of the KV cache the loader fills (``runtime/kv_tma.py``), instead of 128 threads' cp.async per
+    #: 16 bytes; block sizes a multiple of 8 that divide or are divided by ``block_n``
+    tma: bool = False
 
     @property
     def rows(self) -> int:
@@ -73,7 +77,8 @@ class WgmmaConfig:
 #: ``HEAD_DIM:NAME`` items separated by commas (``64:2x64x3wshf,128:2x128x3wspp``)
 CONFIG_ENV = "INGOT_PREFILL_WGMMA_CONFIG"
 #: a config name's flags (two letters each, after ``WxNxS``) and the WgmmaConfig fields they set
-CONFIG_FLAGS = {"ov": "overlap", "ws": "producer", "hf": "heavy_first", "lm": "lean_mask", "pp": "pingpong"}
+CONFIG_FLAGS = {"ov": "overlap", "ws": "producer", "hf": "heavy_first", "lm": "lean_mask", "pp": "pingpong",
+                "tm": "tma"}
 
 
 def parse_config(name: str) -> WgmmaConfig:
@@ -95,18 +100,20 @@ def config_name(cfg: WgmmaConfig) -> str:
     return f"{cfg.warpgroups}x{cfg.block_n}x{cfg.stages}{flags}"
 
 
-def default_config(head_dim: int) -> WgmmaConfig:
+def default_config(head_dim: int, block_size: int | None = None) -> WgmmaConfig:
     """The fastest config measured on the H200 (``bench/bench_prefill_attention.py``, docs/PERF.md "The wgmma
-    kernel"), ``2x128x3wshflm`` at both head dims: a producer warpgroup and two consumers, three stages of
-    128-position K/V tiles, the heaviest CTAs first and the mask only on the tiles that cross it (410 TFLOP/s on 4k
-    causal MHA d 128, 290 on 8 x 2048 causal GQA 32/8 d 64; ping-pong and overlap measured slower on top of it).
-    ``INGOT_PREFILL_WGMMA_CONFIG`` (``CONFIG_ENV``) overrides it."""
+    kernel" and "K/V by TMA"), ``2x128x3wshflmtm`` at both head dims: a producer warpgroup loading K/V by TMA and two
+    consumers, three stages of 128-position K/V tiles, the heaviest CTAs first and the mask only on the tiles that
+    cross it (483 TFLOP/s on 4k causal MHA d 128, 310 on 8 x 2048 causal GQA 32/8 d 64; 409 / 291 with cp.async;
+    ping-pong and overlap measured no faster on top of it). Caches whose ``block_size`` TMA copies cannot tile
+    (``tma_block_ok``) load by cp.async. ``INGOT_PREFILL_WGMMA_CONFIG`` (``CONFIG_ENV``) overrides it."""
     env = os.environ.get(CONFIG_ENV, "").strip()
     for item in filter(None, (i.strip() for i in env.split(","))):
         dim, sep, name = item.rpartition(":")
         if not sep or int(dim) == head_dim:
             return parse_config(name)
-    return WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True)
+    tma = block_size is None or tma_block_ok(block_size, 128)
+    return WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True, tma=tma)
 
 
 def smem_bytes(head_dim: int, cfg: WgmmaConfig) -> int:
@@ -126,14 +133,23 @@ def supported(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: in
         return False
     if num_kv_heads <= 0 or num_heads % num_kv_heads or block_size <= 0:
         return False
-    cfg = cfg or default_config(head_dim)
+    cfg = cfg or default_config(head_dim, block_size)
     if cfg.warpgroups not in (1, 2) or cfg.block_n not in BLOCK_NS or cfg.stages not in (2, 3):
         return False
     if cfg.overlap and cfg.stages < 3:
         return False
     if cfg.pingpong and not (cfg.producer and cfg.warpgroups == 2):
         return False
+    if cfg.tma and not (cfg.producer and tma_block_ok(block_size, cfg.block_n)):
+        return False
     return num_heads // num_kv_heads <= cfg.rows and smem_bytes(head_dim, cfg) <= MAX_SMEM
+
+
+def tma_block_ok(block_size: int, block_n: int) -> bool:
+    """Whether TMA copies can load a cache of ``block_size``-position blocks into ``block_n``-position tiles: copies of
+    ``min(block_size, block_n)`` rows, a multiple of 8 (the 128-byte swizzle's 1024-byte atom), tiling both."""
+    rows = min(block_size, block_n)
+    return rows % 8 == 0 and block_n % rows == 0 and block_size % rows == 0
 
 
 def tokens_per_cta(num_heads: int, num_kv_heads: int, cfg: WgmmaConfig) -> int:
@@ -145,7 +161,7 @@ def wgmma_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: i
                cfg: WgmmaConfig | None = None) -> KernelSpec:
     """The attention launch: params ``ATTEND_PARAMS`` (those of ``prefill_flash.cu`` and the decode kernels),
     grid ``(ceil(num_tokens / tokens_per_cta), num_kv_heads)``."""
-    cfg = cfg or default_config(head_dim)
+    cfg = cfg or default_config(head_dim, block_size)
     if not supported(dtype, cache_dtype, num_heads, num_kv_heads, head_dim, block_size, target, cfg):
         raise ValueError(f"wgmma prefill attention does not take {dtype.value}/{cache_dtype.value} "
                          f"{num_heads}x{num_kv_heads}x{head_dim} block {block_size} on {target.name} with {cfg}")
@@ -153,11 +169,12 @@ def wgmma_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: i
     values = {"HEAD_DIM": head_dim, "KV_HEADS": num_kv_heads, "GROUP": group, "BLOCK_SIZE": block_size,
               "WGS": cfg.warpgroups, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages, "OVERLAP": cfg.overlap,
               "PRODUCER": cfg.producer, "HEAVY_FIRST": cfg.heavy_first, "LEAN_MASK": cfg.lean_mask,
-              "PINGPONG": cfg.pingpong, "Q_STRIDE": num_heads * head_dim, "SCALE": float(scale),
+              "PINGPONG": cfg.pingpong, "TMA": cfg.tma, "Q_STRIDE": num_heads * head_dim, "SCALE": float(scale),
               "SOFTCAP": float(softcap), "SLIDING_WINDOW": int(sliding_window)}
     tag = (f"{dtype.value}_{num_heads}x{num_kv_heads}x{head_dim}_b{block_size}_wg{cfg.warpgroups}_n{cfg.block_n}"
            f"_s{cfg.stages}{'_ov' if cfg.overlap else ''}{'_ws' if cfg.producer else ''}"
-           f"{'_hf' if cfg.heavy_first else ''}{'_lm' if cfg.lean_mask else ''}{'_pp' if cfg.pingpong else ''}")
+           f"{'_hf' if cfg.heavy_first else ''}{'_lm' if cfg.lean_mask else ''}{'_pp' if cfg.pingpong else ''}"
+           f"{'_tm' if cfg.tma else ''}")
     tpt = tokens_per_cta(num_heads, num_kv_heads, cfg)
     return KernelSpec.make("attention", "prefill_wgmma.cu", f"paged_attention_prefill_wgmma_{tag}",
                            target.arch or "", values, ATTEND_PARAMS, cfg.threads,
@@ -167,4 +184,5 @@ def wgmma_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: i
                                f"{', a producer warpgroup' if cfg.producer else ''}"
                                f"{', heaviest CTAs first' if cfg.heavy_first else ''}"
                                f"{', masks only boundary tiles' if cfg.lean_mask else ''}"
-                               f"{', ping-pong consumers' if cfg.pingpong else ''}")
+                               f"{', ping-pong consumers' if cfg.pingpong else ''}"
+                               f"{', K/V by TMA (tensor map ingot_kv_tma, runtime/kv_tma.py)' if cfg.tma else ''}")

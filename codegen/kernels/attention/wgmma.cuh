@@ -123,8 +123,8 @@ template <int THREADS> __device__ __forceinline__ void pw_bar_sync(int id) {
 template <int THREADS> __device__ __forceinline__ void pw_bar_arrive(int id) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(THREADS) : "memory");
 }
-// mbarriers (prefill_wgmma.cu's PRODUCER pipeline: full[stage] completes when the producer's cp.asyncs into it have
-// landed, empty[stage] when every consumer thread is done with it)
+// mbarriers (prefill_wgmma.cu's PRODUCER pipeline: full[stage] completes when the producer's cp.asyncs (or TMA
+// copies) into it have landed, empty[stage] when every consumer thread is done with it)
 __device__ __forceinline__ void pw_mbar_init(unsigned bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -133,6 +133,16 @@ __device__ __forceinline__ void pw_mbar_arrive(unsigned bar) {
 }
 __device__ __forceinline__ void pw_mbar_arrive_cp(unsigned bar) {  // once this thread's earlier cp.asyncs land
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+// the producer's arrival with the bytes its TMA copies into the stage will complete (prefill_wgmma.cu's TMA)
+__device__ __forceinline__ void pw_mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// a 3-d TMA tile copy (tensor map at the generic address `map`, box at coordinates {c0, c1, c2}) into shared memory
+// at `dst`, completing `bytes` of the mbarrier `bar`'s transaction count (elements out of bounds arrive as zeros)
+__device__ __forceinline__ void pw_tma_3d(unsigned dst, unsigned long long map, int c0, int c1, int c2, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+               "%4}], [%5];" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
 // wait for the phase of parity `parity` to complete; a wait that never ends (a protocol bug) traps instead of
 // hanging the GPU
