@@ -172,6 +172,10 @@ __device__ __forceinline__ unsigned gemv_pack_f16(float lo, float hi) {
 __device__ __forceinline__ void gemv_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
+// the two halves of a cluster barrier whose wait can come later: the arrival a release (this thread's earlier
+// accesses, the reads of the peers' shared memory among them, performed before it), the wait an acquire
+__device__ __forceinline__ void gemv_cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+__device__ __forceinline__ void gemv_cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
 __device__ __forceinline__ unsigned gemv_cluster_rank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -576,13 +580,20 @@ ${PDL_WAIT}
 #pragma unroll
       for (int sk = 0; sk < SPLITK; ++sk) ss_sum += v[sk];
     }
-    gemv_cluster_sync();  // the cluster is done reading this CTA's partials: its x region takes the sums
+    // The sums overwrite this CTA's partials of its own row groups, which only this CTA reads (the peers read those
+    // of theirs), so they need no second barrier first; what does is the rule that no CTA exits while the cluster may
+    // still read its shared memory: each thread arrives once its reads are done (a release: they are performed
+    // before it) and waits just before it exits, by when the peers have long arrived.
+    gemv_cluster_arrive();
 #pragma unroll
     for (int i = 0; i < PER; ++i)
       if (at[i] >= 0) red[at[i]] = sum[i];
     if (PROLOGUE == 1 && threadIdx.x < MB) ss_total[threadIdx.x] = ss_sum;
     __syncthreads();
-    if (kw || rg % SPLITK != rank) return;
+    if (kw || rg % SPLITK != rank) {
+      gemv_cluster_wait();
+      return;
+    }
     SK::get(red + rg * TILE + lane, acc);
     if (PROLOGUE == 1)
 #pragma unroll
@@ -632,6 +643,7 @@ ${PDL_WAIT}
 #endif
       }
   }
+  if (CSK) gemv_cluster_wait();  // (the second barrier's wait: see the cluster reduction)
   return;
 #endif
   // epilogue: c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = (row g+8, same tokens) of each tile
@@ -652,4 +664,5 @@ ${PDL_WAIT}
           out[(i64)t * N + n] = from_f32<bf16>(y);
         }
       }
+  if (CSK) gemv_cluster_wait();  // (the second barrier's wait: see the cluster reduction)
 }
