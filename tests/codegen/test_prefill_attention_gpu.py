@@ -116,7 +116,8 @@ def test_prefill_attention_matches_reference(gpu, case, kernel):
         assert_close(got, ref, what=f"attention out, launch {attempt}")
 
 
-TMA_TWINS = {"default": WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True),
+TMA_TWINS = {"default-d64": WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True),
+             "default-d128": WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True, pingpong=True),
              "one-consumer": WgmmaConfig(1, 64, 3, producer=True),
              "pingpong-overlap": WgmmaConfig(2, 128, 3, True, True, lean_mask=True, pingpong=True)}
 

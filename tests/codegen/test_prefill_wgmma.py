@@ -91,12 +91,12 @@ def test_spec_shares_the_flash_parameters():
     assert tokens_per_cta(32, 8, cfg) == 32 and tokens_per_cta(32, 32, cfg) == 128 and tokens_per_cta(9, 3, cfg) == 42
     assert spec.grid == (GridDim("num_tokens", 32), GridDim(const=8), GridDim())
     assert spec.grid_dims({"num_tokens": 4096, "num_seqs": 1, "max_blocks": 256}) == (128, 8, 1)
-    # the default at both head dims (2x128x3wshflmtm): a producer warpgroup (loading K/V by TMA) beside the two
-    # consumers, three stages of 128-position tiles, the heaviest CTAs first, the mask only where it cuts; caches of
-    # blocks TMA copies cannot tile load by cp.async
-    assert cfg == default_config(128) == WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True,
-                                                     tma=True)
-    assert default_config(64, 16) == default_config(128, 256) == cfg
+    # the default (2x128x3wshflmtm): a producer warpgroup (loading K/V by TMA) beside the two consumers, three stages
+    # of 128-position tiles, the heaviest CTAs first, the mask only where it cuts; at head_dim 128 with ping-pong
+    # consumers; caches of blocks TMA copies cannot tile load by cp.async, without ping-pong
+    assert cfg == default_config(64, 16) == WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True,
+                                                        tma=True)
+    assert default_config(128) == default_config(128, 256) == replace(cfg, pingpong=True)
     assert default_config(128, 12) == default_config(64, 4) == replace(cfg, tma=False)
     assert dict(wgmma_spec(bf16, bf16, 32, 8, 64, 12, 0.125, h200).values)["TMA"] is False
     assert spec.block == (384, 1, 1) and spec.smem == smem_bytes(64, cfg) == 1024 + 2 * 64 * (128 + 6 * 128) + 3 * 16
@@ -117,8 +117,7 @@ def test_knobs_are_opt_in_and_tagged():
     as measured), each reaches the template as a value and tags the kernel name; none changes shared memory or the
     launch."""
     assert not (WgmmaConfig().heavy_first or WgmmaConfig().lean_mask or WgmmaConfig().pingpong)
-    for d in (64, 128):
-        assert not default_config(d).pingpong
+    assert not default_config(64).pingpong and default_config(128).pingpong and not default_config(128, 12).pingpong
     base = WgmmaConfig(2, 128, 3, producer=True)
     plain = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=base)
 

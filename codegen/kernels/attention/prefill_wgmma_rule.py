@@ -102,18 +102,21 @@ def config_name(cfg: WgmmaConfig) -> str:
 
 def default_config(head_dim: int, block_size: int | None = None) -> WgmmaConfig:
     """The fastest config measured on the H200 (``bench/bench_prefill_attention.py``, docs/PERF.md "The wgmma
-    kernel" and "K/V by TMA"), ``2x128x3wshflmtm`` at both head dims: a producer warpgroup loading K/V by TMA and two
-    consumers, three stages of 128-position K/V tiles, the heaviest CTAs first and the mask only on the tiles that
-    cross it (483 TFLOP/s on 4k causal MHA d 128, 310 on 8 x 2048 causal GQA 32/8 d 64; 409 / 291 with cp.async;
-    ping-pong and overlap measured no faster on top of it). Caches whose ``block_size`` TMA copies cannot tile
-    (``tma_block_ok``) load by cp.async. ``INGOT_PREFILL_WGMMA_CONFIG`` (``CONFIG_ENV``) overrides it."""
+    kernel" and "K/V by TMA"): a producer warpgroup loading K/V by TMA and two consumers, three stages of 128-position
+    K/V tiles, the heaviest CTAs first and the mask only on the tiles that cross it, at head_dim 128 with ping-pong
+    consumers (``2x128x3wshflmpptm``: 485 / 488 TFLOP/s on 4k causal MHA, two runs, against 483 / 476 without
+    ping-pong and 409 / 410 with cp.async loads), at 64 without (``2x128x3wshflmtm``: 310 / 312 on 8 x 2048 causal
+    GQA 32/8, 308 / 307 with ping-pong, 291 / 292 with cp.async). Caches whose ``block_size`` TMA copies cannot tile
+    (``tma_block_ok``) load by cp.async, without ping-pong (``2x128x3wshflm``, the fastest there).
+    ``INGOT_PREFILL_WGMMA_CONFIG`` (``CONFIG_ENV``) overrides it."""
     env = os.environ.get(CONFIG_ENV, "").strip()
     for item in filter(None, (i.strip() for i in env.split(","))):
         dim, sep, name = item.rpartition(":")
         if not sep or int(dim) == head_dim:
             return parse_config(name)
     tma = block_size is None or tma_block_ok(block_size, 128)
-    return WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True, tma=tma)
+    return WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True, pingpong=tma and head_dim == 128,
+                       tma=tma)
 
 
 def smem_bytes(head_dim: int, cfg: WgmmaConfig) -> int:
