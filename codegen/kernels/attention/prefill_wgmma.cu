@@ -106,7 +106,10 @@ __device__ __forceinline__ void pw_load_kv(const bf16* kv_cache, const int* tabl
 // R rows of 128 bytes with the panel's 128-byte swizzle, at 1024-aligned offsets). Copies wholly outside [lo, hi]
 // read no block-table entry and go to row -R, out of the tensor: zeros, as cp.async's zero fill. Copies crossing hi
 // (the context's last block) also bring its rows past hi, cache rows of this sequence's own block: whatever K/V were
-// last written there (zeros from allocation otherwise), finite, which the mask gives P = 0.
+// last written there (zeros from allocation otherwise). The mask replaces those positions' scores, so P is 0 there;
+// a V row that is finite then adds nothing, but a non-finite one (left by an earlier request whose K/V overflowed)
+// would make the row NaN. Known limitation: loading that block's V by cp.async with zeros past hi is the fix, written
+// but not yet run on a GPU (docs/PERF.md, "K/V by TMA").
 __device__ __forceinline__ void pw_tma_kv(unsigned long long map, i64 row0, const int* table, int kvh, int p0, int lo,
                                           int hi, unsigned sk, unsigned sv, unsigned bar, int lane) {
 #pragma unroll
