@@ -438,6 +438,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
     }
     __syncthreads();
     if (tid < 128) {
+      // the CTA's K/V tiles in order, each once its stage is free: load(sub-tile, first position, stage)
+      const auto each_tile = [&](auto&& load) {
+        int n = 0;
+        for (int s = s_first; s < num_seqs; ++s) {
+          const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
+          if (u.ntok < 0) break;
+          if (u.ntok == 0) continue;
+          for (int it = 0; it < u.ntiles; ++it, ++n) {
+            const int st = n % STAGES;
+            pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
+            load(u, (u.kt0 + it) * BN, st);
+          }
+        }
+      };
       // with two consumers at 232 registers a thread the producer keeps 40; TMA's copy loop needs 56 without a spill
       // (the consumers then take 224: 128 x 56 + 256 x 224 is the SM's 64K)
       if (WGS == 2 && TMA) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
@@ -451,35 +465,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
           if (at < base || at >= base + bytes) __trap();
           const i64 row0 = (i64)((at - base) / (KV * D * 2));
           if (tid == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
-          int n = 0;
-          for (int s = s_first; s < num_seqs; ++s) {
-            const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
-            if (u.ntok < 0) break;
-            if (u.ntok == 0) continue;
-            for (int it = 0; it < u.ntiles; ++it, ++n) {
-              const int st = n % STAGES;
-              pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
-              if (tid == 0) pw_mbar_expect_tx(bars + 8 * st, 2 * TILE);
-              __syncwarp();
-              pw_tma_kv(map, row0, u.table, kvh, (u.kt0 + it) * BN, u.lo, u.qpos_hi, sk0 + st * TILE, sv0 + st * TILE,
-                        bars + 8 * st, tid);
-            }
-          }
+          each_tile([&](const PwSub& u, int p0, int st) {
+            if (tid == 0) pw_mbar_expect_tx(bars + 8 * st, 2 * TILE);
+            __syncwarp();
+            pw_tma_kv(map, row0, u.table, kvh, p0, u.lo, u.qpos_hi, sk0 + st * TILE, sv0 + st * TILE, bars + 8 * st,
+                      tid);
+          });
         }
       } else {
-        int n = 0;
-        for (int s = s_first; s < num_seqs; ++s) {
-          const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
-          if (u.ntok < 0) break;
-          if (u.ntok == 0) continue;
-          for (int it = 0; it < u.ntiles; ++it, ++n) {
-            const int st = n % STAGES;
-            pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
-            pw_load_kv(kv_cache, u.table, kvh, (u.kt0 + it) * BN, u.lo, u.qpos_hi, sk0 + st * TILE, sv0 + st * TILE,
-                       tid);
-            pw_mbar_arrive_cp(bars + 8 * st);
-          }
-        }
+        each_tile([&](const PwSub& u, int p0, int st) {
+          pw_load_kv(kv_cache, u.table, kvh, p0, u.lo, u.qpos_hi, sk0 + st * TILE, sv0 + st * TILE, tid);
+          pw_mbar_arrive_cp(bars + 8 * st);
+        });
         asm volatile("cp.async.wait_all;" ::: "memory");
       }
     } else {
