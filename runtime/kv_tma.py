@@ -35,20 +35,28 @@ def _values(spec: Any) -> tuple[int, int, int]:
     return d, kv, min(bs, bn)
 
 
+def kv_region_rows(base: int, nbytes: int, head_dim: int, kv_heads: int) -> int:
+    """The cache rows (``kv_heads x head_dim`` bf16 each) of the region ``[base, base + nbytes)``; ``ValueError``
+    where TMA cannot view it so (a base not 16-byte aligned, not whole rows, more rows than 32-bit coordinates)."""
+    row_bytes = kv_heads * head_dim * 2
+    if base % 16 or nbytes <= 0 or nbytes % row_bytes:
+        raise ValueError(f"KV tensor map: region {base:#x} + {nbytes} bytes is not 16-byte aligned whole rows of "
+                         f"{row_bytes} bytes ({kv_heads} KV heads x head_dim {head_dim}, bf16)")
+    rows = nbytes // row_bytes
+    if rows >= 2**31:
+        raise ValueError(f"KV tensor map: {rows} cache rows exceed TMA's 32-bit coordinates")
+    return rows
+
+
 def encode_kv_map(base: int, nbytes: int, head_dim: int, kv_heads: int, box_rows: int) -> bytes:
     """The 128-byte CUtensorMap over ``nbytes`` of device memory at ``base`` as rows of ``kv_heads x head_dim``
     bf16 (the paged cache's ``[blocks, 2, block_size, kv_heads, head_dim]`` layout, every layer's one after
     another), a box of ``min(head_dim, 64) x 1 x box_rows`` elements, 128-byte swizzle, zeros out of bounds."""
     from .cuda_driver import check, driver
 
-    cu = driver()
+    rows = kv_region_rows(base, nbytes, head_dim, kv_heads)
     row_bytes = kv_heads * head_dim * 2
-    if base % 16 or nbytes <= 0 or nbytes % row_bytes:
-        raise ValueError(f"KV tensor map: region {base:#x} + {nbytes} is not 16-byte aligned whole rows of "
-                         f"{row_bytes} bytes")
-    rows = nbytes // row_bytes
-    if rows >= 2**31:
-        raise ValueError(f"KV tensor map: {rows} cache rows exceed TMA's 32-bit coordinates")
+    cu = driver()
     u64, u32 = cu.cuuint64_t, cu.cuuint32_t
     tmap = check(cu.cuTensorMapEncodeTiled(
         cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base,
