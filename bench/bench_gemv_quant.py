@@ -65,19 +65,21 @@ class SpecKernel:
         if spec.smem > 48 * 1024:
             attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(cu.cuFuncSetAttribute(self.fn, attr, spec.smem))
-        self.kv_region: tuple[int, int] | None = None
+        self.tma_region: tuple[int, int] | None = None
 
     def launch(self, pdl: bool = False, **args) -> None:
         import torch
 
-        from ingot.runtime.kv_tma import fill_kv_tma, needs_kv_tma
+        from ingot.runtime.kv_tma import fill_kv_tma, fill_w_tma, needs_kv_tma, needs_w_tma
 
-        if needs_kv_tma(self.spec):  # the KV cache's tensor map, whenever the cache changes (before any capture)
-            kv = args["kv_cache"]
-            region = (kv.data_ptr(), kv.numel() * kv.element_size())
-            if region != self.kv_region:
-                fill_kv_tma(self.module, self.spec, *region)
-                self.kv_region = region
+        # a tensor map over the KV cache or the weight, whenever that buffer changes (before any capture)
+        for needs, fill, name in ((needs_kv_tma, fill_kv_tma, "kv_cache"), (needs_w_tma, fill_w_tma, "weight")):
+            if needs(self.spec):
+                buf = args[name]
+                region = (buf.data_ptr(), buf.numel() * buf.element_size())
+                if region != self.tma_region:
+                    fill(self.module, self.spec, *region)
+                    self.tma_region = region
 
         vals = []
         for p in self.spec.params:

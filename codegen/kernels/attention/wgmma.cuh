@@ -1,7 +1,8 @@
-// Warpgroup MMA (wgmma, sm_90a) helpers for prefill_wgmma.cu: PTX wrappers for wgmma.mma_async (m64n64k16 and
-// m64n128k16, f32 += bf16 x bf16; SS: both operands through shared-memory descriptors, RS: A from registers),
-// its fence / commit / wait, shared-memory matrix descriptors (SWIZZLE_128B), operand pinning and mbarriers. The
-// layouts they assume are described in prefill_wgmma.cu. Inlined by the renderer.
+// Warpgroup MMA (wgmma, sm_90a) helpers for prefill_wgmma.cu (and gemv/skinny.cu): PTX wrappers for
+// wgmma.mma_async (m64n64k16 and m64n128k16, SS also m64n8/16/32k16; f32 += bf16 x bf16; SS: both operands through
+// shared-memory descriptors, RS: A from registers), its fence / commit / wait, shared-memory matrix descriptors
+// (SWIZZLE_128B), operand pinning and mbarriers. The layouts they assume are described in prefill_wgmma.cu. Inlined by
+// the renderer.
 
 __device__ __forceinline__ unsigned pw_pack(float lo, float hi) {  // bf16x2, lo in the low half, nearest even
   unsigned r;
@@ -106,9 +107,41 @@ __device__ __forceinline__ void pw_rs_n128(float* d, const unsigned* a, unsigned
         "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
+// S (+)= A B, both from shared memory (descriptors), K-major; m64n8k16 (gemv/skinny.cu: N = its tokens)
+__device__ __forceinline__ void pw_ss_n8(float* d, unsigned long long da, unsigned long long db, int acc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %6, 0; wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3}, "
+      "%4, %5, p, 1, 1, 0, 0; }"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(acc));
+}
+// S (+)= A B, both from shared memory (descriptors), K-major; m64n16k16 (gemv/skinny.cu: N = its tokens)
+__device__ __forceinline__ void pw_ss_n16(float* d, unsigned long long da, unsigned long long db, int acc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %10, 0; wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "%8, %9, p, 1, 1, 0, 0; }"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db), "r"(acc));
+}
+// S (+)= A B, both from shared memory (descriptors), K-major; m64n32k16 (gemv/skinny.cu: N = its tokens)
+__device__ __forceinline__ void pw_ss_n32(float* d, unsigned long long da, unsigned long long db, int acc) {
+  asm volatile(
+      "{ .reg .pred p; setp.ne.b32 p, %18, 0; wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0; }"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(acc));
+}
 template <int N>
 __device__ __forceinline__ void pw_ss(float* d, unsigned long long da, unsigned long long db, int acc) {
-  if constexpr (N == 64) pw_ss_n64(d, da, db, acc);
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128, "wgmma SS: N of 8, 16, 32, 64 or 128");
+  if constexpr (N == 8) pw_ss_n8(d, da, db, acc);
+  else if constexpr (N == 16) pw_ss_n16(d, da, db, acc);
+  else if constexpr (N == 32) pw_ss_n32(d, da, db, acc);
+  else if constexpr (N == 64) pw_ss_n64(d, da, db, acc);
   else pw_ss_n128(d, da, db, acc);
 }
 template <int N> __device__ __forceinline__ void pw_rs(float* d, const unsigned* a, unsigned long long db) {
@@ -143,6 +176,11 @@ __device__ __forceinline__ void pw_mbar_expect_tx(unsigned bar, unsigned bytes) 
 __device__ __forceinline__ void pw_tma_3d(unsigned dst, unsigned long long map, int c0, int c1, int c2, unsigned bar) {
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
                "%4}], [%5];" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+// a 2-d TMA tile copy (gemv/skinny.cu's weight tiles), as pw_tma_3d
+__device__ __forceinline__ void pw_tma_2d(unsigned dst, unsigned long long map, int c0, int c1, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+               "[%4];" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 // wait for the phase of parity `parity` to complete; a wait that never ends (a protocol bug) traps instead of
 // hanging the GPU

@@ -1,0 +1,126 @@
+"""The experimental wgmma skinny GEMM (``codegen/kernels/gemv/skinny.cu``) against cuBLAS and kernel.cu, same run.
+
+    python bench/bench_skinny.py                       # H200: gate_up and lm_head of the 1B model, 8 / 16 / 32 tokens
+    python bench/bench_skinny.py --shapes "16384,2048" --m 32 --stages 4 6
+    python bench/bench_skinny.py --dry-run             # no GPU: compile every kernel the run would launch
+
+Each kernel is first checked against torch's f32 product of the same bf16 operands (output poisoned with NaN before),
+then timed as ``--launches`` back-to-back launches in one CUDA graph (PDL for ingot's kernels, as the runtime
+launches them), median of ``--reps`` replays, weights rotating over copies that exceed the 50 MB L2 (so every launch
+streams its weight from HBM, as in a model's step). Printed per shape and token count: us, TB/s of weight bytes, %
+of 4.19 TB/s (``shared/GPU.md``), and ratios to cuBLAS (``torch.matmul``) timed the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_gemv import Kernel, init_gpu, time_graph  # noqa: E402
+from bench_gemv_quant import SpecKernel  # noqa: E402
+
+HBM_TBS = 4.19
+DEFAULT_SHAPES = "16384,2048;128256,2048"
+
+
+def specs(n: int, k: int, m: int, stages: list[int | None]) -> list[tuple[str, object]]:
+    """(label, spec): kernel.cu's rule for the bucket, then the skinny kernel per stage count it takes."""
+    from ingot.codegen.kernels.gemv.rule import BUCKETS, gemv_spec
+    from ingot.codegen.kernels.gemv.skinny_rule import BUCKETS as SKINNY_BUCKETS
+    from ingot.codegen.kernels.gemv.skinny_rule import max_stages, skinny_spec, supported
+    from ingot.codegen.target import get_target
+
+    tgt = get_target("h200")
+    out: list[tuple[str, object]] = [("kernel.cu", gemv_spec(n, k, next(b for b in BUCKETS if b >= m), tgt))]
+    mb = next((b for b in SKINNY_BUCKETS if b >= m), None)
+    for st in stages:
+        st = st or (max_stages(k, mb) if mb else None)
+        if mb and st and supported(n, k, mb, tgt, stages=st):
+            out.append((f"skinny-s{st}", skinny_spec(n, k, mb, tgt, stages=st)))
+    return out
+
+
+def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(n * 31 + m)
+    copies = max(2, -(-400 * 2**20 // (n * k * 2)))  # rotate over >= 400 MB of weights
+    ws = [torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16) * 0.05 for _ in range(copies)]
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    ref = (x.float() @ ws[0].float().t())
+    row: dict = {"N": n, "K": k, "M": m, "weight_mb": n * k * 2 / 2**20}
+    t_cublas = time_graph(lambda i: torch.matmul(x, ws[i % copies].t()), a.launches, a.reps)
+    row["cublas_us"] = t_cublas * 1e6
+    for label, spec in specs(n, k, m, a.stages):
+        outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        if spec.template == "skinny.cu":
+            kern = SpecKernel(spec)
+
+            def launch(i: int, kern=kern, outs=outs) -> None:
+                kern.launch(pdl=True, x=x, weight=ws[i % copies], out=outs[i % copies], M=m)
+        else:
+            kern = Kernel(spec)
+
+            def launch(i: int, kern=kern, outs=outs) -> None:
+                kern.launch(x, ws[i % copies], outs[i % copies], m, pdl=True)
+        launch(0)
+        torch.cuda.synchronize()
+        err = float((outs[0].float() - ref).abs().max() / ref.abs().max())
+        row[f"{label}_rel_err"] = err
+        if not err < 2e-2:  # NaN (unwritten outputs) fails too
+            print(f"  ** {n}x{k} M={m} {label}: relative error {err:.3e} against torch f32", flush=True)
+            continue
+        t = time_graph(launch, a.launches, a.reps)
+        row[f"{label}_us"] = t * 1e6
+        row[f"{label}_tbs"] = n * k * 2 / t / 1e12
+        row[f"{label}_vs_cublas"] = t_cublas / t
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="N,K;N,K (default: the 1B model's gate_up and lm_head)")
+    ap.add_argument("--m", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--stages", type=int, nargs="+", default=[None], help="weight stages (default: as many as fit)")
+    ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--dry-run", action="store_true", help="no GPU: compile the kernels a run would launch")
+    a = ap.parse_args(argv)
+    shapes = [tuple(int(v) for v in s.split(",")) for s in a.shapes.split(";") if s]
+    if a.dry_run:
+        from ingot.codegen.compile import compile_spec
+
+        for n, k in shapes:
+            for m in a.m:
+                for label, spec in specs(n, k, m, a.stages):
+                    print(f"{n}x{k} M={m} {label}: {spec.entry}, smem {spec.smem}, "
+                          f"cubin {len(compile_spec(spec).cubin)} bytes", flush=True)
+        return 0
+    init_gpu()
+    rows = []
+    print("| N x K | M | cuBLAS us (TB/s) | kernel | us | TB/s | % of 4.19 | vs cuBLAS |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, k in shapes:
+        for m in a.m:
+            r = bench(n, k, m, a)
+            rows.append(r)
+            wb = n * k * 2
+            for label, _ in specs(n, k, m, a.stages):
+                if f"{label}_us" in r:
+                    print(f"| {n}x{k} | {m} | {r['cublas_us']:.2f} ({wb / r['cublas_us'] / 1e6:.2f}) | {label} | "
+                          f"{r[label + '_us']:.2f} | {r[label + '_tbs']:.2f} | {r[label + '_tbs'] / HBM_TBS:.1%} | "
+                          f"{r[label + '_vs_cublas']:.2f}x |", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

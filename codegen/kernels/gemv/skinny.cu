@@ -1,0 +1,125 @@
+#include "../common.cuh"
+#include "../attention/mma.cuh"
+#include "../attention/wgmma.cuh"
+
+// Skinny GEMM on Hopper's warpgroup MMA for decode steps of up to ${MB} tokens on wide matrices (experimental, sm_90a,
+// not yet chosen by any rule; gemv/skinny_rule.py): out[M, N] = x[M, K] @ w[N, K]^T, bf16 in and out, f32 accumulate.
+// kernel.cu's mma.sync GEMV falls short of cuBLAS on large matrices from 8 tokens on (gate_up at 32 tokens: 66% of
+// the bandwidth against cuBLAS's 86%): this is the tensor-memory-accelerator + wgmma design cuBLAS uses there.
+//
+// - w streams through shared memory by TMA: a producer warp copies tiles of ROWS = 64 x ${WGS} weight rows x 64
+//   columns (one 128-byte-swizzled panel, 16 KB at 128 rows) into ${STAGES} stages, full / empty mbarriers per stage
+//   (as prefill_wgmma.cu's PRODUCER). The tensor map (ingot_w_tma, below) views a region of device memory holding the
+//   weight as rows of K bf16; the loader fills it (runtime/kv_tma.py fill_w_tma), the kernel addresses its weight's
+//   rows from the region's base (and traps if the weight lies outside). Rows past N arrive as zeros.
+// - x, all K columns of the MB token rows (zero rows past M), is staged once per CTA into shared memory as K / 64
+//   swizzled panels of MB rows (cp.async by the consumer threads), MB x K x 2 bytes (128 KB at 32 tokens and K 2048).
+// - consumer warpgroup w computes weight rows [64 w, 64 w + 64) of each tile: per 64-column stage four wgmma
+//   m64n${MB}k16 with A = the weight rows (K-major, from the stage) and B = x's panel (K-major: tokens are wgmma's N),
+//   one commit group per stage; a stage is released (empty barrier) once the group after it was issued and the one
+//   reading it is done (wait_group 1).
+// - persistent: CTA b takes row tiles b, b + gridDim.x, ...; the producer runs up to STAGES stages ahead across tiles.
+// - epilogue: the accumulators of row (16 (warp % 4) + g8 (+ 8)) and tokens 8 i + 2 t4 (+ 1) -> bf16 out[token, row].
+// - programmatic dependent launch: only the consumers wait for the grid before (the wait is placed in their code);
+//   the producer's weight copies start at once.
+namespace {
+constexpr int N = ${N}, K = ${K}, MB = ${MB}, WGS = ${WGS}, STAGES = ${STAGES};
+constexpr int ROWS = 64 * WGS, KSTEPS = K / 64, TILES = (N + ROWS - 1) / ROWS, NT = 128 * (WGS + 1);
+constexpr unsigned WTILE = ROWS * 128, XBYTES = MB * K * 2;  // a stage (ROWS x 64 bf16); x
+static_assert(K % 64 == 0, "K a multiple of 64 (one swizzled panel a stage)");
+static_assert(MB == 8 || MB == 16 || MB == 32, "8, 16 or 32 tokens (wgmma's N)");
+static_assert(WGS == 1 || WGS == 2, "one or two consumer warpgroups");
+static_assert(XBYTES % 1024 == 0, "x's panels keep the stages 1024-aligned");
+}  // namespace
+
+// the weight region's tensor map (words 0-15: a CUtensorMap, dims {K, rows}, box {64, ROWS}, 128-byte swizzle), the
+// region's base address (16) and size in bytes (17); filled by the loader before the first launch
+extern "C" {
+__device__ __align__(128) unsigned long long ingot_w_tma[18];
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+    ${KERNEL}(const bf16* __restrict__ x, const bf16* __restrict__ weight, bf16* __restrict__ out, i64 rows) {
+  extern __shared__ __align__(1024) unsigned char sk_shared[];
+  const unsigned sx = (att_smem(sk_shared) + 1023u) & ~1023u, sw = sx + XBYTES, bars = sw + STAGES * WTILE;
+  const int tid = threadIdx.x, M = (int)rows;
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < STAGES; ++st) {
+      pw_mbar_init(bars + 8 * st, 1);                         // full: the producer's arrival with the TMA bytes
+      pw_mbar_init(bars + 8 * (STAGES + st), WGS * 128);      // empty: every consumer thread
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (tid < 128) {  // producer warpgroup: its first warp's lane 0 issues the copies, the rest are done
+    if (WGS == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+    if (tid == 0) {
+      const unsigned long long map = reinterpret_cast<unsigned long long>(ingot_w_tma);
+      const unsigned long long base = ingot_w_tma[16], bytes = ingot_w_tma[17];
+      const unsigned long long at = reinterpret_cast<unsigned long long>(weight);
+      if (at < base || at + (unsigned long long)N * K * 2 > base + bytes) __trap();  // the map was not filled for it
+      const int row0 = (int)((at - base) / (K * 2));
+      asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+      int n = 0;
+      for (int tile = blockIdx.x; tile < TILES; tile += gridDim.x)
+        for (int ks = 0; ks < KSTEPS; ++ks, ++n) {
+          const int st = n % STAGES;
+          pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
+          pw_mbar_expect_tx(bars + 8 * st, WTILE);
+          pw_tma_2d(sw + st * WTILE, map, 64 * ks, row0 + tile * ROWS, bars + 8 * st);
+        }
+    }
+    return;
+  }
+  if (WGS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+  const int ct = tid - 128, wg = ct >> 7, warp = (ct >> 5) & 3, lane = tid & 31, g8 = lane >> 2, t4 = lane & 3;
+  // programmatic dependent launch: the producer streams the first stages of weights without waiting for the grid
+  // before this one (they do not depend on it); the consumers wait here, before they read x (its output)
+${PDL_WAIT}
+  // x -> K / 64 swizzled panels of MB rows (zeros past M), then visible to wgmma (async proxy) and every consumer
+  constexpr int CHUNKS = K / 8;  // 16-byte chunks a token row
+  for (int i = ct; i < MB * CHUNKS; i += 128 * WGS) {
+    const int r = i / CHUNKS, c = i % CHUNKS;
+    const bool ok = r < M;
+    att_cp16(sx + (c >> 3) * (MB * 128) + pw_off(r, c & 7, MB), ok ? x + (i64)r * K + c * 8 : x, ok);
+  }
+  att_commit();
+  att_wait<0>();
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");
+
+  int n = 0;
+  for (int tile = blockIdx.x; tile < TILES; tile += gridDim.x) {
+    float acc[MB / 2];
+#pragma unroll
+    for (int i = 0; i < MB / 2; ++i) acc[i] = 0.0f;
+    for (int ks = 0; ks < KSTEPS; ++ks, ++n) {
+      const int st = n % STAGES;
+      pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
+      pw_pin<MB / 2>(acc);
+      pw_fence();
+      const unsigned wa = sw + st * WTILE + wg * (64 * 128), xb = sx + ks * (MB * 128);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)  // 16 columns a wgmma: 32 bytes on within the panel
+        pw_ss<MB>(acc, pw_desc(wa + kk * 32, 16, 1024), pw_desc(xb + kk * 32, 16, 1024), ks > 0 || kk > 0);
+      pw_commit();
+      pw_wait<1>();  // the stage before is read: release it
+      pw_pin<MB / 2>(acc);
+      if (n > 0) pw_mbar_arrive(bars + 8 * (STAGES + (n + STAGES - 1) % STAGES));
+    }
+    pw_wait<0>();
+    pw_pin<MB / 2>(acc);
+    // rows 16 warp + g8 (+ 8) of this warpgroup's 64, tokens 8 i + 2 t4 (+ 1)
+    const int row = tile * ROWS + 64 * wg + 16 * warp + g8;
+#pragma unroll
+    for (int i = 0; i < MB / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = 8 * i + 2 * t4 + (e & 1), r = row + 8 * (e >> 1);
+        if (t < M && r < N) out[(i64)t * N + r] = from_f32<bf16>(acc[4 * i + e]);
+      }
+  }
+  // the last stage read: released for symmetry (the producer is done; every phase completes)
+  if (n > 0) pw_mbar_arrive(bars + 8 * (STAGES + (n + STAGES - 1) % STAGES));
+}
