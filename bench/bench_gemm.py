@@ -29,6 +29,8 @@ candidates are screened that way; the ``--top`` fastest (3) are then timed again
 graph replays interleaved (``2 * --reps`` each), and the reference's median and the fastest finalist's are the
 figures reported (a single screen run is noisy enough to rank two close candidates either way), the winner
 timed against the reference once more in a fresh interleaved round so that picking it brings no luck of its own.
+``--sustain S`` then runs the reference and the winner each alone for S seconds while nvidia-smi samples the SM
+clock and the power draw: whether a gap is the kernels' or the clocks they sustain under the power limit.
 Printed: TFLOP/s of the reference and of ingot's best
 candidate, their ratio, and each as a fraction of the measured ceilings (747 TFLOP/s bf16, 1363 fp8;
 ``shared/GPU.md``). ``--out FILE`` writes every figure as JSON.
@@ -172,6 +174,61 @@ def _ab_time(fns: list[Any], iters: int, reps: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+def parse_smi(text: str) -> tuple[list[float], list[float]]:
+    """SM clocks (MHz) and power draws (W) from ``nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,
+    nounits`` lines (``1980, 652.31``); lines that do not parse (``[N/A]``, a partial last line) are skipped."""
+    clocks, powers = [], []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            clock, power = float(parts[0]), float(parts[1])
+        except (IndexError, ValueError):
+            continue
+        clocks.append(clock)
+        powers.append(power)
+    return clocks, powers
+
+
+def _sustained(fn: Any, iters: int, seconds: float) -> dict[str, Any]:
+    """``fn`` back to back for ``seconds`` (a CUDA graph of ``iters`` launches replayed, after half a second of warm-up)
+    while ``nvidia-smi`` samples the SM clock and the power draw every 100 ms: seconds per launch over the whole run
+    and the samples' medians. Without nvidia-smi only the time."""
+    import time
+
+    import torch
+
+    g = capture_graph(lambda i: fn(), iters)
+    smi = shutil.which("nvidia-smi")
+    proc = None
+    if smi:
+        proc = subprocess.Popen([smi, "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms",
+                                 "100", "-i", str(torch.cuda.current_device())], stdout=subprocess.PIPE, text=True)
+    try:
+        t_end = time.perf_counter() + 0.5
+        while time.perf_counter() < t_end:
+            g.replay()
+        torch.cuda.synchronize()
+        start, launches = time.perf_counter(), 0
+        while time.perf_counter() - start < seconds:
+            g.replay()
+            launches += iters
+            if launches % (iters * 8) == 0:
+                torch.cuda.synchronize()  # keep the queue short, so the time is the GPU's
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+    finally:
+        text = ""
+        if proc is not None:
+            proc.terminate()
+            text = proc.communicate(timeout=10)[0]
+    out: dict[str, Any] = {"seconds": elapsed, "launches": launches, "per_launch_s": elapsed / launches}
+    clocks, powers = parse_smi(text)
+    if clocks:
+        out |= {"sm_clock_mhz": statistics.median(clocks), "power_w": statistics.median(powers),
+                "samples": len(clocks)}
+    return out
+
+
 def _close(torch: Any, got: Any, exact: Any) -> tuple[bool, float]:
     if not bool(torch.isfinite(got).all()):
         return False, float("nan")
@@ -180,7 +237,7 @@ def _close(torch: Any, got: Any, exact: Any) -> tuple[bool, float]:
 
 
 def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], iters: int, reps: int,
-        seed: int, top: int = 1) -> list[dict[str, Any]]:
+        seed: int, top: int = 1, sustain: float = 0.0) -> list[dict[str, Any]]:
     import torch
 
     from ingot.codegen.kernels.gemm_cutlass.launch import CutlassGemm
@@ -248,6 +305,16 @@ def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], 
                 row |= {"best": best, "ref_tflops": flops / t_ref / 1e12, "ingot_tflops": flops / t_best / 1e12,
                         "ratio": t_ref / t_best,
                         "finalists": {t: flops / tf / 1e12 for t, tf in zip(finalists, t_fin)}}
+                if sustain > 0:  # each alone for `sustain` seconds: TFLOP/s at the clock and power it sustains
+                    row["sustained"] = {}
+                    for who, fn in (("reference", ops["ref"]), ("ingot", launches[best])):
+                        st = _sustained(fn, iters, sustain)
+                        st["tflops"] = flops / st["per_launch_s"] / 1e12
+                        row["sustained"][who] = st
+                    print(f"  sustained {sustain:.0f} s: " + "; ".join(
+                        f"{who} {st['tflops']:.0f} TFLOP/s"
+                        + (f" at {st['sm_clock_mhz']:.0f} MHz, {st['power_w']:.0f} W" if "sm_clock_mhz" in st else "")
+                        for who, st in row["sustained"].items()), flush=True)
             rows.append(row)
             _print_row(row)
             del ops, exact, ref_out, out
@@ -290,6 +357,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=3,
                     help="how many of the screen's fastest candidates to time again against the reference, "
                          "interleaved; the fastest of them there is the figure reported")
+    ap.add_argument("--sustain", type=float, default=0.0,
+                    help="also run the reference and the winner each alone for this many seconds, sampling the SM "
+                         "clock and power with nvidia-smi (0: off)")
     ap.add_argument("--only", default="", help="--build: only these configurations (config tags, comma-separated)")
     ap.add_argument("--out", type=Path, default=None, help="write all figures as JSON here")
     a = ap.parse_args()
@@ -318,7 +388,7 @@ def main() -> None:
     print("| M x N x K | mode | reference TFLOP/s (of ceiling) | ingot best | ingot / reference | best config | "
           "all candidates |")
     print("|---|---|---|---|---|---|---|")
-    rows = run(kernel_dir, shapes, a.modes.split(","), a.iters, a.reps, seed, a.top)
+    rows = run(kernel_dir, shapes, a.modes.split(","), a.iters, a.reps, seed, a.top, a.sustain)
     if a.out is not None:
         a.out.write_text(json.dumps({"commit": _git_commit(), "gpu": torch.cuda.get_device_name(0),
                                      "torch": torch.__version__, "seed": seed, "rows": rows}, indent=1))
