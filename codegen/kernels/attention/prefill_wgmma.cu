@@ -40,7 +40,10 @@
 // range (a CTA-uniform branch), folding the scale into the exponent's FFMA; PINGPONG (PRODUCER, two consumers) is
 // FlashAttention-3's inter-warpgroup scheduling: named barriers 3 and 4 pass a turn between the consumers, a turn
 // being the issue of the MMAs that come between two of a consumer's softmaxes (O += P V of tile it and S of it + 1;
-// with OVERLAP, S of it and O += P V of it - 1), so one consumer's softmax runs under the other's MMAs.
+// with OVERLAP, S of it and O += P V of it - 1), so one consumer's softmax runs under the other's MMAs. TMA
+// (PRODUCER; the default with HEAVY_FIRST and LEAN_MASK, and PINGPONG at head_dim 128: prefill_wgmma_rule.py) has the
+// producer's first warp load K/V by TMA through the KV cache's tensor map instead of 128 threads' cp.async (the
+// head_dim-128 kernel was load-bound: docs/PERF.md, "K/V by TMA"); its registers 56, the consumers' 224.
 //
 // Shared memory: every operand tile is stored as 128-byte-swizzle panels: a panel holds 64 head_dim elements
 // (128 bytes) of each row, rows 128 bytes apart, the 16-byte chunk c of row r at chunk c ^ (r & 7) (wgmma's
@@ -53,7 +56,7 @@
 //                   16-position k-step kk starts kk * 2048 bytes in.
 // cp.async writes are generic-proxy writes and wgmma reads through the async proxy: a fence.proxy.async after each
 // thread's cp.async.wait_group, before the barrier that publishes the stage (PRODUCER: by each consumer thread
-// after its wait on the stage's full mbarrier).
+// after its wait on the stage's full mbarrier; TMA writes through the async proxy itself: none).
 namespace {
 constexpr int D = ${HEAD_DIM}, KV = ${KV_HEADS}, G = ${GROUP}, H = KV * G, BS = ${BLOCK_SIZE};
 constexpr int WGS = ${WGS}, ROWS = 64 * WGS, TPT = ROWS / G, BN = ${BLOCK_N}, STAGES = ${STAGES};
