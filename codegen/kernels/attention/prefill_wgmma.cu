@@ -457,8 +457,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
       };
       // with two consumers at 232 registers a thread the producer keeps 40; TMA's copy loop needs 56 without a spill
       // (the consumers then take 224: 128 x 56 + 256 x 224 is the SM's 64K)
-      if (WGS == 2 && TMA) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
-      if (WGS == 2 && !TMA) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+      if (WGS == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(TMA ? 56 : 40) : "memory");
       if constexpr (TMA) {  // the first warp issues the copies, lane 0 the stage's expected bytes; the rest are done
         if (tid < 32) {
           const unsigned long long map = reinterpret_cast<unsigned long long>(ingot_kv_tma);

@@ -166,16 +166,17 @@ __device__ __forceinline__ unsigned gemv_pack_f16(float lo, float hi) {
   return r;
 }
 
-// thread-block clusters (CLUSTER): every thread of the cluster arrives (release) and waits (acquire); this CTA's
-// rank; a shared-memory address of this CTA's as the same variable's in CTA `rank`'s; an f32 there (volatile: kept in
-// order with the barriers; no memory clobber, so that the loads of one element's slices go out together)
-__device__ __forceinline__ void gemv_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-// the two halves of a cluster barrier whose wait can come later: the arrival a release (this thread's earlier
-// accesses, the reads of the peers' shared memory among them, performed before it), the wait an acquire
+// thread-block clusters (CLUSTER): a cluster barrier's two halves, every thread of the cluster arriving (a release:
+// this thread's earlier accesses, the reads of the peers' shared memory among them, performed before it) and waiting
+// (an acquire), apart where the wait can come later; both at once; this CTA's rank; a shared-memory address of this
+// CTA's as the same variable's in CTA `rank`'s; an f32 there (volatile: kept in order with the barriers; no memory
+// clobber, so that the loads of one element's slices go out together)
 __device__ __forceinline__ void gemv_cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
 __device__ __forceinline__ void gemv_cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+__device__ __forceinline__ void gemv_cluster_sync() {
+  gemv_cluster_arrive();
+  gemv_cluster_wait();
+}
 __device__ __forceinline__ unsigned gemv_cluster_rank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
