@@ -70,16 +70,15 @@ class SpecKernel:
     def launch(self, pdl: bool = False, **args) -> None:
         import torch
 
-        from ingot.runtime.kv_tma import fill_kv_tma, fill_w_tma, needs_kv_tma, needs_w_tma
+        from ingot.runtime.kv_tma import tensor_maps
 
         # a tensor map over the KV cache or the weight, whenever that buffer changes (before any capture)
-        for needs, fill, name in ((needs_kv_tma, fill_kv_tma, "kv_cache"), (needs_w_tma, fill_w_tma, "weight")):
-            if needs(self.spec):
-                buf = args[name]
-                region = (buf.data_ptr(), buf.numel() * buf.element_size())
-                if region != self.tma_region:
-                    fill(self.module, self.spec, *region)
-                    self.tma_region = region
+        for name, fill in tensor_maps(self.spec):
+            buf = args[name]
+            region = (buf.data_ptr(), buf.numel() * buf.element_size())
+            if region != self.tma_region:
+                fill(self.module, self.spec, *region)
+                self.tma_region = region
 
         vals = []
         for p in self.spec.params:

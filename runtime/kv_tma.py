@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from collections.abc import Callable
 from typing import Any
 
 #: the module global the kernel reads (prefill_wgmma.cu)
@@ -41,64 +42,62 @@ def _values(spec: Any) -> tuple[int, int, int]:
     return d, kv, min(bs, bn)
 
 
-def kv_region_rows(base: int, nbytes: int, head_dim: int, kv_heads: int) -> int:
-    """The cache rows (``kv_heads x head_dim`` bf16 each) of the region ``[base, base + nbytes)``; ``ValueError``
-    where TMA cannot view it so (a base not 16-byte aligned, not whole rows, more rows than 32-bit coordinates)."""
-    row_bytes = kv_heads * head_dim * 2
+def _region_rows(base: int, nbytes: int, row_bytes: int, what: str) -> int:
+    """Rows of ``row_bytes`` in ``[base, base + nbytes)``; ``ValueError`` naming ``what`` where TMA cannot view the
+    region so (a base not 16-byte aligned, not whole rows, more rows than 32-bit coordinates)."""
     if base % 16 or nbytes <= 0 or nbytes % row_bytes:
-        raise ValueError(f"KV tensor map: region {base:#x} + {nbytes} bytes is not 16-byte aligned whole rows of "
-                         f"{row_bytes} bytes ({kv_heads} KV heads x head_dim {head_dim}, bf16)")
+        raise ValueError(f"{what} tensor map: region {base:#x} + {nbytes} bytes is not 16-byte aligned whole rows of "
+                         f"{row_bytes} bytes")
     rows = nbytes // row_bytes
     if rows >= 2**31:
-        raise ValueError(f"KV tensor map: {rows} cache rows exceed TMA's 32-bit coordinates")
+        raise ValueError(f"{what} tensor map: {rows} rows exceed TMA's 32-bit coordinates")
     return rows
 
 
-def encode_kv_map(base: int, nbytes: int, head_dim: int, kv_heads: int, box_rows: int) -> bytes:
-    """The 128-byte CUtensorMap over ``nbytes`` of device memory at ``base`` as rows of ``kv_heads x head_dim``
-    bf16 (the paged cache's ``[blocks, 2, block_size, kv_heads, head_dim]`` layout, every layer's one after
-    another), a box of ``min(head_dim, 64) x 1 x box_rows`` elements, 128-byte swizzle, zeros out of bounds."""
+def kv_region_rows(base: int, nbytes: int, head_dim: int, kv_heads: int) -> int:
+    """The cache rows (``kv_heads x head_dim`` bf16 each) of the region ``[base, base + nbytes)``; ``ValueError``
+    where TMA cannot view it so (a base not 16-byte aligned, not whole rows, more rows than 32-bit coordinates)."""
+    return _region_rows(base, nbytes, kv_heads * head_dim * 2,
+                        f"KV ({kv_heads} KV heads x head_dim {head_dim}, bf16)")
+
+
+def _encode_bf16(base: int, dims: list[int], strides: list[int], box: list[int], what: str) -> bytes:
+    """The 128-byte CUtensorMap of a bf16 tensor at ``base`` (``dims`` innermost first, byte ``strides`` of the outer
+    ones), tiles of ``box`` elements landing with the 128-byte swizzle, zeros out of bounds."""
     from .cuda_driver import check, driver
 
-    rows = kv_region_rows(base, nbytes, head_dim, kv_heads)
-    row_bytes = kv_heads * head_dim * 2
     cu = driver()
     u64, u32 = cu.cuuint64_t, cu.cuuint32_t
     tmap = check(cu.cuTensorMapEncodeTiled(
-        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base,
-        [u64(head_dim), u64(kv_heads), u64(rows)], [u64(head_dim * 2), u64(row_bytes)],
-        [u32(min(head_dim, 64)), u32(1), u32(box_rows)], [u32(1), u32(1), u32(1)],
+        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, len(dims), base, [u64(d) for d in dims],
+        [u64(s) for s in strides], [u32(b) for b in box], [u32(1)] * len(dims),
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled(KV cache)")
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), f"cuTensorMapEncodeTiled({what})")
     words = [int(w) for w in tmap.opaque]
     if len(words) != 16:
         raise RuntimeError(f"CUtensorMap of {len(words)} words, expected 16")
     return struct.pack("<16Q", *words)
 
 
+def encode_kv_map(base: int, nbytes: int, head_dim: int, kv_heads: int, box_rows: int) -> bytes:
+    """The 128-byte CUtensorMap over ``nbytes`` of device memory at ``base`` as rows of ``kv_heads x head_dim``
+    bf16 (the paged cache's ``[blocks, 2, block_size, kv_heads, head_dim]`` layout, every layer's one after
+    another), a box of ``min(head_dim, 64) x 1 x box_rows`` elements, 128-byte swizzle, zeros out of bounds."""
+    rows = kv_region_rows(base, nbytes, head_dim, kv_heads)
+    return _encode_bf16(base, [head_dim, kv_heads, rows], [head_dim * 2, kv_heads * head_dim * 2],
+                        [min(head_dim, 64), 1, box_rows], "KV cache")
+
+
 def fill_w_tma(module: Any, spec: Any, base: int, nbytes: int) -> None:
     """Write ``ingot_w_tma`` of the loaded ``module`` for ``gemv/skinny.cu`` (``spec``: its ``K`` and ``WGS``) over
     the region ``[base, base + nbytes)`` holding its weight, viewed as rows of K bf16: dims ``{K, rows}``, a box of
     ``64 x (64 x WGS)`` with the 128-byte swizzle, zeros past the rows."""
-    from .cuda_driver import check, driver
-
     v = dict(spec.values)
     k, box_rows = int(v["K"]), 64 * int(v["WGS"])
-    row_bytes = k * 2
-    if base % 16 or nbytes <= 0 or nbytes % row_bytes or nbytes // row_bytes >= 2**31:
-        raise ValueError(f"weight tensor map: region {base:#x} + {nbytes} bytes is not 16-byte aligned whole rows of "
-                         f"{row_bytes} bytes (K {k}, bf16) within 32-bit row coordinates")
-    cu = driver()
-    u64, u32 = cu.cuuint64_t, cu.cuuint32_t
-    tmap = check(cu.cuTensorMapEncodeTiled(
-        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, [u64(k), u64(nbytes // row_bytes)],
-        [u64(row_bytes)], [u32(64), u32(box_rows)], [u32(1), u32(1)],
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled(weight)")
-    _write_global(module, b"ingot_w_tma", spec, struct.pack("<16Q", *[int(w) for w in tmap.opaque])
-                  + struct.pack("<2Q", base, nbytes))
+    rows = _region_rows(base, nbytes, k * 2, f"weight (K {k}, bf16)")
+    tmap = _encode_bf16(base, [k, rows], [k * 2], [64, box_rows], "weight")
+    _write_global(module, b"ingot_w_tma", spec, tmap + struct.pack("<2Q", base, nbytes))
 
 
 def _write_global(module: Any, symbol: bytes, spec: Any, blob: bytes) -> None:
@@ -117,3 +116,11 @@ def fill_kv_tma(module: Any, spec: Any, base: int, nbytes: int) -> None:
     ``[base, base + nbytes)`` (synchronous copy)."""
     d, kv, box_rows = _values(spec)
     _write_global(module, SYMBOL, spec, encode_kv_map(base, nbytes, d, kv, box_rows) + struct.pack("<2Q", base, nbytes))
+
+
+def tensor_maps(spec: Any) -> list[tuple[str, Callable[[Any, Any, int, int], None]]]:
+    """The tensor maps the kernel of ``spec`` reads, as (the launch argument whose buffer the map views, its fill
+    function): for launchers that map a launch's own buffers (the tests, the benchmarks; the executor maps its whole
+    KV region instead)."""
+    maps = ((needs_kv_tma, "kv_cache", fill_kv_tma), (needs_w_tma, "weight", fill_w_tma))
+    return [(arg, fill) for needs, arg, fill in maps if needs(spec)]

@@ -14,7 +14,7 @@ import numpy as np
 
 from ingot.codegen.compile import compile_spec
 from ingot.codegen.kernel import KernelSpec
-from ingot.runtime.kv_tma import fill_kv_tma, fill_w_tma, needs_kv_tma, needs_w_tma
+from ingot.runtime.kv_tma import tensor_maps
 
 
 def _driver():
@@ -129,9 +129,7 @@ class Gpu:
         if min(grid) == 0:
             return
         fn = self.function(spec)
-        if needs_kv_tma(spec):  # the KV cache's tensor map over this launch's cache buffer
-            fill_kv_tma(self._modules[spec.key], spec, args["kv_cache"].ptr, args["kv_cache"].nbytes)
-        if needs_w_tma(spec):  # the weight's (gemv/skinny.cu)
-            fill_w_tma(self._modules[spec.key], spec, args["weight"].ptr, args["weight"].nbytes)
+        for name, fill in tensor_maps(spec):  # the KV cache's or the weight's tensor map over this launch's buffer
+            fill(self._modules[spec.key], spec, args[name].ptr, args[name].nbytes)
         check(cu.cuLaunchKernel(fn, *grid, *spec.block, spec.smem, 0, ctypes.addressof(pointers), 0))
         check(cu.cuCtxSynchronize())

@@ -35,3 +35,66 @@ def test_region_rows_and_refusals():
         kv_region_rows(0x7F0000000000, 0, 128, 8)
     with pytest.raises(ValueError, match="32-bit coordinates"):
         kv_region_rows(0x7F0000000000, 2**31 * 128, 64, 1)
+
+
+class _StandInDriver:
+    """Records kv_tma's driver calls: the tensor maps' encode arguments and what is copied into the module global."""
+
+    class _Names:
+        def __getattr__(self, name: str) -> str:
+            return name
+
+    CUtensorMapDataType = CUtensorMapInterleave = CUtensorMapSwizzle = _Names()
+    CUtensorMapL2promotion = CUtensorMapFloatOOBfill = _Names()
+    CUresult = type("CUresult", (), {"CUDA_SUCCESS": 0})
+
+    def __init__(self) -> None:
+        self.encodes: list[tuple] = []
+        self.copies: list[tuple[int, bytes]] = []
+
+    @staticmethod
+    def cuuint64_t(v: int) -> int:
+        return v
+
+    cuuint32_t = cuuint64_t
+
+    def cuTensorMapEncodeTiled(self, *args):  # noqa: N802 (the driver's name)
+        from types import SimpleNamespace
+
+        self.encodes.append(args)
+        return 0, SimpleNamespace(opaque=list(range(100, 116)))
+
+    def cuModuleGetGlobal(self, module, symbol):  # noqa: N802
+        return 0, 0x5000, 144
+
+    def cuMemcpyHtoD(self, dst, src, n):  # noqa: N802
+        import ctypes
+
+        self.copies.append((dst, ctypes.string_at(src, n)))
+        return (0,)
+
+
+def test_maps_encode_the_layouts_the_kernels_read(monkeypatch):
+    """The KV map views the region as rows of KV x D bf16 (dims {D, KV, rows}, a 64 x 1 x R box); the weight map as
+    rows of K (dims {K, rows}, a 64 x (64 x warpgroups) box); each module global gets the map's 16 words, the region's
+    base and its size."""
+    import struct
+
+    from ingot.codegen.kernels.gemv.skinny_rule import skinny_spec
+    from ingot.runtime import cuda_driver
+    from ingot.runtime.kv_tma import fill_kv_tma, fill_w_tma, tensor_maps
+
+    fake = _StandInDriver()
+    monkeypatch.setattr(cuda_driver, "driver", lambda: fake)
+    base = 0x7F0000000000
+    attn = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, H200)
+    skinny = skinny_spec(16384, 2048, 32, H200)
+    assert [a for a, _ in tensor_maps(attn)] == ["kv_cache"] and [a for a, _ in tensor_maps(skinny)] == ["weight"]
+    fill_kv_tma("module", attn, base, 1000 * 2048)
+    fill_w_tma("module", skinny, base, 16384 * 4096)
+    (_, rank, at, dims, strides, box, steps, *modes), w = fake.encodes
+    assert (rank, at, dims, strides, box, steps) == (3, base, [128, 8, 1000], [256, 2048], [64, 1, 16], [1, 1, 1])
+    assert modes[1] == "CU_TENSOR_MAP_SWIZZLE_128B" and modes[3] == "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE"
+    assert w[1:7] == (2, base, [2048, 16384], [4096], [64, 128], [1, 1])
+    for (dst, blob), nbytes in zip(fake.copies, (1000 * 2048, 16384 * 4096)):
+        assert dst == 0x5000 and blob == struct.pack("<18Q", *range(100, 116), base, nbytes)
