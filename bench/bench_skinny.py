@@ -40,7 +40,7 @@ def specs(n: int, k: int, m: int, stages: list[int | None]) -> list[tuple[str, o
     out: list[tuple[str, object]] = [("kernel.cu", gemv_spec(n, k, next(b for b in BUCKETS if b >= m), tgt))]
     mb = next((b for b in SKINNY_BUCKETS if b >= m), None)
     for st in stages:
-        st = st or (max_stages(k, mb) if mb else None)
+        st = st or (max_stages(k, mb, tgt) if mb else None)
         if mb and st and supported(n, k, mb, tgt, stages=st):
             out.append((f"skinny-s{st}", skinny_spec(n, k, mb, tgt, stages=st)))
     return out

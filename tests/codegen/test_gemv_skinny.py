@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from ingot.codegen.kernels.gemv.skinny_rule import MAX_SMEM, PARAMS, max_stages, skinny_spec, smem_bytes, supported
+from ingot.codegen.kernels.gemv.skinny_rule import PARAMS, max_stages, skinny_spec, smem_bytes, supported
 from ingot.codegen.target import get_target
 from ingot.runtime.kv_tma import needs_kv_tma, needs_w_tma
 from tests.codegen.common import needs_compiler
@@ -37,9 +37,10 @@ def test_spec_launch_and_stages():
     assert spec.grid_dims({"M": 32}) == (128, 1, 1)  # 16384 / 128 row tiles, fewer than the SMs
     assert skinny_spec(128256, 2048, 8, H200).grid_dims({"M": 8}) == (132, 1, 1)  # persistent over 1,002 tiles
     # as many stages as fit beside x: 6 of 16 KB at 32 tokens (x 128 KB), 8 at 8 tokens
-    assert max_stages(2048, 32) == 6 and max_stages(2048, 8) == 8
-    assert spec.smem == smem_bytes(2048, 32, 2, 6) == 1024 + 32 * 2048 * 2 + 6 * 128 * 128 + 6 * 16 <= MAX_SMEM
-    assert smem_bytes(2048, 32, 2, 7) > MAX_SMEM
+    assert max_stages(2048, 32, H200) == 6 and max_stages(2048, 8, H200) == 8
+    limit = H200.smem_per_block  # 227 KB
+    assert spec.smem == smem_bytes(2048, 32, 2, 6) == 1024 + 32 * 2048 * 2 + 6 * 128 * 128 + 6 * 16 <= limit
+    assert smem_bytes(2048, 32, 2, 7) > limit
     assert needs_w_tma(spec) and not needs_kv_tma(spec)
 
 

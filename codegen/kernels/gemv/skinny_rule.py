@@ -18,8 +18,6 @@ from ...target import Target
 PARAMS = [("x", "ptr"), ("weight", "ptr"), ("out", "ptr"), ("M", "i64")]
 #: token buckets the kernel takes (wgmma's N)
 BUCKETS = (8, 16, 32)
-#: dynamic shared memory an sm_90a CTA may have
-MAX_SMEM = 227 * 1024
 
 
 def smem_bytes(k: int, mb: int, warpgroups: int = 2, stages: int = 4) -> int:
@@ -28,26 +26,28 @@ def smem_bytes(k: int, mb: int, warpgroups: int = 2, stages: int = 4) -> int:
     return 1024 + mb * k * 2 + stages * 64 * warpgroups * 128 + 16 * stages
 
 
-def max_stages(k: int, mb: int, warpgroups: int = 2) -> int:
-    """The most weight stages (up to 8) that fit beside x: more bytes in flight per SM."""
-    return max((s for s in range(2, 9) if smem_bytes(k, mb, warpgroups, s) <= MAX_SMEM), default=0)
+def max_stages(k: int, mb: int, target: Target, warpgroups: int = 2) -> int:
+    """The most weight stages (up to 8) that fit beside x in a CTA's shared memory on ``target``: more bytes in flight
+    per SM."""
+    return max((s for s in range(2, 9) if smem_bytes(k, mb, warpgroups, s) <= target.smem_per_block), default=0)
 
 
 def supported(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int = 4) -> bool:
     """sm_90a, K a multiple of 64, a bucket of 8, 16 or 32 tokens, x and the stages within shared memory."""
     return (target.arch == "sm_90a" and target.wgmma and n > 0 and k > 0 and k % 64 == 0 and mb in BUCKETS
-            and warpgroups in (1, 2) and 2 <= stages <= 8 and smem_bytes(k, mb, warpgroups, stages) <= MAX_SMEM)
+            and warpgroups in (1, 2) and 2 <= stages <= 8
+            and smem_bytes(k, mb, warpgroups, stages) <= target.smem_per_block)
 
 
 def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int | None = None) -> KernelSpec:
     """The launch for ``out[M, n] = x[M, k] @ w[n, k]^T`` with ``M <= mb``: one persistent CTA per SM (at most one
     per row tile of ``64 x warpgroups`` rows), ``128 x (warpgroups + 1)`` threads; ``stages`` by default as many as
     fit (``max_stages``)."""
-    stages = stages or max_stages(k, mb, warpgroups)
+    stages = stages or max_stages(k, mb, target, warpgroups)
     if not supported(n, k, mb, target, warpgroups, stages):
         raise ValueError(f"skinny wgmma GEMM does not take N={n} K={k} for {mb} tokens with {warpgroups} warpgroups "
                          f"and {stages} stages on {target.name} (sm_90a, K % 64 == 0, buckets {BUCKETS}, shared "
-                         f"memory {smem_bytes(k, mb, warpgroups, stages)} of {MAX_SMEM} bytes)")
+                         f"memory {smem_bytes(k, mb, warpgroups, stages)} of {target.smem_per_block} bytes)")
     rows = 64 * warpgroups
     tiles = -(-n // rows)
     values = {"N": n, "K": k, "MB": mb, "WGS": warpgroups, "STAGES": stages, "W_TMA": True}
