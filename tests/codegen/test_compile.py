@@ -5,8 +5,10 @@ or nvcc; cuobjdump (pip: nvidia-cuda-cuobjdump) for the SASS checks."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +39,28 @@ def test_rendered_sources_name_their_spec(target):
             assert "${" not in src and spec.entry in src
             spec_json = src.splitlines()[1].split("python -m ingot.codegen.kernel ", 1)[1].strip("'")
             assert render(KernelSpec.from_dict(json.loads(spec_json))) == src
+
+
+# a lambda with an ``auto`` parameter: NVRTC 13.0 (CUDA 13.0 toolkits, the lent H200's) takes a generic lambda in a
+# kernel for a host function and fails the compile; 13.5 accepts it, so only a CPU machine with 13.5 would pass
+GENERIC_LAMBDA = re.compile(r"\[[^\]\[;]*\]\s*\(\s*(?:const\s+)?auto\b")
+
+
+def test_generic_lambda_pattern():
+    assert GENERIC_LAMBDA.search("const auto each_tile = [&](auto&& load) {")
+    assert GENERIC_LAMBDA.search("f([=] ( const auto& x) { });")
+    assert not GENERIC_LAMBDA.search("each(4, [&](const PwSub& u, int p0) {")
+    assert not GENERIC_LAMBDA.search("x[i](auto_tune)")
+
+
+def test_kernel_templates_have_no_generic_lambdas():
+    kernels = Path(cc.__file__).parent / "kernels"
+    files = sorted([*kernels.rglob("*.cu"), *kernels.rglob("*.cuh")])
+    assert len(files) > 10
+    for f in files:
+        code = re.sub(r"//[^\n]*", "", f.read_text())
+        found = GENERIC_LAMBDA.search(code)
+        assert found is None, f"{f.name}: generic lambda {found.group(0)!r} (NVRTC 13.0 rejects it)"
 
 
 def test_regenerate_command_prints_the_source():

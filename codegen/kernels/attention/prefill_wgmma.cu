@@ -285,6 +285,25 @@ __device__ __forceinline__ PwSub pw_sub(int s, int tstart, int tend, const int* 
   u.table = block_tables + (i64)s * max_blocks;
   return u;
 }
+// the producer's walk: the CTA's K/V tiles in order, each once its stage is free (the empty barriers at bars + 8 x
+// (STAGES + stage)): load(sub-tile, first position, stage). A function template, not a generic lambda: NVRTC 13.0
+// takes a generic lambda in a kernel for a host function and rejects it (13.5 does not)
+template <class Load>
+__device__ __forceinline__ void pw_each_tile(int s_first, int num_seqs, int tstart, int tend, const int* seq_lens,
+                                             const int* query_start_loc, const int* block_tables, int max_blocks,
+                                             unsigned bars, Load&& load) {
+  int n = 0;
+  for (int s = s_first; s < num_seqs; ++s) {
+    const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
+    if (u.ntok < 0) break;
+    if (u.ntok == 0) continue;
+    for (int it = 0; it < u.ntiles; ++it, ++n) {
+      const int st = n % STAGES;
+      pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
+      load(u, (u.kt0 + it) * BN, st);
+    }
+  }
+}
 // rows g8 and g8 + 8 of warp `warp` (of the consumer warps): their positions (-1: not a token, never masked in or
 // written), window starts, empty running max and sum
 __device__ __forceinline__ PwRows pw_rows(const PwSub& u, int warp, int g8) {
@@ -441,20 +460,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
     }
     __syncthreads();
     if (tid < 128) {
-      // the CTA's K/V tiles in order, each once its stage is free: load(sub-tile, first position, stage)
-      const auto each_tile = [&](auto&& load) {
-        int n = 0;
-        for (int s = s_first; s < num_seqs; ++s) {
-          const PwSub u = pw_sub(s, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks);
-          if (u.ntok < 0) break;
-          if (u.ntok == 0) continue;
-          for (int it = 0; it < u.ntiles; ++it, ++n) {
-            const int st = n % STAGES;
-            pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
-            load(u, (u.kt0 + it) * BN, st);
-          }
-        }
-      };
       // with two consumers at 232 registers a thread the producer keeps 40; TMA's copy loop needs 56 without a spill
       // (the consumers then take 224: 128 x 56 + 256 x 224 is the SM's 64K)
       if (WGS == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(TMA ? 56 : 40) : "memory");
@@ -467,7 +472,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
           if (at < base || at >= base + bytes) __trap();
           const i64 row0 = (i64)((at - base) / (KV * D * 2));
           if (tid == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
-          each_tile([&](const PwSub& u, int p0, int st) {
+          pw_each_tile(s_first, num_seqs, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks, bars,
+                       [&](const PwSub& u, int p0, int st) {
             if (tid == 0) pw_mbar_expect_tx(bars + 8 * st, 2 * TILE);
             __syncwarp();
             pw_tma_kv(map, row0, u.table, kvh, p0, u.lo, u.qpos_hi, sk0 + st * TILE, sv0 + st * TILE, bars + 8 * st,
@@ -475,7 +481,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
           });
         }
       } else {
-        each_tile([&](const PwSub& u, int p0, int st) {
+        pw_each_tile(s_first, num_seqs, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks, bars,
+                     [&](const PwSub& u, int p0, int st) {
           pw_load_kv(kv_cache, u.table, kvh, p0, u.lo, u.qpos_hi, sk0 + st * TILE, sv0 + st * TILE, tid);
           pw_mbar_arrive_cp(bars + 8 * st);
         });
