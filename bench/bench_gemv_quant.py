@@ -72,13 +72,15 @@ class SpecKernel:
 
         from ingot.runtime.kv_tma import tensor_maps
 
-        # a tensor map over the KV cache or the weight, whenever that buffer changes (before any capture)
+        # a tensor map over the KV cache or the weight, whenever that buffer lies outside the mapped region (the fill
+        # is a synchronous copy, not captured in a graph: a graph's launches over several buffers need map_over first)
         for name, fill in tensor_maps(self.spec):
             buf = args[name]
-            region = (buf.data_ptr(), buf.numel() * buf.element_size())
-            if region != self.tma_region:
-                fill(self.module, self.spec, *region)
-                self.tma_region = region
+            at, size = buf.data_ptr(), buf.numel() * buf.element_size()
+            r = self.tma_region
+            if r is None or not (r[0] <= at and at + size <= r[0] + r[1]):
+                fill(self.module, self.spec, at, size)
+                self.tma_region = (at, size)
 
         vals = []
         for p in self.spec.params:
@@ -96,6 +98,15 @@ class SpecKernel:
         grid = self.spec.grid_dims(ints)
         s = torch.cuda.current_stream().cuda_stream
         launch_kernel(self.fn, grid, self.spec.block, self.spec.smem, s, ctypes.addressof(ptrs), pdl)
+
+    def map_over(self, buf) -> None:
+        """Fill the kernel's tensor map over the whole of ``buf`` (e.g. every weight copy a graph rotates over, as one
+        tensor), so launches on any part of it need no fill."""
+        from ingot.runtime.kv_tma import tensor_maps
+
+        for _, fill in tensor_maps(self.spec):
+            self.tma_region = (buf.data_ptr(), buf.numel() * buf.element_size())
+            fill(self.module, self.spec, *self.tma_region)
 
 
 def make_weights(fmt: str, n: int, k: int, copies: int, gen):
