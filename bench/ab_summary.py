@@ -55,13 +55,19 @@ def load(run_dir: Path, fmt: str) -> tuple[dict[str, list[dict[str, Any]]], floa
 Figures = dict[str, dict[str, dict[str, float]]]
 
 
+def _config_order(config: str) -> tuple[int, str]:
+    """``CONFIGS``' order first, then any other batch (``BATCHES`` in run_ab_gpu.sh) by size."""
+    return (CONFIGS.index(config), "") if config in CONFIGS else (len(CONFIGS) + int(config.split(":")[0]), config)
+
+
 def summarize(runs: dict[str, list[dict[str, Any]]], bound: float | None = None) -> Figures:
     """Variant -> config -> {tok_s (median), lo, hi, runs, gpu_ms_token (batch 1), fraction_of_bound (batch 1,
     given ``bound`` tokens/s)}."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for variant, sections in runs.items():
         per: dict[str, dict[str, float]] = {}
-        for config in CONFIGS:
+        found = {c for sec in sections for c in sec.get("decode", {})}
+        for config in sorted(found, key=_config_order):
             rows = [s["decode"][config] for s in sections if config in s.get("decode", {})]
             if not rows:
                 continue

@@ -66,7 +66,8 @@ def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
             kern.map_over(wall)
 
             def launch(i: int, kern=kern, outs=outs) -> None:
-                kern.launch(pdl=True, x=x, weight=ws[i % copies], out=outs[i % copies], M=m)
+                kern.launch(pdl=True, x=x, weight=ws[i % copies], weight_scale=None, bias=None, residual=None,
+                            out=outs[i % copies], M=m)
         else:
             kern = Kernel(spec)
 

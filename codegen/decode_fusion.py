@@ -37,7 +37,8 @@ A pair is fused when:
   the ``linear`` (or weight-only FP8 ``quantized_linear``), as its x;
 - the linear's launch with decode variants (a weight-only quantized linear's other launch, the dequantize, is
   skipped at decode: ``codegen/quant_prefill.py``) has plain ``kernel.cu`` variants (``rule.is_plain``: bf16
-  weights, or FP8 ones with ``INGOT_GEMV_FP8=kernel``) for the buckets fused, and all its variants have the
+  weights, or FP8 ones with ``INGOT_GEMV_FP8=kernel``) for the buckets fused (its larger buckets may be the skinny
+  wgmma GEMM's, ``skinny_rule``: unfused, the producer runs for those steps), and all its variants have the
   producer's width as K;
 - both launches count the same rows (the producer's ``rows`` / ``num_tokens`` argument and the linear's ``M``
   are the same dim expression: every step selects the same way for both, CUDA-graph buckets included);
@@ -59,6 +60,7 @@ from typing import Any
 from ..ir.graph import Graph, Node
 from .kernel import KernelSpec
 from .kernels.gemv import rule as gemv
+from .kernels.gemv import skinny_rule
 from .launch_list import Launch, by_node
 from .target import Target
 
@@ -143,7 +145,7 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_plans: Mapping[int, S
         fused = [(mr, s) for mr, s in planned if mr <= MAX_ROWS[node.op.name]]
         if (not planned or rows_arg not in args or "dim" not in args[rows_arg] or "M" not in cargs
                 or args[rows_arg] != cargs["M"] or not all(gemv.is_plain(s) for _, s in fused)
-                or (base is None and not all(gemv.is_plain(s) for _, s in planned))
+                or (base is None and not all(gemv.is_plain(s) or skinny_rule.is_skinny(s) for _, s in planned))
                 or any(s.value("K") != width for _, s in planned)):
             continue
         rows = cargs["M"]["dim"]

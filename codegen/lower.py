@@ -115,6 +115,7 @@ from .kernel import KernelSpec, has_pdl
 from .kernels.attention import prefill_rule
 from .kernels.copy.rule import plan as plan_copy
 from .kernels.gemm_cutlass import blockscaled_rule, cutlass_params
+from .kernels.gemv import skinny_rule
 from .launch_list import Launch, by_node
 from .memory_plan import KV_DIM, plan_memory
 from .registry import plan_node, plan_variants
@@ -514,7 +515,10 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
              for j, (i, node, spec, args) in enumerate(launches)]
     # fused variants read their skipped producer's input: it stays live until their node
     temporaries = {**prefill.temporaries, **blockscaled_rule.temporaries(graph, tgt)}  # W4A4: quantized x
-    plan = plan_memory(graph, bindings, reads=decode_fusion.variant_reads(table), temporaries=temporaries)
+    # weights a skinny GEMM variant reads through its module's tensor map: whole rows from the region's base
+    pitches = skinny_rule.weight_pitches(table, {e: k["spec"] for e, k in variant_kernels.items()})
+    plan = plan_memory(graph, bindings, reads=decode_fusion.variant_reads(table), temporaries=temporaries,
+                       weight_align=pitches)
     cuda = {
         "format": CUDA_FORMAT,
         "arch": tgt.arch,

@@ -16,7 +16,9 @@ first, lowest offset that fits); a kernel may also read a value the graph does n
 reading the input of a launch it replaces, ``codegen/decode_fusion.py``: ``reads``), and then the value lives
 until that node. A node's launches may also share a buffer that is no graph value, a *temporary* (the bf16 weight
 a quantized linear's prefill GEMM reads, ``codegen/quant_prefill.py``: ``temporaries``): it lives during that node
-only, so the temporaries of different nodes share bytes. KV caches (inputs whose first dim is ``num_blocks``) get
+only, so the temporaries of different nodes share bytes. A weight that a kernel addresses as whole rows from the
+weights region's base (the skinny GEMM's tensor map, ``codegen/kernels/gemv/skinny_rule.py``: ``weight_align``) starts
+at a multiple of its row pitch (and of ``ALIGN``). KV caches (inputs whose first dim is ``num_blocks``) get
 no bytes here: the runtime sizes that region from the device's free memory and places layer ``i`` at
 ``kv_base + i * layer_bytes``.
 
@@ -26,6 +28,7 @@ Dims are evaluated by ``eval_dim``, a small parser for the IR's dim expressions 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -157,15 +160,20 @@ class MemoryPlan:
 
 
 def plan_memory(graph: Graph, bindings: Mapping[str, int], reads: Mapping[str, int] | None = None,
-                temporaries: Mapping[str, tuple[int, TensorType]] | None = None) -> MemoryPlan:
+                temporaries: Mapping[str, tuple[int, TensorType]] | None = None,
+                weight_align: Mapping[str, int] | None = None) -> MemoryPlan:
     """Offsets for every value of ``graph`` (see the module docstring); ``reads``: value name -> index of a node
     whose kernel also reads it, or writes it before its own node does (a fused decode variant: the value's interval
     is widened to that node either way); ``temporaries``: scratch buffer name -> (the node whose launches use it,
-    its type)."""
+    its type); ``weight_align``: weight name -> a byte pitch its offset in the weights region must be a multiple
+    of."""
     plan = MemoryPlan(dict(bindings))
     off = 0
     for name, w in graph.weights.items():
         n = value_nbytes(graph.weight_values[name], {})
+        pitch = int((weight_align or {}).get(name, 0))
+        if pitch > 0:
+            off = _align(off, math.lcm(ALIGN, pitch))
         plan.buffers[name] = Buffer(name, "weights", off, n, w.type.dtype.value, list(w.type.shape or ()))
         off += _align(n)
     plan.region_sizes["weights"] = off

@@ -70,7 +70,7 @@ from .cuda_launch import (
     cutlass_nk,
 )
 from .cuda_steps import DecodeSteps, Layout, StagedBucket, StepsGraph
-from .kv_tma import fill_kv_tma, needs_kv_tma
+from .kv_tma import fill_kv_tma, fill_w_tma, needs_kv_tma, needs_w_tma, w_tma_region
 from .paged import PagedModel, SequenceState
 
 if TYPE_CHECKING:
@@ -204,6 +204,8 @@ class CudaExecutor(DecodeSteps):
                     raise CudaArtifactError(f"{entry} loads a KV cache by TMA, but the artifact has no KV cache")
                 fill_kv_tma(module.handle, kspec, self.arena.ptr + self.base["kv"],
                             self.kv_layer_bytes * len(self.kv_inputs))
+            if needs_w_tma(kspec):  # the skinny GEMM: its weight's tensor map over the weights region
+                self._fill_w_tma(module, kspec, entry, cuda["launches"])
         use_cutlass = os.environ.get("INGOT_NO_CUTLASS", "") in ("", "0")
         # kernels with the PDL prologue, as the kernel table marks them (codegen/kernel.py); INGOT_PDL=0: none
         pdl = frozenset(e for table in tables for e, k in table.items() if k.get("pdl")) if cd.pdl_enabled() \
@@ -257,6 +259,26 @@ class CudaExecutor(DecodeSteps):
         self.steps_graphs: dict[tuple[int, int, int], StepsGraph] = {}
         self.step_kernel: tuple[Any, KernelSpec] | None = self._load_step_kernel() if self.argmax is not None else None
         self.ctx.synchronize()
+
+    def _fill_w_tma(self, module: cd.Module, kspec: KernelSpec, entry: str, launches: Sequence[Mapping]) -> None:
+        """Fill the skinny GEMM module's weight tensor map over the weights region, after checking that every weight
+        its launches read starts a whole row from the region's start (``kv_tma.w_tma_region``)."""
+        pitch = int(dict(kspec.values)["K"]) * 2
+        weights = {}
+        for ln in launches:
+            for v in ln.get("variants", ()):
+                if v["kernel"] == entry:
+                    name = (v.get("args") or ln["args"])["weight"]["buffer"]
+                    buf = self.buffers[name]
+                    if buf["region"] != "weights":
+                        raise CudaArtifactError(f"{entry}: its weight {name} is not in the weights region")
+                    weights[name] = (int(buf["offset"]), int(buf["nbytes"]))
+        try:
+            nbytes = w_tma_region(int(self.plan["regions"]["weights"]), self.arena_bytes - self.base["weights"],
+                                  pitch, weights)
+        except ValueError as e:
+            raise CudaArtifactError(f"{self.path}: {entry}: {e}") from None
+        fill_w_tma(module.handle, kspec, self.arena.ptr + self.base["weights"], nbytes)
 
     def set_communicator(self, communicator: Any) -> None:
         """The tensor-parallel group's all-reduce (``runtime/tp/nccl.py``) for this rank's ``all_reduce`` launches."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 #: the module global the kernel reads (prefill_wgmma.cu)
@@ -98,6 +98,23 @@ def fill_w_tma(module: Any, spec: Any, base: int, nbytes: int) -> None:
     rows = _region_rows(base, nbytes, k * 2, f"weight (K {k}, bf16)")
     tmap = _encode_bf16(base, [k, rows], [k * 2], [64, box_rows], "weight")
     _write_global(module, b"ingot_w_tma", spec, tmap + struct.pack("<2Q", base, nbytes))
+
+
+def w_tma_region(region_bytes: int, room: int, pitch: int, weights: Mapping[str, tuple[int, int]]) -> int:
+    """The bytes from the weights region's start that a skinny GEMM module's map views (``fill_w_tma``), as whole
+    rows of ``pitch`` bytes: the region rounded up to a row where the arena has ``room`` for it, else down.
+    ``weights``: name -> (offset in the region, bytes) of each weight the module is launched on; ``ValueError`` naming
+    one that does not start a whole number of rows from the region's start or ends past the view (an artifact
+    whose memory plan did not align it: ``skinny_rule.weight_pitches``)."""
+    rows = -(-region_bytes // pitch)
+    if rows * pitch > room:
+        rows = region_bytes // pitch
+    for name, (offset, nbytes) in weights.items():
+        if offset % pitch or offset + nbytes > rows * pitch:
+            raise ValueError(f"weight {name} at offset {offset} ({nbytes} bytes): the skinny GEMM's tensor map reads "
+                             f"rows of {pitch} bytes from the weights region's start, so it must start at a multiple "
+                             f"of {pitch} and end within {rows * pitch} bytes; recompile the artifact")
+    return rows * pitch
 
 
 def _write_global(module: Any, symbol: bytes, spec: Any, blob: bytes) -> None:

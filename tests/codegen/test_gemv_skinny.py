@@ -1,7 +1,9 @@
-"""The experimental wgmma skinny GEMM (``codegen/kernels/gemv/skinny.cu``, ``skinny_rule.py``) without a GPU: what it
-takes, its launch, and its sm_90a build (wgmma with the step's tokens as N, the weight by TMA, no local memory, the
-grid-dependency wait in the consumers' code only). Its numbers: ``test_gemv_skinny_gpu.py`` and
-``bench/bench_skinny.py`` on an H200."""
+"""The wgmma skinny GEMM (``codegen/kernels/gemv/skinny.cu``, ``skinny_rule.py``) without a GPU: what it takes, which
+decode variants the GEMV rule makes with it (``INGOT_GEMV_SKINNY``), its launch, its sm_90a build (wgmma with the step's
+tokens as N, the weight by TMA, no local memory, the grid-dependency wait in the consumers' code only), and the
+memory plan's alignment of the weights its tensor map reads. Its numbers: ``test_gemv_skinny_gpu.py``,
+``tests/runtime/test_cuda_backend.py::test_skinny_gemm_variants_match_cpu`` and ``bench/bench_skinny.py`` on an
+H200."""
 
 from __future__ import annotations
 
@@ -10,9 +12,21 @@ from collections import Counter
 
 import pytest
 
-from ingot.codegen.kernels.gemv.skinny_rule import PARAMS, max_stages, skinny_spec, smem_bytes, supported
+from ingot.codegen.kernels.gemv import rule as gemv
+from ingot.codegen.kernels.gemv.skinny_rule import (
+    ENV,
+    PARAMS,
+    is_skinny,
+    max_stages,
+    skinny_spec,
+    smem_bytes,
+    supported,
+    weight_pitches,
+)
 from ingot.codegen.target import get_target
-from ingot.runtime.kv_tma import needs_kv_tma, needs_w_tma
+from ingot.ir.ops.llm import Linear
+from ingot.ir.types import DType, TensorType
+from ingot.runtime.kv_tma import needs_kv_tma, needs_w_tma, w_tma_region
 from tests.codegen.common import needs_compiler
 
 H200, B200 = get_target("h200"), get_target("b200")
@@ -27,6 +41,88 @@ def test_supported_and_declined():
     assert not supported(16384, 2048, 8, H200, warpgroups=3) and not supported(16384, 2048, 8, H200, stages=1)
     with pytest.raises(ValueError, match="does not take N=2048 K=8192 for 32 tokens"):
         skinny_spec(2048, 8192, 32, H200)
+
+
+def _variants(n: int, k: int, bias: bool = False, target=H200) -> dict[int, str]:
+    """The GEMV rule's decode variants of a bf16 ``linear`` ``w[n, k]``: bucket -> template."""
+    x, w = TensorType(DType.bf16, ("T", k)), TensorType(DType.bf16, (n, k))
+    inputs = [x, w, TensorType(DType.bf16, (n,)) if bias else None]
+    return {mb: spec.template for mb, spec in gemv.variants(Linear(), inputs, target)}
+
+
+def test_rule_takes_it_for_wide_matrices_at_16_and_32_tokens(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    # the 1B model's gate_up (128 row tiles on 132 SMs) and lm_head: buckets 16 and 32; bucket 8 keeps kernel.cu
+    # (its decode fusions), 64 is no wgmma bucket here
+    for n in (16384, 128256):
+        assert _variants(n, 2048) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "kernel.cu"}
+    assert set(_variants(3072, 2048).values()) == {"kernel.cu"}  # qkv: 24 row tiles, slower than kernel.cu
+    assert set(_variants(16384, 2048, bias=True).values()) == {"kernel.cu"}  # no bias / residual epilogue
+    assert set(_variants(16384, 2048, target=B200).values()) == {"kernel.cu"}  # wgmma: sm_90a
+    # K 4096: x of 32 tokens (256 KB) does not fit, 16 tokens does
+    assert _variants(16384, 4096) == {8: "kernel.cu", 16: "skinny.cu", 32: "kernel.cu", 64: "kernel.cu"}
+    monkeypatch.setenv(ENV, "all")
+    assert _variants(16384, 2048) == {8: "skinny.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "kernel.cu"}
+    assert set(_variants(3072, 2048).values()) == {"kernel.cu"}
+    monkeypatch.setenv(ENV, "force")  # tests: any N
+    assert _variants(3072, 2048) == {8: "skinny.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "kernel.cu"}
+    monkeypatch.setenv(ENV, "0")
+    assert set(_variants(16384, 2048).values()) == {"kernel.cu"}
+    monkeypatch.setenv(ENV, "wide")
+    with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY='wide': expected 0, 1, all or force"):
+        _variants(16384, 2048)
+
+
+def test_its_variant_takes_the_plain_variants_arguments():
+    """The executor binds a variant to the GEMM launch's arguments by name (``lower.gemv_variant_plans``)."""
+    plain = gemv.gemv_spec(16384, 2048, 16, H200)
+    skinny = skinny_spec(16384, 2048, 16, H200)
+    assert [p.name for p in skinny.params] == [p.name for p in plain.params]
+    assert is_skinny(skinny) and not is_skinny(plain) and not gemv.is_plain(skinny)
+
+
+def test_weight_pitches_name_every_weight_a_skinny_variant_reads():
+    specs = {"sk2048": skinny_spec(16384, 2048, 16, H200).to_dict(), "sk1024": skinny_spec(16384, 1024, 16, H200)
+             .to_dict(), "plain": gemv.gemv_spec(16384, 2048, 8, H200).to_dict()}
+
+    def launch(weight: str, *kernels: str, own: str | None = None) -> dict:
+        return {"args": {"weight": {"buffer": weight}}, "variants": [
+            {"kernel": k, "max_rows": 8, **({"args": {"weight": {"buffer": own}}} if own else {})} for k in kernels]}
+
+    table = [launch("w0", "plain", "sk2048"), launch("w1", "plain"), launch("w2", "sk1024"),
+             launch("wq", "sk2048", own="w3"), {"collective": "all_reduce", "args": {}}]
+    assert weight_pitches(table, specs) == {"w0": 4096, "w2": 2048, "w3": 4096}
+    with pytest.raises(ValueError, match="weight w0 read with row pitches 4096 and 2048 bytes"):
+        weight_pitches([launch("w0", "sk2048"), launch("w0", "sk1024")], specs)
+
+
+def test_the_map_region_and_misplaced_weights():
+    # rounded up to whole rows where the arena has room, else down
+    assert w_tma_region(10_000, 20_000, 4096, {"a": (0, 4096), "b": (4096, 4096)}) == 12288
+    assert w_tma_region(10_000, 10_000, 4096, {"a": (0, 4096), "b": (4096, 4096)}) == 8192
+    with pytest.raises(ValueError, match="weight b at offset 4352 .* must start at a multiple of 4096"):
+        w_tma_region(10_000, 20_000, 4096, {"b": (4352, 4096)})
+    with pytest.raises(ValueError, match="end within 8192 bytes"):
+        w_tma_region(10_000, 10_000, 4096, {"c": (8192, 1808)})
+
+
+def test_memory_plan_aligns_the_weights_to_their_pitch(tmp_path):
+    from ingot.codegen.memory_plan import ALIGN, plan_memory
+    from tests.codegen.test_fuse_split_lower import _graph
+
+    g = _graph(tmp_path)
+    names = list(g.weights)
+    pitch = 2048 * 2 * 3  # 12 KB: no multiple of the 256-byte alignment's, as a K of 3 x 2048 would give
+    plain = plan_memory(g, {"T": 64, "S": 8, "max_blocks": 4}).buffers
+    off = [n for n in names[1:] if plain[n].offset % pitch]
+    assert off, "every weight already aligned: the test would show nothing"
+    aligned = plan_memory(g, {"T": 64, "S": 8, "max_blocks": 4}, weight_align={n: pitch for n in off}).buffers
+    assert all(aligned[n].offset % pitch == 0 and aligned[n].offset % ALIGN == 0 for n in off)
+    others = [n for n in names if n not in off]
+    assert all(aligned[n].offset % ALIGN == 0 for n in others)
+    # no overlap, nothing lost
+    spans = sorted((b.offset, b.offset + b.nbytes) for b in aligned.values() if b.region == "weights")
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and len(spans) == len(names)
 
 
 def test_spec_launch_and_stages():

@@ -36,7 +36,7 @@ def test_skinny_matches_numpy(gpu, n, k, mb, ms, wgs, stages):
             w = ws[attempt]
             ref = x.astype(np.float64) @ w.astype(np.float64).T
             out = gpu.alloc((mb, n), BF16)  # poisoned (NaN): the rows past M must stay so
-            gpu.launch(spec, x=xd, weight=wd[attempt], out=out, M=m)
+            gpu.launch(spec, x=xd, weight=wd[attempt], weight_scale=None, bias=None, residual=None, out=out, M=m)
             full = gpu.download(out)
             assert (full[m:].view(np.uint16) == 0xFFFF).all(), f"M={m}: rows past M written"
             got = full[:m].astype(np.float64)

@@ -336,6 +336,43 @@ def test_decode_fusion_changes_no_logit(gpu_target, tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_skinny_gemm_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
+    """The skinny wgmma GEMM's decode variants (codegen/kernels/gemv/skinny_rule.py) in a served model: compiled with
+    ``INGOT_GEMV_SKINNY=force`` (every linear without bias or residual, every bucket up to 32 rows: the lm_head,
+    qkv and gate_up of a 2-layer SmolLM2-shaped model), decode steps of 24, 12 and 3 sequences (buckets 32, 16, 8)
+    match the CPU backend within bf16 tolerance, the same bits with and without CUDA graphs. Each module's weight
+    tensor map views the whole weights region (several layers' weights through one map)."""
+    from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
+
+    if gpu_target != "h200":
+        pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
+    ckpt = smollm2_like(tmp_path, 2)
+    monkeypatch.setenv("INGOT_GEMV_SKINNY", "force")
+    gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot")
+    cuda = load_graph(gpu)[1]["cuda"]
+    skinny = {e for e, k in cuda["variant_kernels"].items() if k["spec"]["template"] == "skinny.cu"}
+    users = [ln["op"] for ln in cuda["launches"] if any(v["kernel"] in skinny for v in ln.get("variants", ()))]
+    assert len(users) == 2 * 2 + 1, users  # per layer qkv and gate_up; the lm_head
+    monkeypatch.delenv("INGOT_GEMV_SKINNY")
+    cpu = ingot.compile(ckpt, target="cpu", out=tmp_path / "c.ingot")
+    r = np.random.default_rng(5)
+    vocab = SMOLLM2_CONFIG["vocab_size"]
+    steps = [[(s, [int(t) for t in r.integers(3, vocab, 4 + s % 5)]) for s in range(24)]]  # one prefill step
+    for n in (24, 24, 12, 12, 3, 3):
+        steps.append([(s, [int(r.integers(3, vocab))]) for s in range(n)])
+    ref = drive_steps(PagedModel(load_graph(cpu)[0], 64), steps)
+    runs = {}
+    for graphs in (False, True):
+        ex = CudaExecutor.from_artifact(gpu, num_blocks=64, cuda_graphs=graphs)
+        runs[graphs] = drive_steps(CudaPagedModel(ex), steps)
+        ex.close()
+    assert_same_steps(runs, False, "plain launches")
+    errs = [_rel(g, r) for g, r in zip(runs[False], ref)]
+    assert max(errs) < 5e-2, errs
+    REPORT["skinny"] = errs
+
+
+@pytest.mark.gpu
 def test_graph_mode_model_matches_cpu(gpu_target, tmp_path):
     from ingot.passes import PassContext
     from tests.codegen.test_lower import mlp_onnx

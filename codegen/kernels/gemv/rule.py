@@ -549,11 +549,17 @@ def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> lis
     if a is None:
         return []
     n, k, bias, residual = a
-    from . import bulk_rule
+    from . import bulk_rule, skinny_rule
 
-    # INGOT_GEMV_BULK: bulk.cu for the buckets bulk_rule.uses where a configuration fits (bulk_rule's docstring)
-    return [(mb, (bulk_rule.bulk_spec(n, k, mb, target, bias, residual) if bulk_rule.uses(mb) else None)
-             or gemv_spec(n, k, mb, target, bias, residual)) for mb in BUCKETS]
+    def variant(mb: int) -> KernelSpec:
+        # wide matrices at 16 / 32 tokens: the wgmma skinny GEMM (skinny_rule's docstring; INGOT_GEMV_SKINNY)
+        if skinny_rule.uses(n, k, mb, target, bias, residual):
+            return skinny_rule.skinny_spec(n, k, mb, target)
+        # INGOT_GEMV_BULK: bulk.cu for the buckets bulk_rule.uses where a configuration fits (bulk_rule's docstring)
+        return ((bulk_rule.bulk_spec(n, k, mb, target, bias, residual) if bulk_rule.uses(mb) else None)
+                or gemv_spec(n, k, mb, target, bias, residual))
+
+    return [(mb, variant(mb)) for mb in BUCKETS]
 
 
 def plan(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[KernelSpec] | None:

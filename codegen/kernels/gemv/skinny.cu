@@ -39,7 +39,9 @@ __device__ __align__(128) unsigned long long ingot_w_tma[18];
 }
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
-    ${KERNEL}(const bf16* __restrict__ x, const bf16* __restrict__ weight, bf16* __restrict__ out, i64 rows) {
+    ${KERNEL}(const bf16* __restrict__ x, const bf16* __restrict__ weight, const float* __restrict__ weight_scale,
+              const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, i64 rows) {
+  (void)weight_scale, (void)bias, (void)residual;  // a plain GEMV variant's parameters; none is taken (skinny_rule.uses)
   extern __shared__ __align__(1024) unsigned char sk_shared[];
   const unsigned sx = (att_smem(sk_shared) + 1023u) & ~1023u, sw = sx + XBYTES, bars = sw + STAGES * WTILE;
   const int tid = threadIdx.x, M = (int)rows;

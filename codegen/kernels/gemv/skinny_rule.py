@@ -1,23 +1,49 @@
-"""The wgmma skinny GEMM (``skinny.cu``, experimental): decode steps of 8-32 tokens on wide bf16 matrices on sm_90a.
+"""The wgmma skinny GEMM (``skinny.cu``): decode steps of 9-32 tokens on wide bf16 matrices on sm_90a.
 
 ``skinny.cu`` streams the weight through shared memory by TMA (a producer warp, ``stages`` stages of ``64 x
 warpgroups`` rows by 64 columns) and multiplies on the tensor cores with ``wgmma m64nMBk16`` (weights as A, the
 step's tokens as B, x staged once per CTA), persistent over the row tiles. It is what kernel.cu's mma.sync GEMV lacks
-on large matrices from 8 tokens on (docs/PERF.md, "Split-K in a cluster": gate_up at 32 tokens 0.77x cuBLAS). Not
-yet chosen by any rule or the lowering: ``bench/bench_skinny.py`` times it against cuBLAS and kernel.cu, and
-``tests/codegen/test_gemv_skinny_gpu.py`` checks it on a GPU. The loader fills its weight tensor map
-(``runtime/kv_tma.fill_w_tma``) before the first launch.
+on large matrices from 8 tokens on: measured on the H200 (docs/PERF.md, "The skinny wgmma GEMM"), the 1B model's
+gate_up (16384 x 2048) at 16 / 32 tokens 1.05x / 1.00x cuBLAS (kernel.cu 0.83x / 0.78x), the lm_head (128256 x 2048)
+1.01x (kernel.cu 0.90-0.94x); on narrow matrices (qkv, o, down: fewer row tiles than SMs) it is slower than kernel.cu.
+
+**How it is chosen** (``uses``; ``INGOT_GEMV_SKINNY``, compile time): ``rule.variants`` makes a ``linear``'s variant of
+token bucket 16 and 32 with this template where the matrix has at least ``WIDE_TILES`` row tiles an SM, no bias or
+residual, and ``supported`` with at least ``MIN_STAGES`` stages (x of 32 tokens fits beside them up to K = 2048);
+bucket 8 stays kernel.cu's (its decode fusions: the rms_norm prologue of gate_up and the lm_head, batch 1's step).
+``all``: bucket 8 too; ``force``: any N (tests: small models' matrices); ``0``: never.
+
+**The weight's tensor map** (``ingot_w_tma`` in the module; ``runtime/kv_tma.fill_w_tma``): one map per module views a
+region of device memory as rows of K bf16 and the kernel addresses its ``weight`` argument's rows from the region's
+base, so every weight the module is launched on must start a whole number of rows (``K x 2`` bytes) from it:
+``weight_pitches`` names those weights for the memory plan, which aligns their offsets so (``plan_memory``'s
+``weight_align``), and ``CudaExecutor`` fills each such module's map over the whole weights region at load (the
+tests and benchmarks over the launch's own weight buffer).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 from ...kernel import GridDim, KernelSpec
+from ...switches import env_choice
 from ...target import Target
 
-#: the kernel's parameters (those of a plain GEMV a skinny launch would replace, without the optional vectors)
-PARAMS = [("x", "ptr"), ("weight", "ptr"), ("out", "ptr"), ("M", "i64")]
+#: the kernel's parameters: a plain GEMV variant's (``rule.PARAMS``, the GEMM launch's arguments), the optional
+#: weight_scale, bias and residual unused (``uses`` takes no bias or residual)
+PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"),
+          ("out", "ptr"), ("M", "i64")]
 #: token buckets the kernel takes (wgmma's N)
 BUCKETS = (8, 16, 32)
+ENV = "INGOT_GEMV_SKINNY"
+#: buckets whose variant is this template's by default (``all``: every bucket of ``BUCKETS``)
+DEFAULT_BUCKETS = (16, 32)
+#: row tiles (64 x warpgroups rows) per SM from which a matrix is wide enough: the 1B model's gate_up has 0.97 (128
+#: tiles on 132 SMs) and gains, its qkv 0.18 and loses
+WIDE_TILES = 0.9
+#: fewest weight stages taken (bench_skinny.py: 4 stages within 1-3% of 6-8)
+MIN_STAGES = 4
 
 
 def smem_bytes(k: int, mb: int, warpgroups: int = 2, stages: int = 4) -> int:
@@ -56,3 +82,40 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
                            [GridDim(const=min(tiles, target.num_sms))], smem=smem_bytes(k, mb, warpgroups, stages),
                            doc=f"skinny wgmma GEMM (experimental), M <= {mb}, {rows}-row tiles by TMA, {stages} "
                                f"stages, persistent")
+
+
+def mode() -> str:
+    """``INGOT_GEMV_SKINNY``: ``on`` (unset or 1: buckets ``DEFAULT_BUCKETS`` on wide matrices), ``all`` (bucket 8
+    too), ``force`` (every bucket, any N: for tests on small models) or ``off`` (0)."""
+    return env_choice(ENV, {"": "on", "1": "on", "0": "off", "all": "all", "force": "force"}, "0, 1, all or force")
+
+
+def uses(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False) -> bool:
+    """The bf16 ``linear`` ``w[n, k]``'s variant for ``M <= mb`` is this template's (``mode``; the module docstring)."""
+    m = mode()
+    if m == "off" or bias or residual or mb not in (BUCKETS if m in ("all", "force") else DEFAULT_BUCKETS):
+        return False
+    wide = -(-n // 128) >= WIDE_TILES * (target.num_sms or 132)
+    return (wide or m == "force") and max_stages(k, mb, target) >= MIN_STAGES and supported(n, k, mb, target)
+
+
+def is_skinny(spec: KernelSpec) -> bool:
+    """Whether ``spec`` is this template's (its module holds ``ingot_w_tma``)."""
+    return spec.family == "gemv" and spec.template == "skinny.cu"
+
+
+def weight_pitches(launches: Iterable[Mapping[str, Any]], specs: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """Weight buffer -> its row pitch in bytes (``K x 2``) for every weight a skinny variant among ``launches`` (the
+    manifest's launch table) is launched on; ``specs``: kernel entry -> its spec dict (the manifest's
+    ``variant_kernels``' ``spec``). Raises ``ValueError`` for a weight two pitches would have to divide."""
+    out: dict[str, int] = {}
+    for ln in launches:
+        for v in ln.get("variants", ()):
+            spec = specs.get(v["kernel"])
+            if spec is None or spec.get("template") != "skinny.cu":
+                continue
+            args = v.get("args") or ln["args"]
+            name, pitch = args["weight"]["buffer"], int(dict(spec["values"])["K"]) * 2
+            if out.setdefault(name, pitch) != pitch:
+                raise ValueError(f"skinny GEMM: weight {name} read with row pitches {out[name]} and {pitch} bytes")
+    return out
