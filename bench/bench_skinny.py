@@ -1,4 +1,4 @@
-"""The experimental wgmma skinny GEMM (``codegen/kernels/gemv/skinny.cu``) against cuBLAS and kernel.cu, same run.
+"""The wgmma skinny GEMM (``codegen/kernels/gemv/skinny.cu``) against cuBLAS and kernel.cu, same run.
 
     python bench/bench_skinny.py                       # H200: gate_up and lm_head of the 1B model, 8 / 16 / 32 tokens
     python bench/bench_skinny.py --shapes "16384,2048" --m 32 --stages 4 6

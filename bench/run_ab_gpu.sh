@@ -7,8 +7,9 @@
 #   OUT=/dir FORMATS=fp8-w8a16 RUNS=3 bash bench/run_ab_gpu.sh base "all:INGOT_GEMV_KW=all,INGOT_QKV_ROPE_FUSION=all"
 #
 # A variant is NAME or NAME:VAR=VALUE[,VAR=VALUE...]; the first is the reference. Each run: batch 1 and 64 (or
-# BATCHES, e.g. BATCHES=1,16,32,64), 1 and 8 decode steps a call, no HF references (bench_e2e.py --skip-hf),
-# INGOT_AUTOTUNE=0 at compile time so that the variants differ only by their switches. Results under $OUT: e2e_<i>_<variant>.json, summary.txt / summary.json.
+# BATCHES with STEPS, e.g. BATCHES=1,16,32,64 STEPS=64,32,32,32), 1 and 8 decode steps a call, no HF references
+# (bench_e2e.py --skip-hf), INGOT_AUTOTUNE=0 at compile time so that the variants differ only by their switches.
+# Results under $OUT: e2e_<i>_<variant>.json, summary.txt / summary.json.
 # From the repository root or anywhere (the script goes there); bench/gpu_run_lib.sh installs what .whl/ carries and
 # seeds the kernel cache from .gpu_cache/. About 2 minutes a compile after the first, 10 s a run.
 # NAME@DIR[:VAR=VALUE,...]: the variant's artifacts are compiled with the files under DIR (a folder mirroring the
@@ -78,7 +79,7 @@ for r in $(seq 1 "$RUNS"); do
     n=${names[$i]}
     # shellcheck disable=SC2086
     TAILN=2 step "e2e_${k}_$n" timeout=180 env ${envs[$i]} python3 bench/bench_e2e.py --reuse $MB --decode-steps 1,8 \
-      --batches "${BATCHES:-1,64}" --skip-hf --prefill-repeats 1 --formats "$FORMATS" --workdir "$(work "$i")" --out "$OUT/e2e_${k}_$n.json"
+      --batches "${BATCHES:-1,64}" --steps "${STEPS:-64,32}" --skip-hf --prefill-repeats 1 --formats "$FORMATS" --workdir "$(work "$i")" --out "$OUT/e2e_${k}_$n.json"
   done
 done
 python3 bench/ab_summary.py "$OUT" --format "${FORMATS%%,*}" --json "$OUT/summary.json" | tee "$OUT/summary.txt"

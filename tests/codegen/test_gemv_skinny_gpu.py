@@ -1,4 +1,4 @@
-"""The experimental wgmma skinny GEMM (``codegen/kernels/gemv/skinny.cu``) against numpy on the GPU (``-m gpu``;
+"""The wgmma skinny GEMM (``codegen/kernels/gemv/skinny.cu``) against numpy on the GPU (``-m gpu``;
 sm_90a only). Fresh random inputs; N off the 128-row tiles (the last tile's rows past N arrive as zeros and are not
 written), more row tiles than SMs (the persistent loop), K from one 64-column stage to many (the stages' ring wraps
 across tiles), every token count at a bucket's edges; outputs poisoned before each launch and each launch done twice

@@ -111,8 +111,8 @@ __device__ __forceinline__ void pw_load_kv(const bf16* kv_cache, const int* tabl
 // (the context's last block) also bring its rows past hi, cache rows of this sequence's own block: whatever K/V were
 // last written there (zeros from allocation otherwise). The mask replaces those positions' scores, so P is 0 there;
 // a V row that is finite then adds nothing, but a non-finite one (left by an earlier request whose K/V overflowed)
-// would make the row NaN. Known limitation: loading that block's V by cp.async with zeros past hi is the fix, written
-// but not yet run on a GPU (docs/PERF.md, "K/V by TMA").
+// would make the row NaN. Known limitation: loading that block's V by the warp's cp.async with zeros past hi hung on
+// the H200 (docs/PERF.md, "K/V by TMA"); a second tensor map with a one-row box for that block is the next idea.
 __device__ __forceinline__ void pw_tma_kv(unsigned long long map, i64 row0, const int* table, int kvh, int p0, int lo,
                                           int hi, unsigned sk, unsigned sv, unsigned bar, int lane) {
 #pragma unroll

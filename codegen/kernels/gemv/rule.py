@@ -11,7 +11,9 @@ correct for ``M <= MB`` (``variants``). ``codegen/lower.py`` compiles them and r
 launch's ``variants`` list (``{"kernel", "max_rows"}``); the executor (``runtime/cuda_backend.py``)
 takes the first variant whose ``max_rows`` is at least the step's ``M`` (the launch's ``M`` argument,
 the step's token count) and the GEMM otherwise. A decode step's CUDA graph is captured per batch bucket,
-so each bucket's graph holds the variant for its size. A variant launched with ``M > MB`` traps.
+so each bucket's graph holds the variant for its size. A variant launched with ``M > MB`` traps. On sm_90a the
+variants of buckets 16 and 32 of wide matrices (the 1B model's gate_up and lm_head) are the wgmma skinny GEMM's
+instead (``skinny.cu``, ``skinny_rule.uses``; ``INGOT_GEMV_SKINNY``).
 
 **Configuration** (``gemv_config``): per bucket, warps per CTA, 16-row tiles per warp and 32-column
 steps per load stage from ``SHAPE_BY_BUCKET`` (``WIDE_N_SHAPE`` in bucket 16 when N alone gives 0.9 CTAs an SM

@@ -2,8 +2,9 @@
 #include "../attention/mma.cuh"
 #include "../attention/wgmma.cuh"
 
-// Skinny GEMM on Hopper's warpgroup MMA for decode steps of up to ${MB} tokens on wide matrices (experimental, sm_90a,
-// not yet chosen by any rule; gemv/skinny_rule.py): out[M, N] = x[M, K] @ w[N, K]^T, bf16 in and out, f32 accumulate.
+// Skinny GEMM on Hopper's warpgroup MMA for decode steps of up to ${MB} tokens on wide matrices (sm_90a; the decode
+// variant of buckets 16 and 32 there: gemv/skinny_rule.py): out[M, N] = x[M, K] @ w[N, K]^T, bf16 in and out, f32
+// accumulate.
 // kernel.cu's mma.sync GEMV falls short of cuBLAS on large matrices from 8 tokens on (gate_up at 32 tokens: 66% of
 // the bandwidth against cuBLAS's 86%): this is the tensor-memory-accelerator + wgmma design cuBLAS uses there.
 //
