@@ -37,9 +37,8 @@ A pair is fused when:
   the ``linear`` (or weight-only FP8 ``quantized_linear``), as its x;
 - the linear's launch with decode variants (a weight-only quantized linear's other launch, the dequantize, is
   skipped at decode: ``codegen/quant_prefill.py``) has plain ``kernel.cu`` variants (``rule.is_plain``: bf16
-  weights, or FP8 ones with ``INGOT_GEMV_FP8=kernel``) for the buckets fused (its larger buckets may be the skinny
-  wgmma GEMM's, ``skinny_rule``: unfused, the producer runs for those steps), and all its variants have the
-  producer's width as K;
+  weights, or FP8 ones with ``INGOT_GEMV_FP8=kernel``) or the skinny wgmma GEMM's (``skinny_rule``; rms_norm
+  prologues only) for the buckets fused, and all its variants have the producer's width as K;
 - both launches count the same rows (the producer's ``rows`` / ``num_tokens`` argument and the linear's ``M``
   are the same dim expression: every step selects the same way for both, CUDA-graph buckets included);
 - the fused variants fit the target's shared memory (the swiglu prologue stages up's slice beside x's).
@@ -108,6 +107,12 @@ def _prologue(node: Node, spec: KernelSpec, args: Mapping[str, Any]) -> tuple[ge
     return None
 
 
+def _fusable(spec: KernelSpec) -> bool:
+    """A variant ``rule.fused_spec`` takes: a plain GEMV variant, or the skinny wgmma GEMM's (rms_norm only; another
+    prologue raises ``ValueError`` there and the pair stays unfused)."""
+    return gemv.is_plain(spec) or skinny_rule.is_skinny(spec)
+
+
 def plan(graph: Graph, launches: Sequence[Launch], variant_plans: Mapping[int, Sequence[tuple[int, KernelSpec]]],
          target: Target, variant_args: Mapping[int, Mapping[str, Any]] | None = None) -> DecodeFusion:
     """The fused pairs among ``launches`` (``lower.plan_launches``' list) given each launch's planned variants
@@ -144,8 +149,8 @@ def plan(graph: Graph, launches: Sequence[Launch], variant_plans: Mapping[int, S
         width = (y.type.shape or (None,))[-1]
         fused = [(mr, s) for mr, s in planned if mr <= MAX_ROWS[node.op.name]]
         if (not planned or rows_arg not in args or "dim" not in args[rows_arg] or "M" not in cargs
-                or args[rows_arg] != cargs["M"] or not all(gemv.is_plain(s) for _, s in fused)
-                or (base is None and not all(gemv.is_plain(s) or skinny_rule.is_skinny(s) for _, s in planned))
+                or args[rows_arg] != cargs["M"] or not all(_fusable(s) for _, s in fused)
+                or (base is None and not all(_fusable(s) for _, s in planned))
                 or any(s.value("K") != width for _, s in planned)):
             continue
         rows = cargs["M"]["dim"]

@@ -135,20 +135,41 @@ def test_spec_launch_and_stages():
     # as many stages as fit beside x: 6 of 16 KB at 32 tokens (x 128 KB), 8 at 8 tokens
     assert max_stages(2048, 32, H200) == 6 and max_stages(2048, 8, H200) == 8
     limit = H200.smem_per_block  # 227 KB
-    assert spec.smem == smem_bytes(2048, 32, 2, 6) == 1024 + 32 * 2048 * 2 + 6 * 128 * 128 + 6 * 16 <= limit
+    # x, the stages, their barriers, the rms_norm sums (32 tokens x 9 floats), the panels' alignment
+    assert spec.smem == smem_bytes(2048, 32, 2, 6) == 1024 + 32 * 2048 * 2 + 6 * 128 * 128 + 6 * 16 + 32 * 9 * 4
+    assert spec.smem <= limit
     assert smem_bytes(2048, 32, 2, 7) > limit
     assert needs_w_tma(spec) and not needs_kv_tma(spec)
 
 
+def test_the_rms_norm_prologue_variant():
+    """``rule.fused_spec`` of a skinny variant (decode fusion): the same launch, ``norm_weight`` after the plain
+    parameters (kernel.cu's order), the norm's eps in the source; no swiglu prologue."""
+    plain = skinny_spec(16384, 2048, 8, H200)
+    fused = gemv.fused_spec(plain, gemv.Prologue("rms_norm", eps=1e-5), H200)
+    assert is_skinny(fused) and fused.entry.startswith("skinny_bf16_n16384_k2048_m8_wg2_s8_rms_norm")
+    assert [p.name for p in fused.params] == [p.name for p in plain.params] + ["norm_weight"]
+    assert (fused.block, fused.smem, fused.grid_dims({"M": 8})) == (plain.block, plain.smem, plain.grid_dims({"M": 8}))
+    assert dict(fused.values)["PROLOGUE"] == 1 and "norm_weight" in fused.source()
+    assert [p.name for p in gemv.gemv_spec(16384, 2048, 8, H200, prologue=gemv.Prologue("rms_norm", 1e-5)).params] \
+        == [p.name for p in fused.params]  # the binding decode fusion makes for either
+    with pytest.raises(ValueError, match="no swiglu prologue"):
+        gemv.fused_spec(skinny_spec(2048, 8192, 8, H200, stages=4), gemv.Prologue("swiglu"), H200)
+    with pytest.raises(ValueError, match="not a skinny variant without a prologue"):
+        gemv.fused_spec(fused, gemv.Prologue("rms_norm", eps=1e-5), H200)
+
+
 @needs_compiler
-@pytest.mark.parametrize("n,k,mb,wgs,stages", [(16384, 2048, 32, 2, None), (128256, 2048, 8, 2, None),
-                                               (1000, 64, 16, 1, 3)])
-def test_compiles_to_wgmma_with_tma(n, k, mb, wgs, stages):
+@pytest.mark.parametrize("n,k,mb,wgs,stages,norm", [
+    (16384, 2048, 32, 2, None, False), (128256, 2048, 8, 2, None, False), (1000, 64, 16, 1, 3, False),
+    (16384, 2048, 32, 2, None, True), (1000, 64, 8, 1, 2, True)])
+def test_compiles_to_wgmma_with_tma(n, k, mb, wgs, stages, norm):
     from ingot.codegen.compile import compile_spec
     from ingot.codegen.kernel import render
     from ingot.codegen.sass import disassemble
 
-    spec = skinny_spec(n, k, mb, H200, warpgroups=wgs, stages=stages)
+    spec = skinny_spec(n, k, mb, H200, warpgroups=wgs, stages=stages,
+                       prologue=gemv.Prologue("rms_norm", 1e-5) if norm else None)
     built = compile_spec(spec)
     assert f"wgmma.mma_async.sync.aligned.m64n{mb}k16.f32.bf16.bf16" in built.ptx
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in built.ptx

@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from ingot.codegen.kernels.gemv.rule import Prologue
 from ingot.codegen.kernels.gemv.skinny_rule import skinny_spec
 from tests.codegen.common import gpu_target
 from tests.helpers import rng
@@ -18,25 +19,36 @@ pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
 
 
-@pytest.mark.parametrize("n,k,mb,ms,wgs,stages", [
-    (1000, 64, 8, (1, 8), 2, 2), (4096, 2048, 32, (1, 17, 32), 2, None), (20000, 512, 16, (9, 16), 2, None),
-    (300, 1024, 8, (3,), 1, 3), (16384, 2048, 16, (16,), 2, 4), (128 * 140, 256, 32, (32,), 2, 8),
+@pytest.mark.parametrize("n,k,mb,ms,wgs,stages,norm", [
+    (1000, 64, 8, (1, 8), 2, 2, False), (4096, 2048, 32, (1, 17, 32), 2, None, False),
+    (20000, 512, 16, (9, 16), 2, None, False), (300, 1024, 8, (3,), 1, 3, False), (16384, 2048, 16, (16,), 2, 4, False),
+    (128 * 140, 256, 32, (32,), 2, 8, False),
+    # the rms_norm prologue (decode fusion): x is the norm's input, scaled far from 1 as a residual stream is
+    (16384, 2048, 8, (1, 8), 2, None, True), (4096, 2048, 32, (5, 32), 2, None, True), (300, 64, 16, (16,), 1, 2, True),
 ])
-def test_skinny_matches_numpy(gpu, n, k, mb, ms, wgs, stages):
+def test_skinny_matches_numpy(gpu, n, k, mb, ms, wgs, stages, norm):
     if gpu.arch != "sm_90a":
         pytest.skip(f"skinny.cu is sm_90a only (this GPU is {gpu.arch})")
     r = rng()
-    spec = skinny_spec(n, k, mb, gpu_target(gpu), warpgroups=wgs, stages=stages)
+    eps = 1e-5
+    spec = skinny_spec(n, k, mb, gpu_target(gpu), warpgroups=wgs, stages=stages,
+                       prologue=Prologue("rms_norm", eps) if norm else None)
     ws = [r.standard_normal((n, k), np.float32).astype(BF16) for _ in range(2)]
     wd = [gpu.upload(w) for w in ws]
+    g = (r.standard_normal(k) * 0.5 + 1.0).astype(np.float32).astype(BF16)
+    extra = {"norm_weight": gpu.upload(g)} if norm else {}
     for m in ms:
-        x = r.standard_normal((m, k), np.float32).astype(BF16)
+        x = (r.standard_normal((m, k), np.float32) * (30.0 if norm else 1.0)).astype(BF16)
         xd = gpu.upload(x)
+        xf = x.astype(np.float64)
+        if norm:  # the norm in f64: x * rsqrt(mean(x^2) + eps) * g
+            xf = xf / np.sqrt((xf * xf).mean(axis=1, keepdims=True) + eps) * g.astype(np.float64)
         for attempt in range(2):  # the second over the other weight buffer: the map filled again
             w = ws[attempt]
-            ref = x.astype(np.float64) @ w.astype(np.float64).T
+            ref = xf @ w.astype(np.float64).T
             out = gpu.alloc((mb, n), BF16)  # poisoned (NaN): the rows past M must stay so
-            gpu.launch(spec, x=xd, weight=wd[attempt], weight_scale=None, bias=None, residual=None, out=out, M=m)
+            gpu.launch(spec, x=xd, weight=wd[attempt], weight_scale=None, bias=None, residual=None, out=out, M=m,
+                       **extra)
             full = gpu.download(out)
             assert (full[m:].view(np.uint16) == 0xFFFF).all(), f"M={m}: rows past M written"
             got = full[:m].astype(np.float64)

@@ -491,6 +491,10 @@ def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target, weights_fi
     configuration, so it streams the weights exactly as ``plain`` does. A ``bulk.cu`` variant gets a ``bulk.cu``
     fused variant (``bulk_rule.fused_bulk_spec``: fewer ring stages where the prologue's x needs the room; always
     weights first), or ``kernel.cu``'s with its default configuration where no bulk configuration fits."""
+    if plain.template == "skinny.cu":  # the wgmma skinny GEMM: its own fused variant (rms_norm only)
+        from .skinny_rule import fused_skinny_spec
+
+        return fused_skinny_spec(plain, prologue, target)
     if not is_plain(plain):
         raise ValueError(f"gemv: {plain.entry} is not a plain GEMV variant (kernel.cu, or bulk.cu with bf16 weights)")
     v = dict(plain.values)
@@ -554,12 +558,14 @@ def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> lis
     from . import bulk_rule, skinny_rule
 
     def variant(mb: int) -> KernelSpec:
+        # INGOT_GEMV_BULK (opt-in, so first): bulk.cu for the buckets bulk_rule.uses where a configuration fits
+        bulk = bulk_rule.bulk_spec(n, k, mb, target, bias, residual) if bulk_rule.uses(mb) else None
+        if bulk is not None:
+            return bulk
         # wide matrices at 16 / 32 tokens: the wgmma skinny GEMM (skinny_rule's docstring; INGOT_GEMV_SKINNY)
         if skinny_rule.uses(n, k, mb, target, bias, residual):
             return skinny_rule.skinny_spec(n, k, mb, target)
-        # INGOT_GEMV_BULK: bulk.cu for the buckets bulk_rule.uses where a configuration fits (bulk_rule's docstring)
-        return ((bulk_rule.bulk_spec(n, k, mb, target, bias, residual) if bulk_rule.uses(mb) else None)
-                or gemv_spec(n, k, mb, target, bias, residual))
+        return gemv_spec(n, k, mb, target, bias, residual)
 
     return [(mb, variant(mb)) for mb in BUCKETS]
 

@@ -23,10 +23,17 @@
 // - epilogue: the accumulators of row (16 (warp % 4) + g8 (+ 8)) and tokens 8 i + 2 t4 (+ 1) -> bf16 out[token, row].
 // - programmatic dependent launch: only the consumers wait for the grid before (the wait is placed in their code);
 //   the producer's weight copies start at once.
+// - prologue (${PROLOGUE}; codegen/decode_fusion.py, as kernel.cu's): 1: rms_norm, x is the norm's input and
+//   norm_weight its weight: once x has landed, the consumers turn each staged chunk into bf16(x * g) in place and sum
+//   x^2 per token (a fixed order: per thread over its chunks, a warp's shuffle tree, then the warps in order), and the
+//   epilogue multiplies each token's f32 sums by its 1 / rms = rsqrt(mean(x^2) + eps). The CTA holds all K columns,
+//   so no partial sums leave it. Not bit-identical to the norm kernel then the plain GEMM (the factor multiplies the
+//   f32 sums instead of being rounded into x), within the GEMV's tolerance of the reference.
 namespace {
-constexpr int N = ${N}, K = ${K}, MB = ${MB}, WGS = ${WGS}, STAGES = ${STAGES};
+constexpr int N = ${N}, K = ${K}, MB = ${MB}, WGS = ${WGS}, STAGES = ${STAGES}, PROLOGUE = ${PROLOGUE};
 constexpr int ROWS = 64 * WGS, KSTEPS = K / 64, TILES = (N + ROWS - 1) / ROWS, NT = 128 * (WGS + 1);
 constexpr unsigned WTILE = ROWS * 128, XBYTES = MB * K * 2;  // a stage (ROWS x 64 bf16); x
+static_assert(PROLOGUE == 0 || PROLOGUE == 1, "no prologue or rms_norm");
 static_assert(K % 64 == 0, "K a multiple of 64 (one swizzled panel a stage)");
 static_assert(MB == 8 || MB == 16 || MB == 32, "8, 16 or 32 tokens (wgmma's N)");
 static_assert(WGS == 1 || WGS == 2, "one or two consumer warpgroups");
@@ -41,10 +48,20 @@ __device__ __align__(128) unsigned long long ingot_w_tma[18];
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
     ${KERNEL}(const bf16* __restrict__ x, const bf16* __restrict__ weight, const float* __restrict__ weight_scale,
-              const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, i64 rows) {
+              const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, i64 rows
+#if ${PROLOGUE} == 1
+              , const bf16* __restrict__ norm_weight
+#endif
+    ) {
   (void)weight_scale, (void)bias, (void)residual;  // a plain GEMV variant's parameters; none is taken (skinny_rule.uses)
+#if ${PROLOGUE} != 1
+  const bf16* const norm_weight = nullptr;  // only the rms_norm prologue has this parameter
+#endif
   extern __shared__ __align__(1024) unsigned char sk_shared[];
   const unsigned sx = (att_smem(sk_shared) + 1023u) & ~1023u, sw = sx + XBYTES, bars = sw + STAGES * WTILE;
+  // rms_norm: the warps' sums of x^2 per token ([token][consumer warp]), then each token's 1 / rms
+  float* const ss_warp = reinterpret_cast<float*>(sk_shared + (bars + 16 * STAGES - att_smem(sk_shared)));
+  float* const inv_rms = ss_warp + MB * 4 * WGS;
   const int tid = threadIdx.x, M = (int)rows;
   if (tid == 0) {
 #pragma unroll
@@ -89,6 +106,44 @@ ${PDL_WAIT}
   }
   att_commit();
   att_wait<0>();
+  if constexpr (PROLOGUE == 1) {
+    asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");  // every thread's copies landed
+    unsigned char* const xs = sk_shared + (sx - att_smem(sk_shared));
+    float ss[MB];
+#pragma unroll
+    for (int t = 0; t < MB; ++t) ss[t] = 0.0f;
+    for (int c = ct; c < CHUNKS; c += 128 * WGS) {  // this thread's 8-column chunks, every token's
+      const uint4 g = *reinterpret_cast<const uint4*>(norm_weight + c * 8);
+      const unsigned short* const gh = reinterpret_cast<const unsigned short*>(&g);
+#pragma unroll
+      for (int t = 0; t < MB; ++t) {
+        uint4* const at = reinterpret_cast<uint4*>(xs + (c >> 3) * (MB * 128) + pw_off(t, c & 7, MB));
+        uint4 v = *at;
+        unsigned short* const vh = reinterpret_cast<unsigned short*>(&v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float a = to_f32(bf16{vh[e]});
+          ss[t] += a * a;
+          vh[e] = from_f32<bf16>(a * to_f32(bf16{gh[e]})).bits;
+        }
+        *at = v;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < MB; ++t) {
+      float sum = ss[t];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (lane == 0) ss_warp[t * 4 * WGS + (ct >> 5)] = sum;
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");
+    if (ct < MB) {
+      float total = 0.0f;
+#pragma unroll
+      for (int w = 0; w < 4 * WGS; ++w) total += ss_warp[ct * 4 * WGS + w];
+      inv_rms[ct] = rsqrtf(total * (1.0f / K) + ${EPS});
+    }
+  }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");
 
@@ -120,7 +175,7 @@ ${PDL_WAIT}
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int t = 8 * i + 2 * t4 + (e & 1), r = row + 8 * (e >> 1);
-        if (t < M && r < N) out[(i64)t * N + r] = from_f32<bf16>(acc[4 * i + e]);
+        if (t < M && r < N) out[(i64)t * N + r] = from_f32<bf16>(acc[4 * i + e] * (PROLOGUE == 1 ? inv_rms[t] : 1.0f));
       }
   }
   // the last stage read: released for symmetry (the producer is done; every phase completes)

@@ -12,6 +12,7 @@ End to end (BF16 1B shape): decode at batch 16 +25.5%, batch 32 +10.0%, batch 1 
 token bucket 16 and 32 with this template where the matrix has at least ``WIDE_TILES`` row tiles an SM, no bias or
 residual, and ``supported`` with at least ``MIN_STAGES`` stages (x of 32 tokens fits beside them up to K = 2048);
 bucket 8 stays kernel.cu's (its decode fusions: the rms_norm prologue of gate_up and the lm_head, batch 1's step).
+``INGOT_GEMV_BULK``, an opt-in, takes precedence where it gives a bucket ``bulk.cu``.
 ``all``: bucket 8 too; ``force``: any N (tests: small models' matrices); ``0``: never.
 
 **The weight's tensor map** (``ingot_w_tma`` in the module; ``runtime/kv_tma.fill_w_tma``): one map per module views a
@@ -30,6 +31,7 @@ from typing import Any
 from ...kernel import GridDim, KernelSpec
 from ...switches import env_choice
 from ...target import Target
+from .rule import PROLOGUES, Prologue
 
 #: the kernel's parameters: a plain GEMV variant's (``rule.PARAMS``, the GEMM launch's arguments), the optional
 #: weight_scale, bias and residual unused (``uses`` takes no bias or residual)
@@ -49,8 +51,9 @@ MIN_STAGES = 4
 
 def smem_bytes(k: int, mb: int, warpgroups: int = 2, stages: int = 4) -> int:
     """x (mb x k bf16), the weight stages (64 x warpgroups rows x 128 bytes each), their full / empty mbarriers,
-    and 1 KB to align the swizzled panels."""
-    return 1024 + mb * k * 2 + stages * 64 * warpgroups * 128 + 16 * stages
+    the rms_norm prologue's sums (f32 per token and consumer warp, then per token; reserved either way), and 1 KB to
+    align the swizzled panels."""
+    return 1024 + mb * k * 2 + stages * 64 * warpgroups * 128 + 16 * stages + mb * (4 * warpgroups + 1) * 4
 
 
 def max_stages(k: int, mb: int, target: Target, warpgroups: int = 2) -> int:
@@ -66,10 +69,15 @@ def supported(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stag
             and smem_bytes(k, mb, warpgroups, stages) <= target.smem_per_block)
 
 
-def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int | None = None) -> KernelSpec:
+def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int | None = None,
+                prologue: Prologue | None = None) -> KernelSpec:
     """The launch for ``out[M, n] = x[M, k] @ w[n, k]^T`` with ``M <= mb``: one persistent CTA per SM (at most one
     per row tile of ``64 x warpgroups`` rows), ``128 x (warpgroups + 1)`` threads; ``stages`` by default as many as
-    fit (``max_stages``)."""
+    fit (``max_stages``). ``prologue``: ``rms_norm`` (x is the norm's input, an extra ``norm_weight`` parameter, as
+    ``rule.fused_spec``'s) or none."""
+    pro = prologue or Prologue()
+    if pro.kind not in ("none", "rms_norm"):
+        raise ValueError(f"skinny wgmma GEMM: no {pro.kind} prologue (rms_norm only)")
     stages = stages or max_stages(k, mb, target, warpgroups)
     if not supported(n, k, mb, target, warpgroups, stages):
         raise ValueError(f"skinny wgmma GEMM does not take N={n} K={k} for {mb} tokens with {warpgroups} warpgroups "
@@ -77,12 +85,25 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
                          f"memory {smem_bytes(k, mb, warpgroups, stages)} of {target.smem_per_block} bytes)")
     rows = 64 * warpgroups
     tiles = -(-n // rows)
-    values = {"N": n, "K": k, "MB": mb, "WGS": warpgroups, "STAGES": stages, "W_TMA": True}
-    return KernelSpec.make("gemv", "skinny.cu", f"skinny_bf16_n{n}_k{k}_m{mb}_wg{warpgroups}_s{stages}",
-                           target.arch or "", values, PARAMS, 128 * (warpgroups + 1),
-                           [GridDim(const=min(tiles, target.num_sms))], smem=smem_bytes(k, mb, warpgroups, stages),
-                           doc=f"skinny wgmma GEMM, M <= {mb}, {rows}-row tiles by TMA, {stages} "
-                               f"stages, persistent")
+    norm = pro.kind == "rms_norm"
+    values = {"N": n, "K": k, "MB": mb, "WGS": warpgroups, "STAGES": stages, "W_TMA": True,
+              "PROLOGUE": PROLOGUES[pro.kind], "EPS": float(pro.eps)}
+    return KernelSpec.make("gemv", "skinny.cu",
+                           f"skinny_bf16_n{n}_k{k}_m{mb}_wg{warpgroups}_s{stages}" + ("_rms_norm" if norm else ""),
+                           target.arch or "", values, PARAMS + [("norm_weight", "ptr")] if norm else PARAMS,
+                           128 * (warpgroups + 1), [GridDim(const=min(tiles, target.num_sms))],
+                           smem=smem_bytes(k, mb, warpgroups, stages),
+                           doc=f"skinny wgmma GEMM, M <= {mb}, {rows}-row tiles by TMA, {stages} stages, persistent"
+                               + (", rms_norm prologue" if norm else ""))
+
+
+def fused_skinny_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> KernelSpec:
+    """``plain`` (this template's variant without a prologue) with ``prologue`` (``rms_norm``; ``ValueError``
+    otherwise): the same N, K, bucket, warpgroups and stages (``rule.fused_spec`` for this template)."""
+    v = dict(plain.values)
+    if not is_skinny(plain) or v.get("PROLOGUE", 0):
+        raise ValueError(f"skinny GEMM: {plain.entry} is not a skinny variant without a prologue")
+    return skinny_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, int(v["WGS"]), int(v["STAGES"]), prologue)
 
 
 def mode() -> str:
