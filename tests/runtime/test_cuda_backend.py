@@ -339,9 +339,10 @@ def test_decode_fusion_changes_no_logit(gpu_target, tmp_path, monkeypatch):
 def test_skinny_gemm_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
     """The skinny wgmma GEMM's decode variants (codegen/kernels/gemv/skinny_rule.py) in a served model: compiled with
     ``INGOT_GEMV_SKINNY=force`` (every linear without bias or residual, every bucket up to 32 rows: the lm_head,
-    qkv and gate_up of a 2-layer SmolLM2-shaped model), decode steps of 24, 12 and 3 sequences (buckets 32, 16, 8)
-    match the CPU backend within bf16 tolerance, the same bits with and without CUDA graphs. Each module's weight
-    tensor map views the whole weights region (several layers' weights through one map)."""
+    qkv and gate_up of a 2-layer SmolLM2-shaped model; in bucket 8 with decode fusion's rms_norm prologue), decode
+    steps of 24, 12 and 3 sequences (buckets 32, 16, 8) match the CPU backend within bf16 tolerance, the same bits
+    with and without CUDA graphs. Each module's weight tensor map views the whole weights region (several layers'
+    weights through one map)."""
     from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
 
     if gpu_target != "h200":

@@ -11,9 +11,11 @@ End to end (BF16 1B shape): decode at batch 16 +25.5%, batch 32 +10.0%, batch 1 
 **How it is chosen** (``uses``; ``INGOT_GEMV_SKINNY``, compile time): ``rule.variants`` makes a ``linear``'s variant of
 token bucket 16 and 32 with this template where the matrix has at least ``WIDE_TILES`` row tiles an SM, no bias or
 residual, and ``supported`` with at least ``MIN_STAGES`` stages (x of 32 tokens fits beside them up to K = 2048);
-bucket 8 stays kernel.cu's (its decode fusions: the rms_norm prologue of gate_up and the lm_head, batch 1's step).
+bucket 8 stays kernel.cu's (measured: with the rms_norm prologue here too, batch 1 3% slower, batch 8 1.4%
+faster; docs/PERF.md).
 ``INGOT_GEMV_BULK``, an opt-in, takes precedence where it gives a bucket ``bulk.cu``.
-``all``: bucket 8 too; ``force``: any N (tests: small models' matrices); ``0``: never.
+``all``: bucket 8 too; ``force``: any N (tests: small models' matrices); ``0``: never. ``rule.fused_spec`` makes a
+variant's rms_norm prologue (decode fusion; ``fused_skinny_spec``), as kernel.cu's.
 
 **The weight's tensor map** (``ingot_w_tma`` in the module; ``runtime/kv_tma.fill_w_tma``): one map per module views a
 region of device memory as rows of K bf16 and the kernel addresses its ``weight`` argument's rows from the region's
