@@ -120,6 +120,10 @@ TMA_TWINS = {"default-d64": WgmmaConfig(2, 128, 3, producer=True, heavy_first=Tr
              "default-d128": WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True, pingpong=True),
              "one-consumer": WgmmaConfig(1, 64, 3, producer=True),
              "pingpong-overlap": WgmmaConfig(2, 128, 3, True, True, lean_mask=True, pingpong=True)}
+# the V rows past each context zeroed (v_zero): their second cache holds NaN past every context and in every block no
+# sequence uses, which the plain TMA configs would turn into NaN outputs
+TMA_TWINS.update({f"vz-{name}": replace(TMA_TWINS[name], v_zero=True)
+                  for name in ("default-d64", "default-d128", "one-consumer", "pingpong-overlap")})
 
 
 @pytest.mark.parametrize("case", ["chunked-prefix-gqa-d128", "softcap-window-group3", "padding-block32",
@@ -128,7 +132,8 @@ TMA_TWINS = {"default-d64": WgmmaConfig(2, 128, 3, producer=True, heavy_first=Tr
 def test_tma_loads_match_cp_async_bit_for_bit(gpu, case, twin):
     """K/V by TMA (whole cache blocks, the context's last one past its end too) against the same config loading by
     cp.async (zeros past the context): the same bits, on a cache of finite values. A second launch over another
-    cache buffer (the tensor map filled again) as well."""
+    cache buffer (the tensor map filled again) as well; for the ``vz-`` twins (the V rows past the context zeroed)
+    that second cache holds NaN past every context and in the blocks no sequence uses."""
     if gpu.arch != "sm_90a":
         pytest.skip(f"prefill_wgmma.cu is sm_90a only (this GPU is {gpu.arch})")
     H, KV, D, bs, softcap, window, _, seqs, padding = CASES[case]
@@ -138,11 +143,20 @@ def test_tma_loads_match_cp_async_bit_for_bit(gpu, case, twin):
         r, seqs, bs, H, KV, D, padding, spare_columns=2, spare_blocks=5)
     scale = float(D ** -0.5)
     cfg = TMA_TWINS[twin]
-    specs = [wgmma_spec(bf16, bf16, H, KV, D, bs, scale, tgt, softcap, window, cfg=replace(cfg, tma=t))
-             for t in (False, True)]
+    specs = [wgmma_spec(bf16, bf16, H, KV, D, bs, scale, tgt, softcap, window,
+                        cfg=replace(cfg, tma=t, v_zero=t and cfg.v_zero)) for t in (False, True)]
     outs = []
     for attempt in range(2):
-        cache = cast_array(r.standard_normal((num_blocks, 2, bs, KV, D)).astype(np.float32), bf16)
+        values = r.standard_normal((num_blocks, 2, bs, KV, D)).astype(np.float32)
+        if attempt and cfg.v_zero:  # what a request whose K/V overflowed may leave for the blocks' next owners
+            used = set()
+            for s, (cached, new) in enumerate(seqs):
+                n = cached + new
+                used |= {int(b) for b in block_tables[s, :-(-n // bs)]}
+                if n % bs:
+                    values[block_tables[s, (n - 1) // bs], :, n % bs:] = np.nan
+            values[[b for b in range(num_blocks) if b not in used]] = np.nan
+        cache = cast_array(values, bf16)
         args = dict(q=gpu.upload(q), kv_cache=gpu.upload(cache), block_tables=gpu.upload(block_tables),
                     seq_lens=gpu.upload(seq_lens), query_start_loc=gpu.upload(qsl), num_tokens=T,
                     num_seqs=len(seqs), max_blocks=max_blocks)

@@ -22,7 +22,9 @@ from ingot.codegen.kernels.attention.prefill_rule import KERNEL_ENV, plan_prefil
 from ingot.codegen.kernels.attention.prefill_wgmma_rule import (
     MAX_SMEM,
     WgmmaConfig,
+    config_name,
     default_config,
+    parse_config,
     smem_bytes,
     supported,
     tokens_per_cta,
@@ -73,6 +75,9 @@ def test_supported_and_declined():
     assert supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, producer=True, tma=True))
     assert supported(bf16, bf16, 32, 8, 128, 256, h200, WgmmaConfig(2, 64, 3, producer=True, tma=True))
     assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, tma=True))
+    # zeroing the V rows past the context is the TMA producer's (its copies brought them)
+    assert supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, producer=True, tma=True, v_zero=True))
+    assert not supported(bf16, bf16, 32, 8, 128, 16, h200, WgmmaConfig(2, 128, 3, producer=True, v_zero=True))
     for bs in (4, 12, 24, 48):
         assert not supported(bf16, bf16, 32, 8, 128, bs, h200, WgmmaConfig(2, 128, 3, producer=True, tma=True))
         assert supported(bf16, bf16, 32, 8, 128, bs, h200, WgmmaConfig(2, 128, 3, producer=True))
@@ -134,6 +139,13 @@ def test_knobs_are_opt_in_and_tagged():
         assert (spec.smem, spec.block, spec.grid) == (plain.smem, plain.block, plain.grid)
     every = replace(base, overlap=True, heavy_first=True, lean_mask=True, pingpong=True, tma=True)
     assert tag(wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=every)).endswith("_s3_ov_ws_hf_lm_pp_tm")
+    # v_zero (with tma): a third mbarrier per stage, the only change to the launch
+    vz = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=replace(every, v_zero=True))
+    assert tag(vz).endswith("_pp_tm_vz") and dict(vz.values)["VZ"] is True and not dict(plain.values)["VZ"]
+    tm = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=every)
+    assert vz.smem == tm.smem + 3 * 8 and (vz.block, vz.grid) == (tm.block, tm.grid)
+    assert parse_config("2x128x3wshflmpptmvz") == replace(default_config(128), v_zero=True)
+    assert config_name(replace(default_config(64), v_zero=True)) == "2x128x3wshflmtmvz"
 
 
 def heavy_first_order(grid_x: int, kv: int) -> list[tuple[int, int]]:
@@ -239,7 +251,13 @@ def sass_counts(sass: str) -> Counter:
     (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True, tma=True)),
     (32, 8, 64, 32, 0.0, 0, WgmmaConfig(1, 64, 3, producer=True, tma=True)),
     (16, 4, 128, 256, 0.0, 0, WgmmaConfig(2, 128, 2, producer=True, tma=True)),
-    (9, 3, 128, 16, 30.0, 700, WgmmaConfig(2, 64, 3, True, True, lean_mask=True, pingpong=True, tma=True))])
+    (9, 3, 128, 16, 30.0, 700, WgmmaConfig(2, 64, 3, True, True, lean_mask=True, pingpong=True, tma=True)),
+    # ... with the V rows past the context zeroed by the producer's second warp
+    (32, 32, 128, 16, 0.0, 0, WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True, pingpong=True,
+                                          tma=True, v_zero=True)),
+    (32, 8, 64, 32, 0.0, 0, WgmmaConfig(1, 64, 3, producer=True, tma=True, v_zero=True)),
+    (9, 3, 64, 16, 30.0, 700, WgmmaConfig(2, 64, 3, True, True, lean_mask=True, pingpong=True, tma=True,
+                                          v_zero=True))])
 def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
     spec = wgmma_spec(bf16, bf16, H, KV, D, bs, D ** -0.5, h200, softcap, window, cfg=cfg)
     cfg = cfg or default_config(D)
@@ -285,6 +303,9 @@ def test_compiles_to_warpgroup_mma(H, KV, D, bs, softcap, window, cfg):
         # TMA: tensor copies completing the stage's transaction bytes, lane 0 arriving with their count
         assert ("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in built.ptx
                 and "mbarrier.arrive.expect_tx" in built.ptx and "UTMALDG.3D" in ops) == cfg.tma
+        # v_zero: the second warp's 16-byte zero stores into the V tile, fenced for the async proxy
+        if cfg.v_zero:
+            assert "st.shared.v4.u32" in built.ptx and "STS.128" in ops
         assert ("setmaxnreg" in built.ptx) == (cfg.warpgroups == 2)
         assert spec.block == (128 * (cfg.warpgroups + 1), 1, 1)
         if cfg.warpgroups == 2:  # setmaxnreg only moves registers: the CTA must start with the 40 + 2 x 232 it

@@ -80,8 +80,12 @@ constexpr bool PINGPONG = ${PINGPONG};
 // TMA (with PRODUCER): the producer's first warp loads K/V by TMA through the KV cache's tensor map (ingot_kv_tma,
 // below), a copy per (cache block, 64-wide head_dim panel, K or V) of R rows, instead of 128 threads' cp.async
 constexpr bool TMA = ${TMA};
+// VZ (with TMA): the producer's second warp zeroes the V rows past the context in the tile that holds its last
+// position, once the tile's copies landed, and only then lets the consumers at that tile (a third mbarrier per stage)
+constexpr bool VZ = ${VZ};
 constexpr int R = BS < BN ? BS : BN, PANELS = D / 64, COPIES = 2 * PANELS * (BN / R);
 static_assert(!TMA || PRODUCER, "TMA loads are the producer warpgroup's");
+static_assert(!VZ || TMA, "VZ zeroes what the TMA copies brought");
 static_assert(!TMA || (R % 8 == 0 && BN % R == 0 && BS % R == 0), "TMA: blocks of 8k rows dividing or divided by BN");
 constexpr unsigned TILE = BN * D * 2;  // one K or V tile
 constexpr float SCALE = ${SCALE}, SOFTCAP = ${SOFTCAP}, LOG2E = 1.4426950408889634f;
@@ -111,8 +115,9 @@ __device__ __forceinline__ void pw_load_kv(const bf16* kv_cache, const int* tabl
 // (the context's last block) also bring its rows past hi, cache rows of this sequence's own block: whatever K/V were
 // last written there (zeros from allocation otherwise). The mask replaces those positions' scores, so P is 0 there;
 // a V row that is finite then adds nothing, but a non-finite one (left by an earlier request whose K/V overflowed)
-// would make the row NaN. Known limitation: loading that block's V by the warp's cp.async with zeros past hi hung on
-// the H200 (docs/PERF.md, "K/V by TMA"); a second tensor map with a one-row box for that block is the next idea.
+// would make the row NaN. Known limitation of the default; VZ (config flag vz, opt-in until it has run on a GPU:
+// docs/PERF.md, "K/V by TMA") has the producer's second warp zero those V rows once the copies landed
+// (pw_zero_v_tail) and the consumers wait for it on that tile (loading them by the warp's cp.async instead hung).
 __device__ __forceinline__ void pw_tma_kv(unsigned long long map, i64 row0, const int* table, int kvh, int p0, int lo,
                                           int hi, unsigned sk, unsigned sv, unsigned bar, int lane) {
 #pragma unroll
@@ -122,6 +127,22 @@ __device__ __forceinline__ void pw_tma_kv(unsigned long long map, i64 row0, cons
     const i64 row = ok ? row0 + ((i64)table[pb / BS] * 2 + kv) * BS + pb % BS : -(i64)R;
     pw_tma_3d((kv ? sv : sk) + panel * (BN * 128) + j * (R * 128), map, 64 * panel, kvh, (int)row, bar);
   }
+}
+// VZ: whether the tile at p0 holds the context's last position hi inside a copy (hi's cache rows past it came with
+// the copy: stale V rows, zeroed by pw_zero_v_tail before the consumers read the tile)
+__device__ __forceinline__ bool pw_v_tail(int p0, int hi) {
+  return VZ && hi >= p0 && hi < p0 + BN && hi % R != R - 1;
+}
+// VZ: zero the V rows of positions (hi, end of hi's copy) in the stage's V tile at sv (generic stores, then the
+// fence that orders them before the async proxy's reads: the consumers' wgmma)
+__device__ __forceinline__ void pw_zero_v_tail(unsigned sv, int p0, int hi, int lane) {
+  const int r0 = hi - p0 + 1, r1 = hi / R * R + R - p0;  // rows [r0, r1) of the tile
+#pragma unroll 1
+  for (int i = lane; i < (r1 - r0) * CH; i += 32) {
+    const unsigned at = sv + pw_off(r0 + i / CH, i % CH, BN);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(at), "r"(0u) : "memory");
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 // S = Q K^T for this warpgroup's 64 rows and the BN positions of the K tile at sk: D / 16 k-steps (K-major A and
 // B, SWIZZLE_128B; within a panel a k-step is 32 bytes on), one group
@@ -286,7 +307,7 @@ __device__ __forceinline__ PwSub pw_sub(int s, int tstart, int tend, const int* 
   return u;
 }
 // the producer's walk: the CTA's K/V tiles in order, each once its stage is free (the empty barriers at bars + 8 x
-// (STAGES + stage)): load(sub-tile, first position, stage). A function template, not a generic lambda: NVRTC 13.0
+// (STAGES + stage)): load(sub-tile, first position, stage, the tile's number n in the CTA). A function template, not a generic lambda: NVRTC 13.0
 // takes a generic lambda in a kernel for a host function and rejects it (13.5 does not)
 template <class Load>
 __device__ __forceinline__ void pw_each_tile(int s_first, int num_seqs, int tstart, int tend, const int* seq_lens,
@@ -300,7 +321,7 @@ __device__ __forceinline__ void pw_each_tile(int s_first, int num_seqs, int tsta
     for (int it = 0; it < u.ntiles; ++it, ++n) {
       const int st = n % STAGES;
       pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
-      load(u, (u.kt0 + it) * BN, st);
+      load(u, (u.kt0 + it) * BN, st, n);
     }
   }
 }
@@ -450,11 +471,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
     // warpgroup 0 loads, warpgroups 1 .. WGS compute; tile n of the CTA (counted over its sub-tiles) is in stage
     // n % STAGES, phase (n / STAGES) & 1 of that stage's barriers
     const unsigned bars = sv0 + STAGES * TILE;  // full[STAGES], empty[STAGES], then OVERLAP's scratch words
+    // VZ: ready[STAGES] after them (the second producer warp's 32 arrivals a tile)
+    const unsigned ready = bars + 16 * STAGES + (OVERLAP ? 4 * WGS * 128 : 0);
     if (tid == 0) {
 #pragma unroll
       for (int st = 0; st < STAGES; ++st) {
         pw_mbar_init(bars + 8 * st, TMA ? 1 : 128);
         pw_mbar_init(bars + 8 * (STAGES + st), WGS * 128);
+        if (VZ) pw_mbar_init(ready + 8 * st, 32);
       }
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -473,16 +497,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
           const i64 row0 = (i64)((at - base) / (KV * D * 2));
           if (tid == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
           pw_each_tile(s_first, num_seqs, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks, bars,
-                       [&](const PwSub& u, int p0, int st) {
+                       [&](const PwSub& u, int p0, int st, int) {
             if (tid == 0) pw_mbar_expect_tx(bars + 8 * st, 2 * TILE);
             __syncwarp();
             pw_tma_kv(map, row0, u.table, kvh, p0, u.lo, u.qpos_hi, sk0 + st * TILE, sv0 + st * TILE, bars + 8 * st,
                       tid);
           });
+        } else if (VZ && tid < 64) {  // every tile once it landed: its stale V rows zeroed where it has them
+          pw_each_tile(s_first, num_seqs, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks, bars,
+                       [&](const PwSub& u, int p0, int st, int n) {
+            pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
+            if (pw_v_tail(p0, u.qpos_hi)) pw_zero_v_tail(sv0 + st * TILE, p0, u.qpos_hi, tid - 32);
+            pw_mbar_arrive(ready + 8 * st);
+          });
         }
       } else {
         pw_each_tile(s_first, num_seqs, tstart, tend, seq_lens, query_start_loc, block_tables, max_blocks, bars,
-                     [&](const PwSub& u, int p0, int st) {
+                     [&](const PwSub& u, int p0, int st, int) {
           pw_load_kv(kv_cache, u.table, kvh, p0, u.lo, u.qpos_hi, sk0 + st * TILE, sv0 + st * TILE, tid);
           pw_mbar_arrive_cp(bars + 8 * st);
         });
@@ -533,7 +564,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
         if constexpr (PINGPONG && !OVERLAP) {
           // turns: S of the first tile; then per tile O += P V of it and S of the next (the MMAs between two of
           // this consumer's softmaxes), so one consumer's softmax runs while the other's MMAs are on the tensor cores
-          pw_mbar_wait(bars + 8 * (n % STAGES), (n / STAGES) & 1);
+          pw_mbar_wait((pw_v_tail(u.kt0 * BN, u.qpos_hi) ? ready : bars) + 8 * (n % STAGES), (n / STAGES) & 1);
           if (!TMA) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           pw_bar_sync<256>(turn);
           pw_qk(sc, qa, sk0 + (n % STAGES) * TILE);
@@ -547,7 +578,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
             pw_rescale(o, corr);
             pw_pack_p(sc, pa);
             if (more) {  // the next tile's K (and V) landed, before this consumer's turn is taken
-              pw_mbar_wait(bars + 8 * ((n + 1) % STAGES), ((n + 1) / STAGES) & 1);
+              pw_mbar_wait((pw_v_tail(p0 + BN, u.qpos_hi) ? ready : bars) + 8 * ((n + 1) % STAGES),
+                           ((n + 1) / STAGES) & 1);
               if (!TMA) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             }
             pw_bar_sync<256>(turn);
@@ -562,8 +594,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
         } else {
           for (int it = 0; it < u.ntiles; ++it, ++n) {
             const int st = n % STAGES;
-            pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
+            pw_mbar_wait((pw_v_tail((u.kt0 + it) * BN, u.qpos_hi) ? ready : bars) + 8 * st, (n / STAGES) & 1);
             // cp.async's writes (generic proxy), then wgmma's reads (async proxy); TMA writes through the async proxy
+            // (VZ's zeros: the writing warp fenced them)
             if (!TMA) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             const int p0 = (u.kt0 + it) * BN;
             const bool masked = p0 + BN - 1 > u.qpos_lo || (WINDOW > 0 && p0 < u.first_hi);

@@ -63,6 +63,10 @@ class WgmmaConfig:
     #: a tensor map of the KV cache the loader fills (``runtime/kv_tma.py``), instead of 128 threads' cp.async per
     #: 16 bytes; block sizes a multiple of 8 that divide or are divided by ``block_n``
     tma: bool = False
+    #: (with tma) the producer's second warp zeroes, once a tile's copies landed, the V rows past the context that
+    #: the copy of the context's last cache block brought (whatever an earlier owner of the block left: a non-finite
+    #: value there would make P V NaN although P is 0); the consumers wait for it on that tile only
+    v_zero: bool = False
 
     @property
     def rows(self) -> int:
@@ -78,7 +82,7 @@ class WgmmaConfig:
 CONFIG_ENV = "INGOT_PREFILL_WGMMA_CONFIG"
 #: a config name's flags (two letters each, after ``WxNxS``) and the WgmmaConfig fields they set
 CONFIG_FLAGS = {"ov": "overlap", "ws": "producer", "hf": "heavy_first", "lm": "lean_mask", "pp": "pingpong",
-                "tm": "tma"}
+                "tm": "tma", "vz": "v_zero"}
 
 
 def parse_config(name: str) -> WgmmaConfig:
@@ -121,8 +125,10 @@ def default_config(head_dim: int, block_size: int | None = None) -> WgmmaConfig:
 
 def smem_bytes(head_dim: int, cfg: WgmmaConfig) -> int:
     """The Q rows plus ``stages`` K and V tiles, bf16, plus the 1 KB the kernel may skip to align them; with a
-    producer the stages' full and empty mbarriers (8 bytes each), with overlap a scratch word per thread."""
-    extra = (16 * cfg.stages if cfg.producer else 0) + (4 * cfg.threads if cfg.overlap else 0)
+    producer the stages' full and empty mbarriers (8 bytes each), with overlap a scratch word per thread, with
+    v_zero a third mbarrier per stage."""
+    extra = ((16 * cfg.stages if cfg.producer else 0) + (4 * cfg.threads if cfg.overlap else 0)
+             + (8 * cfg.stages if cfg.v_zero else 0))
     return ALIGN_SLACK + 2 * head_dim * (cfg.rows + 2 * cfg.stages * cfg.block_n) + extra
 
 
@@ -144,6 +150,8 @@ def supported(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: in
     if cfg.pingpong and not (cfg.producer and cfg.warpgroups == 2):
         return False
     if cfg.tma and not (cfg.producer and tma_block_ok(block_size, cfg.block_n)):
+        return False
+    if cfg.v_zero and not cfg.tma:
         return False
     return num_heads // num_kv_heads <= cfg.rows and smem_bytes(head_dim, cfg) <= MAX_SMEM
 
@@ -172,12 +180,12 @@ def wgmma_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: i
     values = {"HEAD_DIM": head_dim, "KV_HEADS": num_kv_heads, "GROUP": group, "BLOCK_SIZE": block_size,
               "WGS": cfg.warpgroups, "BLOCK_N": cfg.block_n, "STAGES": cfg.stages, "OVERLAP": cfg.overlap,
               "PRODUCER": cfg.producer, "HEAVY_FIRST": cfg.heavy_first, "LEAN_MASK": cfg.lean_mask,
-              "PINGPONG": cfg.pingpong, "TMA": cfg.tma, "Q_STRIDE": num_heads * head_dim, "SCALE": float(scale),
-              "SOFTCAP": float(softcap), "SLIDING_WINDOW": int(sliding_window)}
+              "PINGPONG": cfg.pingpong, "TMA": cfg.tma, "VZ": cfg.v_zero, "Q_STRIDE": num_heads * head_dim,
+              "SCALE": float(scale), "SOFTCAP": float(softcap), "SLIDING_WINDOW": int(sliding_window)}
     tag = (f"{dtype.value}_{num_heads}x{num_kv_heads}x{head_dim}_b{block_size}_wg{cfg.warpgroups}_n{cfg.block_n}"
            f"_s{cfg.stages}{'_ov' if cfg.overlap else ''}{'_ws' if cfg.producer else ''}"
            f"{'_hf' if cfg.heavy_first else ''}{'_lm' if cfg.lean_mask else ''}{'_pp' if cfg.pingpong else ''}"
-           f"{'_tm' if cfg.tma else ''}")
+           f"{'_tm' if cfg.tma else ''}{'_vz' if cfg.v_zero else ''}")
     tpt = tokens_per_cta(num_heads, num_kv_heads, cfg)
     return KernelSpec.make("attention", "prefill_wgmma.cu", f"paged_attention_prefill_wgmma_{tag}",
                            target.arch or "", values, ATTEND_PARAMS, cfg.threads,
@@ -188,4 +196,5 @@ def wgmma_spec(dtype: DType, cache_dtype: DType, num_heads: int, num_kv_heads: i
                                f"{', heaviest CTAs first' if cfg.heavy_first else ''}"
                                f"{', masks only boundary tiles' if cfg.lean_mask else ''}"
                                f"{', ping-pong consumers' if cfg.pingpong else ''}"
-                               f"{', K/V by TMA (tensor map ingot_kv_tma, runtime/kv_tma.py)' if cfg.tma else ''}")
+                               f"{', K/V by TMA (tensor map ingot_kv_tma, runtime/kv_tma.py)' if cfg.tma else ''}"
+                               f"{', V rows past the context zeroed' if cfg.v_zero else ''}")
