@@ -125,6 +125,20 @@ def test_memory_plan_aligns_the_weights_to_their_pitch(tmp_path):
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and len(spans) == len(names)
 
 
+def test_split_k_launch():
+    """Split-K in a cluster (opt-in): a grid of row tiles x splits (no persistence), x's K slice only in shared
+    memory, so 64 tokens fit; no prologue; K slices a multiple of 64."""
+    spec = skinny_spec(3072, 2048, 32, H200, splitk=4)
+    assert spec.grid_dims({"M": 32}) == (24, 4, 1) and dict(spec.values)["SPLITK"] == 4 and "_sk4" in spec.entry
+    assert spec.smem == smem_bytes(2048, 32, 2, dict(spec.values)["STAGES"], 4) <= H200.smem_per_block
+    assert not supported(16384, 2048, 64, H200) and supported(16384, 2048, 64, H200, stages=3, splitk=2)
+    assert not supported(2048, 2048, 8, H200, splitk=3) and not supported(2048, 96 * 8, 8, H200, splitk=8)
+    with pytest.raises(ValueError, match="needs all of K in one CTA"):
+        skinny_spec(3072, 2048, 8, H200, splitk=2, prologue=gemv.Prologue("rms_norm", 1e-5))
+    with pytest.raises(ValueError, match="needs all of K in one CTA"):  # decode fusion leaves such a pair unfused
+        gemv.fused_spec(skinny_spec(3072, 2048, 8, H200, splitk=2), gemv.Prologue("rms_norm", 1e-5), H200)
+
+
 def test_spec_launch_and_stages():
     spec = skinny_spec(16384, 2048, 32, H200)
     assert spec.template == "skinny.cu" and spec.arch == "sm_90a"
@@ -160,16 +174,17 @@ def test_the_rms_norm_prologue_variant():
 
 
 @needs_compiler
-@pytest.mark.parametrize("n,k,mb,wgs,stages,norm", [
-    (16384, 2048, 32, 2, None, False), (128256, 2048, 8, 2, None, False), (1000, 64, 16, 1, 3, False),
-    (16384, 2048, 32, 2, None, True), (1000, 64, 8, 1, 2, True)])
-def test_compiles_to_wgmma_with_tma(n, k, mb, wgs, stages, norm):
+@pytest.mark.parametrize("n,k,mb,wgs,stages,norm,splitk", [
+    (16384, 2048, 32, 2, None, False, 1), (128256, 2048, 8, 2, None, False, 1), (1000, 64, 16, 1, 3, False, 1),
+    (16384, 2048, 32, 2, None, True, 1), (1000, 64, 8, 1, 2, True, 1),
+    (3072, 256, 32, 2, None, False, 4), (2048, 512, 64, 2, None, False, 8), (1000, 128, 64, 1, 2, False, 2)])
+def test_compiles_to_wgmma_with_tma(n, k, mb, wgs, stages, norm, splitk):
     from ingot.codegen.compile import compile_spec
     from ingot.codegen.kernel import render
     from ingot.codegen.sass import disassemble
 
     spec = skinny_spec(n, k, mb, H200, warpgroups=wgs, stages=stages,
-                       prologue=gemv.Prologue("rms_norm", 1e-5) if norm else None)
+                       prologue=gemv.Prologue("rms_norm", 1e-5) if norm else None, splitk=splitk)
     built = compile_spec(spec)
     assert f"wgmma.mma_async.sync.aligned.m64n{mb}k16.f32.bf16.bf16" in built.ptx
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in built.ptx
@@ -180,6 +195,9 @@ def test_compiles_to_wgmma_with_tma(n, k, mb, wgs, stages, norm):
     assert ops[f"HGMMA.64x{mb}x16.F32.BF16"] == 4  # four 16-column k-steps a 64-column stage
     assert ops["UTMALDG.2D"] >= 1 and not any(o.startswith(("LDL", "STL", "HMMA")) for o in ops)
     assert ops["ACQBULK"] == 1  # one grid-dependency wait, the consumers' (the producer's copies start at once)
+    # split-K: cluster barriers (every thread, the producer's too) and the peers' partial tiles read through DSMEM
+    assert ("barrier.cluster.arrive.release" in built.ptx and "ld.shared::cluster.f32" in built.ptx
+            and ops["UCGABAR_ARV"] >= 2) == (splitk > 1)
     assert render(spec).count("griddepcontrol.wait") == 1
     if wgs == 2:  # setmaxnreg only moves registers: the CTA must start with the 40 + 2 x 232 it hands out
         from tests.codegen.test_prefill_wgmma import _registers

@@ -19,20 +19,25 @@ pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
 
 
-@pytest.mark.parametrize("n,k,mb,ms,wgs,stages,norm", [
-    (1000, 64, 8, (1, 8), 2, 2, False), (4096, 2048, 32, (1, 17, 32), 2, None, False),
-    (20000, 512, 16, (9, 16), 2, None, False), (300, 1024, 8, (3,), 1, 3, False), (16384, 2048, 16, (16,), 2, 4, False),
-    (128 * 140, 256, 32, (32,), 2, 8, False),
+@pytest.mark.parametrize("n,k,mb,ms,wgs,stages,norm,splitk", [
+    (1000, 64, 8, (1, 8), 2, 2, False, 1), (4096, 2048, 32, (1, 17, 32), 2, None, False, 1),
+    (20000, 512, 16, (9, 16), 2, None, False, 1), (300, 1024, 8, (3,), 1, 3, False, 1),
+    (16384, 2048, 16, (16,), 2, 4, False, 1), (128 * 140, 256, 32, (32,), 2, 8, False, 1),
     # the rms_norm prologue (decode fusion): x is the norm's input, scaled far from 1 as a residual stream is
-    (16384, 2048, 8, (1, 8), 2, None, True), (4096, 2048, 32, (5, 32), 2, None, True), (300, 64, 16, (16,), 1, 2, True),
+    (16384, 2048, 8, (1, 8), 2, None, True, 1), (4096, 2048, 32, (5, 32), 2, None, True, 1),
+    (300, 64, 16, (16,), 1, 2, True, 1),
+    # split-K in a cluster: the 1B model's qkv and down at 32 / 16 tokens, 64 tokens (x's slice fits), one warpgroup
+    (3072, 2048, 32, (1, 32), 2, None, False, 4), (2048, 8192, 16, (16,), 2, None, False, 8),
+    (1000, 256, 64, (33, 64), 2, None, False, 2), (16384, 2048, 64, (64,), 2, None, False, 2),
+    (500, 1024, 32, (7,), 1, 3, False, 8),
 ])
-def test_skinny_matches_numpy(gpu, n, k, mb, ms, wgs, stages, norm):
+def test_skinny_matches_numpy(gpu, n, k, mb, ms, wgs, stages, norm, splitk):
     if gpu.arch != "sm_90a":
         pytest.skip(f"skinny.cu is sm_90a only (this GPU is {gpu.arch})")
     r = rng()
     eps = 1e-5
     spec = skinny_spec(n, k, mb, gpu_target(gpu), warpgroups=wgs, stages=stages,
-                       prologue=Prologue("rms_norm", eps) if norm else None)
+                       prologue=Prologue("rms_norm", eps) if norm else None, splitk=splitk)
     ws = [r.standard_normal((n, k), np.float32).astype(BF16) for _ in range(2)]
     wd = [gpu.upload(w) for w in ws]
     g = (r.standard_normal(k) * 0.5 + 1.0).astype(np.float32).astype(BF16)

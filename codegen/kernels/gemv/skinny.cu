@@ -1,6 +1,7 @@
 #include "../common.cuh"
 #include "../attention/mma.cuh"
 #include "../attention/wgmma.cuh"
+#include "cluster.cuh"
 
 // Skinny GEMM on Hopper's warpgroup MMA for decode steps of up to ${MB} tokens on wide matrices (sm_90a; the decode
 // variant of buckets 16 and 32 there: gemv/skinny_rule.py): out[M, N] = x[M, K] @ w[N, K]^T, bf16 in and out, f32
@@ -29,13 +30,23 @@
 //   epilogue multiplies each token's f32 sums by its 1 / rms = rsqrt(mean(x^2) + eps). The CTA holds all K columns,
 //   so no partial sums leave it. Not bit-identical to the norm kernel then the plain GEMM (the factor multiplies the
 //   f32 sums instead of being rounded into x), within the GEMV's tolerance of the reference.
+// - split-K in a cluster (SPLITK = ${SPLITK} > 1; opt-in, skinny_rule.skinny_spec's splitk): for matrices with fewer
+//   row tiles than SMs (or x too large for one CTA: 64 tokens), the SPLITK CTAs of a cluster (1 x SPLITK) take one
+//   row tile each (no persistence: the grid is TILES x SPLITK) and a K slice of K / SPLITK columns each (x staged for
+//   their slice only); each writes its f32 partial tile to shared memory, and after a cluster barrier CTA r adds row
+//   slice r of every CTA's partial tile through distributed shared memory, in rank order, and writes it; a second
+//   barrier keeps every CTA's shared memory alive until its peers have read it. The producer warpgroup takes part in
+//   both barriers (barrier.cluster counts every thread of the cluster).
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, WGS = ${WGS}, STAGES = ${STAGES}, PROLOGUE = ${PROLOGUE};
-constexpr int ROWS = 64 * WGS, KSTEPS = K / 64, TILES = (N + ROWS - 1) / ROWS, NT = 128 * (WGS + 1);
-constexpr unsigned WTILE = ROWS * 128, XBYTES = MB * K * 2;  // a stage (ROWS x 64 bf16); x
+constexpr int SPLITK = ${SPLITK}, KS = K / SPLITK;  // a CTA's K slice
+constexpr int ROWS = 64 * WGS, KSTEPS = KS / 64, TILES = (N + ROWS - 1) / ROWS, NT = 128 * (WGS + 1);
+constexpr unsigned WTILE = ROWS * 128, XBYTES = MB * KS * 2;  // a stage (ROWS x 64 bf16); x's slice
 static_assert(PROLOGUE == 0 || PROLOGUE == 1, "no prologue or rms_norm");
-static_assert(K % 64 == 0, "K a multiple of 64 (one swizzled panel a stage)");
-static_assert(MB == 8 || MB == 16 || MB == 32, "8, 16 or 32 tokens (wgmma's N)");
+static_assert(SPLITK == 1 || SPLITK == 2 || SPLITK == 4 || SPLITK == 8, "split-K over 1, 2, 4 or 8 CTAs");
+static_assert(SPLITK == 1 || PROLOGUE == 0, "the rms_norm prologue needs all of K in the CTA");
+static_assert(KS % 64 == 0 && KS * SPLITK == K, "K slices a multiple of 64 (one swizzled panel a stage)");
+static_assert(MB == 8 || MB == 16 || MB == 32 || MB == 64, "8, 16, 32 or 64 tokens (wgmma's N)");
 static_assert(WGS == 1 || WGS == 2, "one or two consumer warpgroups");
 static_assert(XBYTES % 1024 == 0, "x's panels keep the stages 1024-aligned");
 }  // namespace
@@ -46,7 +57,12 @@ extern "C" {
 __device__ __align__(128) unsigned long long ingot_w_tma[18];
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1)
+#if ${SPLITK} > 1
+#define SKINNY_CLUSTER_DIMS __cluster_dims__(1, ${SPLITK}, 1)
+#else
+#define SKINNY_CLUSTER_DIMS
+#endif
+extern "C" __global__ void SKINNY_CLUSTER_DIMS __launch_bounds__(NT, 1)
     ${KERNEL}(const bf16* __restrict__ x, const bf16* __restrict__ weight, const float* __restrict__ weight_scale,
               const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, i64 rows
 #if ${PROLOGUE} == 1
@@ -62,7 +78,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
   // rms_norm: the warps' sums of x^2 per token ([token][consumer warp]), then each token's 1 / rms
   float* const ss_warp = reinterpret_cast<float*>(sk_shared + (bars + 16 * STAGES - att_smem(sk_shared)));
   float* const inv_rms = ss_warp + MB * 4 * WGS;
-  const int tid = threadIdx.x, M = (int)rows;
+  // SPLITK: this CTA's f32 partial tile, [token][row] (16-byte aligned after the sums)
+  const unsigned part = (bars + 16 * STAGES + MB * (4 * WGS + 1) * 4 + 15u) & ~15u;
+  const int tid = threadIdx.x, M = (int)rows, kslice = SPLITK > 1 ? (int)gemv_cluster_rank() : 0;
+  if (SPLITK > 1 && gridDim.x != TILES) __trap();  // one row tile a cluster (skinny_rule)
   if (tid == 0) {
 #pragma unroll
     for (int st = 0; st < STAGES; ++st) {
@@ -87,8 +106,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
           const int st = n % STAGES;
           pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
           pw_mbar_expect_tx(bars + 8 * st, WTILE);
-          pw_tma_2d(sw + st * WTILE, map, 64 * ks, row0 + tile * ROWS, bars + 8 * st);
+          pw_tma_2d(sw + st * WTILE, map, kslice * KS + 64 * ks, row0 + tile * ROWS, bars + 8 * st);
         }
+    }
+    if (SPLITK > 1) {  // the cluster's two barriers (the consumers': partial tiles written; peers' read)
+      gemv_cluster_sync();
+      gemv_cluster_sync();
     }
     return;
   }
@@ -97,12 +120,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
   // programmatic dependent launch: the producer streams the first stages of weights without waiting for the grid
   // before this one (they do not depend on it); the consumers wait here, before they read x (its output)
 ${PDL_WAIT}
-  // x -> K / 64 swizzled panels of MB rows (zeros past M), then visible to wgmma (async proxy) and every consumer
-  constexpr int CHUNKS = K / 8;  // 16-byte chunks a token row
+  // x's K slice -> KS / 64 swizzled panels of MB rows (zeros past M), then visible to wgmma (async proxy) and every
+  // consumer
+  constexpr int CHUNKS = KS / 8;  // 16-byte chunks a token row
   for (int i = ct; i < MB * CHUNKS; i += 128 * WGS) {
     const int r = i / CHUNKS, c = i % CHUNKS;
     const bool ok = r < M;
-    att_cp16(sx + (c >> 3) * (MB * 128) + pw_off(r, c & 7, MB), ok ? x + (i64)r * K + c * 8 : x, ok);
+    att_cp16(sx + (c >> 3) * (MB * 128) + pw_off(r, c & 7, MB), ok ? x + (i64)r * K + kslice * KS + c * 8 : x, ok);
   }
   att_commit();
   att_wait<0>();
@@ -170,13 +194,34 @@ ${PDL_WAIT}
     pw_pin<MB / 2>(acc);
     // rows 16 warp + g8 (+ 8) of this warpgroup's 64, tokens 8 i + 2 t4 (+ 1)
     const int row = tile * ROWS + 64 * wg + 16 * warp + g8;
+    if constexpr (SPLITK == 1) {
 #pragma unroll
-    for (int i = 0; i < MB / 8; ++i)
+      for (int i = 0; i < MB / 8; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = 8 * i + 2 * t4 + (e & 1), r = row + 8 * (e >> 1);
-        if (t < M && r < N) out[(i64)t * N + r] = from_f32<bf16>(acc[4 * i + e] * (PROLOGUE == 1 ? inv_rms[t] : 1.0f));
+        for (int e = 0; e < 4; ++e) {
+          const int t = 8 * i + 2 * t4 + (e & 1), r = row + 8 * (e >> 1);
+          if (t < M && r < N)
+            out[(i64)t * N + r] = from_f32<bf16>(acc[4 * i + e] * (PROLOGUE == 1 ? inv_rms[t] : 1.0f));
+        }
+    } else {  // the partial tile to shared memory; after the barrier, this CTA's row slice of the cluster's sum
+      float* const pt = reinterpret_cast<float*>(sk_shared + (part - att_smem(sk_shared)));
+#pragma unroll
+      for (int i = 0; i < MB / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          pt[(8 * i + 2 * t4 + (e & 1)) * ROWS + 64 * wg + 16 * warp + g8 + 8 * (e >> 1)] = acc[4 * i + e];
+      gemv_cluster_sync();
+      constexpr int RS = ROWS / SPLITK;  // rows a CTA adds up and writes
+      for (int i = ct; i < RS * MB; i += 128 * WGS) {
+        const int t = i / RS, r = kslice * RS + i % RS;
+        if (t >= M || tile * ROWS + r >= N) continue;
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < SPLITK; ++k) sum += gemv_ld_cluster(gemv_mapa(part + 4 * (t * ROWS + r), k));
+        out[(i64)t * N + tile * ROWS + r] = from_f32<bf16>(sum);
       }
+      gemv_cluster_sync();
+    }
   }
   // the last stage read: released for symmetry (the producer is done; every phase completes)
   if (n > 0) pw_mbar_arrive(bars + 8 * (STAGES + (n + STAGES - 1) % STAGES));

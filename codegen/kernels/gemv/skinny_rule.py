@@ -17,6 +17,11 @@ faster; docs/PERF.md).
 ``all``: bucket 8 too; ``force``: any N (tests: small models' matrices); ``0``: never. ``rule.fused_spec`` makes a
 variant's rms_norm prologue (decode fusion; ``fused_skinny_spec``), as kernel.cu's.
 
+**Split-K in a cluster** (``skinny_spec``'s ``splitk``: 2, 4 or 8; opt-in, not chosen by ``uses`` until measured):
+the CTAs of a cluster take K slices of one row tile each and add their f32 partial tiles through distributed shared
+memory (the template's header): for the narrow matrices (qkv, o, down: fewer row tiles than SMs) and for 64 tokens,
+whose x fits in shared memory only as a slice. ``bench/bench_skinny.py --splitk 2 4 8`` times it.
+
 **The weight's tensor map** (``ingot_w_tma`` in the module; ``runtime/kv_tma.fill_w_tma``): one map per module views a
 region of device memory as rows of K bf16 and the kernel addresses its ``weight`` argument's rows from the region's
 base, so every weight the module is launched on must start a whole number of rows (``K x 2`` bytes) from it:
@@ -39,11 +44,15 @@ from .rule import PROLOGUES, Prologue
 #: weight_scale, bias and residual unused (``uses`` takes no bias or residual)
 PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"),
           ("out", "ptr"), ("M", "i64")]
-#: token buckets the kernel takes (wgmma's N)
-BUCKETS = (8, 16, 32)
+#: token buckets the kernel takes (wgmma's N; 64 only where x's K slice fits: split-K)
+BUCKETS = (8, 16, 32, 64)
+#: split-K widths (CTAs of a cluster, each a K slice; opt-in: ``skinny_spec``'s ``splitk``, not chosen by ``uses``)
+SPLITS = (1, 2, 4, 8)
 ENV = "INGOT_GEMV_SKINNY"
-#: buckets whose variant is this template's by default (``all``: every bucket of ``BUCKETS``)
+#: buckets whose variant is this template's by default (``all`` / ``force``: ``RULE_BUCKETS``; 64 with split-K is
+#: opt-in only, not yet measured)
 DEFAULT_BUCKETS = (16, 32)
+RULE_BUCKETS = (8, 16, 32)
 #: row tiles (64 x warpgroups rows) per SM from which a matrix is wide enough: the 1B model's gate_up has 0.97 (128
 #: tiles on 132 SMs) and gains, its qkv 0.18 and loses
 WIDE_TILES = 0.9
@@ -51,51 +60,62 @@ WIDE_TILES = 0.9
 MIN_STAGES = 4
 
 
-def smem_bytes(k: int, mb: int, warpgroups: int = 2, stages: int = 4) -> int:
-    """x (mb x k bf16), the weight stages (64 x warpgroups rows x 128 bytes each), their full / empty mbarriers,
-    the rms_norm prologue's sums (f32 per token and consumer warp, then per token; reserved either way), and 1 KB to
-    align the swizzled panels."""
-    return 1024 + mb * k * 2 + stages * 64 * warpgroups * 128 + 16 * stages + mb * (4 * warpgroups + 1) * 4
+def smem_bytes(k: int, mb: int, warpgroups: int = 2, stages: int = 4, splitk: int = 1) -> int:
+    """x (mb x k / splitk bf16), the weight stages (64 x warpgroups rows x 128 bytes each), their full / empty
+    mbarriers, the rms_norm prologue's sums (f32 per token and consumer warp, then per token; reserved either way),
+    with split-K the f32 partial tile (16-byte aligned), and 1 KB to align the swizzled panels."""
+    part = (15 + 64 * warpgroups * mb * 4) if splitk > 1 else 0
+    return (1024 + mb * (k // splitk) * 2 + stages * 64 * warpgroups * 128 + 16 * stages
+            + mb * (4 * warpgroups + 1) * 4 + part)
 
 
-def max_stages(k: int, mb: int, target: Target, warpgroups: int = 2) -> int:
+def max_stages(k: int, mb: int, target: Target, warpgroups: int = 2, splitk: int = 1) -> int:
     """The most weight stages (up to 8) that fit beside x in a CTA's shared memory on ``target``: more bytes in flight
     per SM."""
-    return max((s for s in range(2, 9) if smem_bytes(k, mb, warpgroups, s) <= target.smem_per_block), default=0)
+    return max((s for s in range(2, 9) if smem_bytes(k, mb, warpgroups, s, splitk) <= target.smem_per_block),
+               default=0)
 
 
-def supported(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int = 4) -> bool:
-    """sm_90a, K a multiple of 64, a bucket of 8, 16 or 32 tokens, x and the stages within shared memory."""
-    return (target.arch == "sm_90a" and target.wgmma and n > 0 and k > 0 and k % 64 == 0 and mb in BUCKETS
-            and warpgroups in (1, 2) and 2 <= stages <= 8
-            and smem_bytes(k, mb, warpgroups, stages) <= target.smem_per_block)
+def supported(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int = 4, splitk: int = 1) -> bool:
+    """sm_90a, K slices (K / splitk) a multiple of 64, a bucket of ``BUCKETS``, a split of ``SPLITS``, x's slice and
+    the stages within shared memory."""
+    return (target.arch == "sm_90a" and target.wgmma and n > 0 and k > 0 and splitk in SPLITS
+            and k % (64 * splitk) == 0 and mb in BUCKETS and warpgroups in (1, 2) and 2 <= stages <= 8
+            and smem_bytes(k, mb, warpgroups, stages, splitk) <= target.smem_per_block)
 
 
 def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int | None = None,
-                prologue: Prologue | None = None) -> KernelSpec:
+                prologue: Prologue | None = None, splitk: int = 1) -> KernelSpec:
     """The launch for ``out[M, n] = x[M, k] @ w[n, k]^T`` with ``M <= mb``: one persistent CTA per SM (at most one
     per row tile of ``64 x warpgroups`` rows), ``128 x (warpgroups + 1)`` threads; ``stages`` by default as many as
     fit (``max_stages``). ``prologue``: ``rms_norm`` (x is the norm's input, an extra ``norm_weight`` parameter, as
-    ``rule.fused_spec``'s) or none."""
+    ``rule.fused_spec``'s) or none. ``splitk`` > 1: clusters of ``splitk`` CTAs, one a K slice, one row tile a
+    cluster (a grid of tiles x splitk; the template's header; no prologue)."""
     pro = prologue or Prologue()
     if pro.kind not in ("none", "rms_norm"):
         raise ValueError(f"skinny wgmma GEMM: no {pro.kind} prologue (rms_norm only)")
-    stages = stages or max_stages(k, mb, target, warpgroups)
-    if not supported(n, k, mb, target, warpgroups, stages):
-        raise ValueError(f"skinny wgmma GEMM does not take N={n} K={k} for {mb} tokens with {warpgroups} warpgroups "
-                         f"and {stages} stages on {target.name} (sm_90a, K % 64 == 0, buckets {BUCKETS}, shared "
-                         f"memory {smem_bytes(k, mb, warpgroups, stages)} of {target.smem_per_block} bytes)")
+    if pro.kind != "none" and splitk > 1:
+        raise ValueError("skinny wgmma GEMM: the rms_norm prologue needs all of K in one CTA (no split-K)")
+    stages = stages or max_stages(k, mb, target, warpgroups, splitk)
+    if not supported(n, k, mb, target, warpgroups, stages, splitk):
+        raise ValueError(f"skinny wgmma GEMM does not take N={n} K={k} for {mb} tokens with {warpgroups} warpgroups, "
+                         f"{stages} stages and split-K {splitk} on {target.name} (sm_90a, K / split-K a multiple of "
+                         f"64, buckets {BUCKETS}, splits {SPLITS}, shared memory "
+                         f"{smem_bytes(k, mb, warpgroups, stages, splitk)} of {target.smem_per_block} bytes)")
     rows = 64 * warpgroups
     tiles = -(-n // rows)
     norm = pro.kind == "rms_norm"
     values = {"N": n, "K": k, "MB": mb, "WGS": warpgroups, "STAGES": stages, "W_TMA": True,
-              "PROLOGUE": PROLOGUES[pro.kind], "EPS": float(pro.eps)}
+              "PROLOGUE": PROLOGUES[pro.kind], "EPS": float(pro.eps), "SPLITK": splitk}
+    grid = ([GridDim(const=tiles), GridDim(const=splitk)] if splitk > 1
+            else [GridDim(const=min(tiles, target.num_sms))])
     return KernelSpec.make("gemv", "skinny.cu",
-                           f"skinny_bf16_n{n}_k{k}_m{mb}_wg{warpgroups}_s{stages}" + ("_rms_norm" if norm else ""),
+                           f"skinny_bf16_n{n}_k{k}_m{mb}_wg{warpgroups}_s{stages}" + ("_rms_norm" if norm else "")
+                           + (f"_sk{splitk}" if splitk > 1 else ""),
                            target.arch or "", values, PARAMS + [("norm_weight", "ptr")] if norm else PARAMS,
-                           128 * (warpgroups + 1), [GridDim(const=min(tiles, target.num_sms))],
-                           smem=smem_bytes(k, mb, warpgroups, stages),
-                           doc=f"skinny wgmma GEMM, M <= {mb}, {rows}-row tiles by TMA, {stages} stages, persistent"
+                           128 * (warpgroups + 1), grid, smem=smem_bytes(k, mb, warpgroups, stages, splitk),
+                           doc=f"skinny wgmma GEMM, M <= {mb}, {rows}-row tiles by TMA, {stages} stages, "
+                               + (f"split-K {splitk} in a cluster" if splitk > 1 else "persistent")
                                + (", rms_norm prologue" if norm else ""))
 
 
@@ -105,7 +125,8 @@ def fused_skinny_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> 
     v = dict(plain.values)
     if not is_skinny(plain) or v.get("PROLOGUE", 0):
         raise ValueError(f"skinny GEMM: {plain.entry} is not a skinny variant without a prologue")
-    return skinny_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, int(v["WGS"]), int(v["STAGES"]), prologue)
+    return skinny_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, int(v["WGS"]), int(v["STAGES"]), prologue,
+                       int(v.get("SPLITK", 1)))
 
 
 def mode() -> str:
@@ -117,7 +138,7 @@ def mode() -> str:
 def uses(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False) -> bool:
     """The bf16 ``linear`` ``w[n, k]``'s variant for ``M <= mb`` is this template's (``mode``; the module docstring)."""
     m = mode()
-    if m == "off" or bias or residual or mb not in (BUCKETS if m in ("all", "force") else DEFAULT_BUCKETS):
+    if m == "off" or bias or residual or mb not in (RULE_BUCKETS if m in ("all", "force") else DEFAULT_BUCKETS):
         return False
     wide = -(-n // 128) >= WIDE_TILES * (target.num_sms or 132)
     return (wide or m == "force") and max_stages(k, mb, target) >= MIN_STAGES and supported(n, k, mb, target)
