@@ -16,6 +16,7 @@ from ingot.codegen.kernels.gemv import rule as gemv
 from ingot.codegen.kernels.gemv.skinny_rule import (
     ENV,
     PARAMS,
+    STAGES_ENV,
     is_skinny,
     max_stages,
     skinny_spec,
@@ -71,6 +72,26 @@ def test_rule_takes_it_for_wide_matrices_at_16_and_32_tokens(monkeypatch):
     monkeypatch.setenv(ENV, "wide")
     with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY='wide': expected 0, 1, all or force"):
         _variants(16384, 2048)
+
+
+def test_stage_cap(monkeypatch):
+    """INGOT_GEMV_SKINNY_STAGES caps the rule's weight stages (as many as fit by default)."""
+    monkeypatch.delenv(ENV, raising=False)
+    x, w = TensorType(DType.bf16, ("T", 2048)), TensorType(DType.bf16, (16384, 2048))
+
+    def stages() -> dict[int, int]:
+        return {mb: dict(s.values)["STAGES"] for mb, s in gemv.variants(Linear(), [x, w], H200) if is_skinny(s)}
+
+    monkeypatch.delenv(STAGES_ENV, raising=False)
+    assert stages() == {16: 8, 32: 6}
+    monkeypatch.setenv(STAGES_ENV, "4")
+    assert stages() == {16: 4, 32: 4}
+    monkeypatch.setenv(STAGES_ENV, "8")
+    assert stages() == {16: 8, 32: 6}  # no more than fit
+    for bad in ("1", "9", "four"):
+        monkeypatch.setenv(STAGES_ENV, bad)
+        with pytest.raises(ValueError, match=f"INGOT_GEMV_SKINNY_STAGES='{bad}': expected an integer from 2 to 8"):
+            stages()
 
 
 def test_its_variant_takes_the_plain_variants_arguments():

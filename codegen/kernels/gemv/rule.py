@@ -564,7 +564,7 @@ def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> lis
             return bulk
         # wide matrices at 16 / 32 tokens: the wgmma skinny GEMM (skinny_rule's docstring; INGOT_GEMV_SKINNY)
         if skinny_rule.uses(n, k, mb, target, bias, residual):
-            return skinny_rule.skinny_spec(n, k, mb, target)
+            return skinny_rule.skinny_spec(n, k, mb, target, stages=skinny_rule.rule_stages(k, mb, target))
         return gemv_spec(n, k, mb, target, bias, residual)
 
     return [(mb, variant(mb)) for mb in BUCKETS]

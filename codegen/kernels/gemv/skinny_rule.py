@@ -32,6 +32,7 @@ tests and benchmarks over the launch's own weight buffer).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -49,6 +50,10 @@ BUCKETS = (8, 16, 32, 64)
 #: split-K widths (CTAs of a cluster, each a K slice; opt-in: ``skinny_spec``'s ``splitk``, not chosen by ``uses``)
 SPLITS = (1, 2, 4, 8)
 ENV = "INGOT_GEMV_SKINNY"
+#: compile time: at most this many weight stages in the rule's variants (default: as many as fit, ``max_stages``);
+#: fewer stages leave shared memory for the previous kernel's CTAs, so programmatic dependent launch can start this
+#: one's weight stream beside them (an experiment for bucket 8: docs/PERF.md, "The skinny wgmma GEMM")
+STAGES_ENV = "INGOT_GEMV_SKINNY_STAGES"
 #: buckets whose variant is this template's by default (``all`` / ``force``: ``RULE_BUCKETS``; 64 with split-K is
 #: opt-in only, not yet measured)
 DEFAULT_BUCKETS = (16, 32)
@@ -142,6 +147,18 @@ def uses(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: 
         return False
     wide = -(-n // 128) >= WIDE_TILES * (target.num_sms or 132)
     return (wide or m == "force") and max_stages(k, mb, target) >= MIN_STAGES and supported(n, k, mb, target)
+
+
+def rule_stages(k: int, mb: int, target: Target) -> int:
+    """The weight stages of the rule's variant: as many as fit (``max_stages``), at most ``INGOT_GEMV_SKINNY_STAGES``
+    (an integer 2..8; another value: ``ValueError`` naming the variable)."""
+    fit = max_stages(k, mb, target)
+    raw = os.environ.get(STAGES_ENV, "").strip()
+    if not raw:
+        return fit
+    if not raw.isdigit() or not 2 <= int(raw) <= 8:
+        raise ValueError(f"{STAGES_ENV}={raw!r}: expected an integer from 2 to 8")
+    return min(int(raw), fit)
 
 
 def is_skinny(spec: KernelSpec) -> bool:
