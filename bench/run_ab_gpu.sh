@@ -79,7 +79,8 @@ for r in $(seq 1 "$RUNS"); do
     n=${names[$i]}
     # shellcheck disable=SC2086
     TAILN=2 step "e2e_${k}_$n" timeout=180 env ${envs[$i]} python3 bench/bench_e2e.py --reuse $MB --decode-steps 1,8 \
-      --batches "${BATCHES:-1,64}" --steps "${STEPS:-64,32}" --skip-hf --prefill-repeats 1 --formats "$FORMATS" --workdir "$(work "$i")" --out "$OUT/e2e_${k}_$n.json"
+      --batches "${BATCHES:-1,64}" --steps "${STEPS:-64,32}" --skip-hf --prefill-repeats 1 --formats "$FORMATS" \
+      --workdir "$(work "$i")" --out "$OUT/e2e_${k}_$n.json"
   done
 done
 python3 bench/ab_summary.py "$OUT" --format "${FORMATS%%,*}" --json "$OUT/summary.json" | tee "$OUT/summary.txt"

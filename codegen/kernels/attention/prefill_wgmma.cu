@@ -133,6 +133,11 @@ __device__ __forceinline__ void pw_tma_kv(unsigned long long map, i64 row0, cons
 __device__ __forceinline__ bool pw_v_tail(int p0, int hi) {
   return VZ && hi >= p0 && hi < p0 + BN && hi % R != R - 1;
 }
+// the mbarrier a consumer waits on for the tile at p0 in the stage at offset 8 x stage: its full barrier (at bars),
+// or with VZ, where the tile has stale V rows (pw_v_tail), the second producer warp's ready barrier (at ready)
+__device__ __forceinline__ unsigned pw_tile_bar(unsigned bars, unsigned ready, int p0, int hi) {
+  return pw_v_tail(p0, hi) ? ready : bars;
+}
 // VZ: zero the V rows of positions (hi, end of hi's copy) in the stage's V tile at sv (generic stores, then the
 // fence that orders them before the async proxy's reads: the consumers' wgmma)
 __device__ __forceinline__ void pw_zero_v_tail(unsigned sv, int p0, int hi, int lane) {
@@ -307,8 +312,8 @@ __device__ __forceinline__ PwSub pw_sub(int s, int tstart, int tend, const int* 
   return u;
 }
 // the producer's walk: the CTA's K/V tiles in order, each once its stage is free (the empty barriers at bars + 8 x
-// (STAGES + stage)): load(sub-tile, first position, stage, the tile's number n in the CTA). A function template, not a generic lambda: NVRTC 13.0
-// takes a generic lambda in a kernel for a host function and rejects it (13.5 does not)
+// (STAGES + stage)): load(sub-tile, first position, stage, the tile's number n in the CTA). A function template, not
+// a generic lambda: NVRTC 13.0 takes a generic lambda in a kernel for a host function and rejects it (13.5 does not)
 template <class Load>
 __device__ __forceinline__ void pw_each_tile(int s_first, int num_seqs, int tstart, int tend, const int* seq_lens,
                                              const int* query_start_loc, const int* block_tables, int max_blocks,
@@ -564,7 +569,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
         if constexpr (PINGPONG && !OVERLAP) {
           // turns: S of the first tile; then per tile O += P V of it and S of the next (the MMAs between two of
           // this consumer's softmaxes), so one consumer's softmax runs while the other's MMAs are on the tensor cores
-          pw_mbar_wait((pw_v_tail(u.kt0 * BN, u.qpos_hi) ? ready : bars) + 8 * (n % STAGES), (n / STAGES) & 1);
+          pw_mbar_wait(pw_tile_bar(bars, ready, u.kt0 * BN, u.qpos_hi) + 8 * (n % STAGES), (n / STAGES) & 1);
           if (!TMA) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           pw_bar_sync<256>(turn);
           pw_qk(sc, qa, sk0 + (n % STAGES) * TILE);
@@ -578,7 +583,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
             pw_rescale(o, corr);
             pw_pack_p(sc, pa);
             if (more) {  // the next tile's K (and V) landed, before this consumer's turn is taken
-              pw_mbar_wait((pw_v_tail(p0 + BN, u.qpos_hi) ? ready : bars) + 8 * ((n + 1) % STAGES),
+              pw_mbar_wait(pw_tile_bar(bars, ready, p0 + BN, u.qpos_hi) + 8 * ((n + 1) % STAGES),
                            ((n + 1) / STAGES) & 1);
               if (!TMA) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             }
@@ -594,7 +599,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) ${KERNEL}(
         } else {
           for (int it = 0; it < u.ntiles; ++it, ++n) {
             const int st = n % STAGES;
-            pw_mbar_wait((pw_v_tail((u.kt0 + it) * BN, u.qpos_hi) ? ready : bars) + 8 * st, (n / STAGES) & 1);
+            pw_mbar_wait(pw_tile_bar(bars, ready, (u.kt0 + it) * BN, u.qpos_hi) + 8 * st, (n / STAGES) & 1);
             // cp.async's writes (generic proxy), then wgmma's reads (async proxy); TMA writes through the async proxy
             // (VZ's zeros: the writing warp fenced them)
             if (!TMA) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");

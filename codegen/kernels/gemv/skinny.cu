@@ -69,7 +69,7 @@ extern "C" __global__ void SKINNY_CLUSTER_DIMS __launch_bounds__(NT, 1)
               , const bf16* __restrict__ norm_weight
 #endif
     ) {
-  (void)weight_scale, (void)bias, (void)residual;  // a plain GEMV variant's parameters; none is taken (skinny_rule.uses)
+  (void)weight_scale, (void)bias, (void)residual;  // a plain GEMV variant's parameters, none taken (skinny_rule.uses)
 #if ${PROLOGUE} != 1
   const bf16* const norm_weight = nullptr;  // only the rms_norm prologue has this parameter
 #endif
