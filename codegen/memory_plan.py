@@ -168,10 +168,11 @@ def plan_memory(graph: Graph, bindings: Mapping[str, int], reads: Mapping[str, i
     its type); ``weight_align``: weight name -> a byte pitch its offset in the weights region must be a multiple
     of."""
     plan = MemoryPlan(dict(bindings))
+    align = weight_align or {}
     off = 0
     for name, w in graph.weights.items():
         n = value_nbytes(graph.weight_values[name], {})
-        pitch = int((weight_align or {}).get(name, 0))
+        pitch = int(align.get(name, 0))
         if pitch > 0:
             off = _align(off, math.lcm(ALIGN, pitch))
         plan.buffers[name] = Buffer(name, "weights", off, n, w.type.dtype.value, list(w.type.shape or ()))

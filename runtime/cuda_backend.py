@@ -191,6 +191,7 @@ class CudaExecutor(DecodeSteps):
         self.launches: list[Launch] = []
         functions = {}
         tables = (cuda["kernels"], cuda.get("variant_kernels", {}), cuda.get("alternative_kernels", {}))
+        skinny_reads: dict[str, list[str]] | None = None  # the skinny GEMMs' weights, on the first such module
         for entry, k in {key: v for table in tables for key, v in table.items()}.items():
             module = cd.Module((self.path / k["cubin"]).read_bytes(), entry)
             self.modules[entry] = module
@@ -205,7 +206,8 @@ class CudaExecutor(DecodeSteps):
                 fill_kv_tma(module.handle, kspec, self.arena.ptr + self.base["kv"],
                             self.kv_layer_bytes * len(self.kv_inputs))
             if needs_w_tma(kspec):  # the skinny GEMM: its weight's tensor map over the weights region
-                self._fill_w_tma(module, kspec, entry, cuda["launches"])
+                skinny_reads = self._skinny_weight_reads(cuda) if skinny_reads is None else skinny_reads
+                self._fill_w_tma(module, kspec, entry, skinny_reads.get(entry, ()))
         use_cutlass = os.environ.get("INGOT_NO_CUTLASS", "") in ("", "0")
         # kernels with the PDL prologue, as the kernel table marks them (codegen/kernel.py); INGOT_PDL=0: none
         pdl = frozenset(e for table in tables for e, k in table.items() if k.get("pdl")) if cd.pdl_enabled() \
@@ -260,19 +262,27 @@ class CudaExecutor(DecodeSteps):
         self.step_kernel: tuple[Any, KernelSpec] | None = self._load_step_kernel() if self.argmax is not None else None
         self.ctx.synchronize()
 
-    def _fill_w_tma(self, module: cd.Module, kspec: KernelSpec, entry: str, launches: Sequence[Mapping]) -> None:
+    @staticmethod
+    def _skinny_weight_reads(cuda: Mapping[str, Any]) -> dict[str, list[str]]:
+        """Skinny GEMM kernel entry -> the weight buffers its launches read (``skinny_rule.weight_reads``)."""
+        from ..codegen.kernels.gemv.skinny_rule import weight_reads
+
+        specs = {e: k["spec"] for e, k in cuda.get("variant_kernels", {}).items()}
+        out: dict[str, list[str]] = {}
+        for entry, name, _ in weight_reads(cuda["launches"], specs):
+            out.setdefault(entry, []).append(name)
+        return out
+
+    def _fill_w_tma(self, module: cd.Module, kspec: KernelSpec, entry: str, names: Sequence[str]) -> None:
         """Fill the skinny GEMM module's weight tensor map over the weights region, after checking that every weight
-        its launches read starts a whole row from the region's start (``kv_tma.w_tma_region``)."""
+        its launches read (``names``) starts a whole row from the region's start (``kv_tma.w_tma_region``)."""
         pitch = int(dict(kspec.values)["K"]) * 2
         weights = {}
-        for ln in launches:
-            for v in ln.get("variants", ()):
-                if v["kernel"] == entry:
-                    name = (v.get("args") or ln["args"])["weight"]["buffer"]
-                    buf = self.buffers[name]
-                    if buf["region"] != "weights":
-                        raise CudaArtifactError(f"{entry}: its weight {name} is not in the weights region")
-                    weights[name] = (int(buf["offset"]), int(buf["nbytes"]))
+        for name in names:
+            buf = self.buffers[name]
+            if buf["region"] != "weights":
+                raise CudaArtifactError(f"{entry}: its weight {name} is not in the weights region")
+            weights[name] = (int(buf["offset"]), int(buf["nbytes"]))
         try:
             nbytes = w_tma_region(int(self.plan["regions"]["weights"]), self.arena_bytes - self.base["weights"],
                                   pitch, weights)

@@ -20,8 +20,9 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
-#: the module global the kernel reads (prefill_wgmma.cu)
+#: the module globals the kernels read (prefill_wgmma.cu's KV cache map, gemv/skinny.cu's weight map)
 SYMBOL = b"ingot_kv_tma"
+W_SYMBOL = b"ingot_w_tma"
 #: its size: a 128-byte CUtensorMap, then the region's base and size (u64 each)
 NBYTES = 128 + 16
 
@@ -97,7 +98,7 @@ def fill_w_tma(module: Any, spec: Any, base: int, nbytes: int) -> None:
     k, box_rows = int(v["K"]), 64 * int(v["WGS"])
     rows = _region_rows(base, nbytes, k * 2, f"weight (K {k}, bf16)")
     tmap = _encode_bf16(base, [k, rows], [k * 2], [64, box_rows], "weight")
-    _write_global(module, b"ingot_w_tma", spec, tmap + struct.pack("<2Q", base, nbytes))
+    _write_global(module, W_SYMBOL, spec, tmap + struct.pack("<2Q", base, nbytes))
 
 
 def w_tma_region(region_bytes: int, room: int, pitch: int, weights: Mapping[str, tuple[int, int]]) -> int:
@@ -138,6 +139,6 @@ def fill_kv_tma(module: Any, spec: Any, base: int, nbytes: int) -> None:
 def tensor_maps(spec: Any) -> list[tuple[str, Callable[[Any, Any, int, int], None]]]:
     """The tensor maps the kernel of ``spec`` reads, as (the launch argument whose buffer the map views, its fill
     function): for launchers that map a launch's own buffers (the tests, the benchmarks; the executor maps its whole
-    KV region instead)."""
+    KV region and weights region instead)."""
     maps = ((needs_kv_tma, "kv_cache", fill_kv_tma), (needs_w_tma, "weight", fill_w_tma))
     return [(arg, fill) for needs, arg, fill in maps if needs(spec)]

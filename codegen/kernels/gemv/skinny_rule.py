@@ -33,7 +33,7 @@ tests and benchmarks over the launch's own weight buffer).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ...kernel import GridDim, KernelSpec
@@ -166,18 +166,25 @@ def is_skinny(spec: KernelSpec) -> bool:
     return spec.family == "gemv" and spec.template == "skinny.cu"
 
 
-def weight_pitches(launches: Iterable[Mapping[str, Any]], specs: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
-    """Weight buffer -> its row pitch in bytes (``K x 2``) for every weight a skinny variant among ``launches`` (the
-    manifest's launch table) is launched on; ``specs``: kernel entry -> its spec dict (the manifest's
-    ``variant_kernels``' ``spec``). Raises ``ValueError`` for a weight two pitches would have to divide."""
-    out: dict[str, int] = {}
+def weight_reads(launches: Iterable[Mapping[str, Any]],
+                 specs: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[str, str, int]]:
+    """(kernel entry, weight buffer, its row pitch in bytes: ``K x 2``) for every skinny variant among ``launches``
+    (the manifest's launch table) and the weight it is launched on; ``specs``: kernel entry -> its spec dict (the
+    manifest's ``variant_kernels``' ``spec``). The memory plan aligns those weights (``weight_pitches``), the
+    executor checks them before it fills each module's map (``runtime/cuda_backend.py``)."""
     for ln in launches:
         for v in ln.get("variants", ()):
             spec = specs.get(v["kernel"])
-            if spec is None or spec.get("template") != "skinny.cu":
-                continue
-            args = v.get("args") or ln["args"]
-            name, pitch = args["weight"]["buffer"], int(dict(spec["values"])["K"]) * 2
-            if out.setdefault(name, pitch) != pitch:
-                raise ValueError(f"skinny GEMM: weight {name} read with row pitches {out[name]} and {pitch} bytes")
+            if spec is not None and spec.get("template") == "skinny.cu":
+                args = v.get("args") or ln["args"]
+                yield v["kernel"], args["weight"]["buffer"], int(dict(spec["values"])["K"]) * 2
+
+
+def weight_pitches(launches: Iterable[Mapping[str, Any]], specs: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """Weight buffer -> its row pitch in bytes for every weight a skinny variant among ``launches`` is launched on
+    (``weight_reads``). Raises ``ValueError`` for a weight two pitches would have to divide."""
+    out: dict[str, int] = {}
+    for _, name, pitch in weight_reads(launches, specs):
+        if out.setdefault(name, pitch) != pitch:
+            raise ValueError(f"skinny GEMM: weight {name} read with row pitches {out[name]} and {pitch} bytes")
     return out
