@@ -44,7 +44,8 @@ BF16_PEAK_TFLOPS = 747.0  # cuBLAS bf16 GEMM 8192^3 on this H200 (../shared/GPU.
 #: wgmma configs benched by default: warpgroups x K/V positions per tile x stages, then flags in any order: ``ov``:
 #: softmax overlapping O += P V, ``ws``: a producer warpgroup with mbarriers, ``hf``: the heaviest CTAs first, ``lm``:
 #: the mask only on the tiles that need it, ``pp``: ping-pong consumers (needs ``ws`` and 2 warpgroups), ``tm``: K/V
-#: by TMA (needs ``ws``) (``default``: the rule's)
+#: by TMA (needs ``ws``), ``vz``: with ``tm``, the V rows past the context zeroed (``default``: the rule's, with
+#: ``vz`` where it loads by TMA; the configs ending in ``tm`` are the default without it)
 DEFAULT_WGMMA_CONFIGS = ("default", "2x128x2", "2x128x3", "2x64x3", "1x128x2", "2x128x3ov", "2x64x3ov", "2x128x2ws",
                          "2x128x3ws", "2x64x3ws", "2x128x3ovws", "2x64x3ovws",
                          "2x128x3wshf", "2x64x3wshf", "2x128x3wslm", "2x64x3wslm", "2x128x3wspp", "2x64x3wspp",

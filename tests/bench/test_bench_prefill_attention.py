@@ -32,11 +32,11 @@ def test_kernels_per_shape():
     labels = [label for label, _ in ingot_kernels("8x2048x32x8x64", 16, list(DEFAULT_WGMMA_CONFIGS))]
     assert labels[:2] == ["w4", "w8"] and len(labels) == len(set(labels))
     assert {"wgmma_2x128x3", "wgmma_2x128x3ov", "wgmma_2x128x2ws", "wgmma_2x128x3ovws"} <= set(labels)
-    assert "wgmma_default" not in labels  # the default (at head_dim 128 2x128x3wshflmpptm) under its own name
+    assert "wgmma_default" not in labels  # the default (at head_dim 128 2x128x3wshflmpptmvz) under its own name
     specs = dict(ingot_kernels("1x4096x32x32x128", 16, ["default", "2x128x2", "1x64x3ws", "2x128x2ov",
-                                                         "2x128x3lmtmwshfpp", "2x128x3tm"]))
+                                                         "2x128x3lmtmwshfppvz", "2x128x3tm"]))
     # duplicates (the default spelled out) and declined configs (overlap needs 3 stages, TMA a producer) dropped
-    assert list(specs) == ["w4", "w8", "wgmma_2x128x3wshflmpptm", "wgmma_2x128x2", "wgmma_1x64x3ws"]
+    assert list(specs) == ["w4", "w8", "wgmma_2x128x3wshflmpptmvz", "wgmma_2x128x2", "wgmma_1x64x3ws"]
     # a cache whose blocks TMA copies cannot tile: the default loads by cp.async, TMA configs are declined
     labels = [label for label, _ in ingot_kernels("1x4096x32x32x128", 12, ["default", "2x128x3wshflmtm"])]
     assert labels == ["w4", "w8", "wgmma_2x128x3wshflm"]
@@ -47,6 +47,6 @@ def test_kernels_per_shape():
 def test_dry_run_compiles_every_kernel():
     out = run("--dry-run", "--shapes", "1x256x8x8x64", "--wgmma-configs", "default", "2x64x3ov", "1x64x2ws")
     lines = [ln for ln in out.splitlines() if ln.startswith("1x256x8x8x64 ")]
-    assert [ln.split()[1] for ln in lines] == ["w4:", "w8:", "wgmma_2x128x3wshflmtm:", "wgmma_2x64x3ov:",
+    assert [ln.split()[1] for ln in lines] == ["w4:", "w8:", "wgmma_2x128x3wshflmtmvz:", "wgmma_2x64x3ov:",
                                              "wgmma_1x64x2ws:"]
     assert all("cubin" in ln for ln in lines)

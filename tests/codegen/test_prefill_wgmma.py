@@ -96,15 +96,16 @@ def test_spec_shares_the_flash_parameters():
     assert tokens_per_cta(32, 8, cfg) == 32 and tokens_per_cta(32, 32, cfg) == 128 and tokens_per_cta(9, 3, cfg) == 42
     assert spec.grid == (GridDim("num_tokens", 32), GridDim(const=8), GridDim())
     assert spec.grid_dims({"num_tokens": 4096, "num_seqs": 1, "max_blocks": 256}) == (128, 8, 1)
-    # the default (2x128x3wshflmtm): a producer warpgroup (loading K/V by TMA) beside the two consumers, three stages
-    # of 128-position tiles, the heaviest CTAs first, the mask only where it cuts; at head_dim 128 with ping-pong
-    # consumers; caches of blocks TMA copies cannot tile load by cp.async, without ping-pong
+    # the default (2x128x3wshflmtmvz): a producer warpgroup (loading K/V by TMA, zeroing the V rows past the context)
+    # beside the two consumers, three stages of 128-position tiles, the heaviest CTAs first, the mask only where it
+    # cuts; at head_dim 128 with ping-pong consumers; caches of blocks TMA copies cannot tile load by cp.async (which
+    # zero-fills), without ping-pong
     assert cfg == default_config(64, 16) == WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True,
-                                                        tma=True)
+                                                        tma=True, v_zero=True)
     assert default_config(128) == default_config(128, 256) == replace(cfg, pingpong=True)
-    assert default_config(128, 12) == default_config(64, 4) == replace(cfg, tma=False)
+    assert default_config(128, 12) == default_config(64, 4) == replace(cfg, tma=False, v_zero=False)
     assert dict(wgmma_spec(bf16, bf16, 32, 8, 64, 12, 0.125, h200).values)["TMA"] is False
-    assert spec.block == (384, 1, 1) and spec.smem == smem_bytes(64, cfg) == 1024 + 2 * 64 * (128 + 6 * 128) + 3 * 16
+    assert spec.block == (384, 1, 1) and spec.smem == smem_bytes(64, cfg) == 1024 + 2 * 64 * (128 + 6 * 128) + 3 * 24
     one = wgmma_spec(bf16, bf16, 8, 8, 128, 32, 0.088, h200, cfg=WgmmaConfig(1, 64, 3))
     assert one.block == (128, 1, 1) and one.smem == 1024 + 2 * 128 * (64 + 6 * 64)
     ws = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=WgmmaConfig(2, 128, 2, producer=True))
@@ -114,7 +115,7 @@ def test_spec_shares_the_flash_parameters():
         for cfg in (default_config(d), WgmmaConfig(2, 128, 3), WgmmaConfig(2, 64, 3), WgmmaConfig(1, 128, 2),
                     WgmmaConfig(2, 128, 3, True), WgmmaConfig(2, 128, 3, True, True)):
             assert smem_bytes(d, cfg) <= MAX_SMEM
-    assert smem_bytes(128, default_config(128)) == 1024 + 2 * 128 * (128 + 6 * 128) + 3 * 16
+    assert smem_bytes(128, default_config(128)) == 1024 + 2 * 128 * (128 + 6 * 128) + 3 * 24
 
 
 def test_knobs_are_opt_in_and_tagged():
@@ -144,8 +145,8 @@ def test_knobs_are_opt_in_and_tagged():
     assert tag(vz).endswith("_pp_tm_vz") and dict(vz.values)["VZ"] is True and not dict(plain.values)["VZ"]
     tm = wgmma_spec(bf16, bf16, 32, 8, 128, 16, 0.088, h200, cfg=every)
     assert vz.smem == tm.smem + 3 * 8 and (vz.block, vz.grid) == (tm.block, tm.grid)
-    assert parse_config("2x128x3wshflmpptmvz") == replace(default_config(128), v_zero=True)
-    assert config_name(replace(default_config(64), v_zero=True)) == "2x128x3wshflmtmvz"
+    assert parse_config("2x128x3wshflmpptmvz") == default_config(128)
+    assert config_name(default_config(64)) == "2x128x3wshflmtmvz"
 
 
 def heavy_first_order(grid_x: int, kv: int) -> list[tuple[int, int]]:

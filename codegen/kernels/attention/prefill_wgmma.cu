@@ -115,8 +115,8 @@ __device__ __forceinline__ void pw_load_kv(const bf16* kv_cache, const int* tabl
 // (the context's last block) also bring its rows past hi, cache rows of this sequence's own block: whatever K/V were
 // last written there (zeros from allocation otherwise). The mask replaces those positions' scores, so P is 0 there;
 // a V row that is finite then adds nothing, but a non-finite one (left by an earlier request whose K/V overflowed)
-// would make the row NaN. Known limitation of the default; VZ (config flag vz, opt-in until it has run on a GPU:
-// docs/PERF.md, "K/V by TMA") has the producer's second warp zero those V rows once the copies landed
+// would make the row NaN. VZ (config flag vz, on in the default wherever K/V come by TMA: docs/PERF.md, "The TMA
+// attention's V rows past the context") has the producer's second warp zero those V rows once the copies landed
 // (pw_zero_v_tail) and the consumers wait for it on that tile (loading them by the warp's cp.async instead hung).
 __device__ __forceinline__ void pw_tma_kv(unsigned long long map, i64 row0, const int* table, int kvh, int p0, int lo,
                                           int hi, unsigned sk, unsigned sv, unsigned bar, int lane) {

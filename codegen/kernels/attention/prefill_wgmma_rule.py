@@ -111,8 +111,10 @@ def default_config(head_dim: int, block_size: int | None = None) -> WgmmaConfig:
     consumers (``2x128x3wshflmpptm``: 485 / 488 TFLOP/s on 4k causal MHA, two runs, against 483 / 476 without
     ping-pong and 409 / 410 with cp.async loads), at 64 without (``2x128x3wshflmtm``: 310 / 312 on 8 x 2048 causal
     GQA 32/8, 308 / 307 with ping-pong, 291 / 292 with cp.async). Caches whose ``block_size`` TMA copies cannot tile
-    (``tma_block_ok``) load by cp.async, without ping-pong (``2x128x3wshflm``, the fastest there).
-    ``INGOT_PREFILL_WGMMA_CONFIG`` (``CONFIG_ENV``) overrides it."""
+    (``tma_block_ok``) load by cp.async, without ping-pong (``2x128x3wshflm``, the fastest there). With TMA the V
+    rows past the context are zeroed (``v_zero``, flag vz: 484.8 vs 485.1 TFLOP/s at head_dim 128, 307.8 vs 309.2 at
+    64, eighteenth session), so a non-finite value an earlier owner left in the context's last cache block cannot
+    make a row NaN. ``INGOT_PREFILL_WGMMA_CONFIG`` (``CONFIG_ENV``) overrides it."""
     env = os.environ.get(CONFIG_ENV, "").strip()
     for item in filter(None, (i.strip() for i in env.split(","))):
         dim, sep, name = item.rpartition(":")
@@ -120,7 +122,7 @@ def default_config(head_dim: int, block_size: int | None = None) -> WgmmaConfig:
             return parse_config(name)
     tma = block_size is None or tma_block_ok(block_size, 128)
     return WgmmaConfig(2, 128, 3, producer=True, heavy_first=True, lean_mask=True, pingpong=tma and head_dim == 128,
-                       tma=tma)
+                       tma=tma, v_zero=tma)
 
 
 def smem_bytes(head_dim: int, cfg: WgmmaConfig) -> int:
