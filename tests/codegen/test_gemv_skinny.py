@@ -16,6 +16,7 @@ from ingot.codegen.kernels.gemv import rule as gemv
 from ingot.codegen.kernels.gemv.skinny_rule import (
     ENV,
     PARAMS,
+    SPLITK_ENV,
     STAGES_ENV,
     is_skinny,
     max_stages,
@@ -44,31 +45,56 @@ def test_supported_and_declined():
         skinny_spec(2048, 8192, 32, H200)
 
 
-def _variants(n: int, k: int, bias: bool = False, target=H200) -> dict[int, str]:
-    """The GEMV rule's decode variants of a bf16 ``linear`` ``w[n, k]``: bucket -> template."""
+def _variants(n: int, k: int, bias: bool = False, target=H200, residual: bool = False) -> dict[int, str]:
+    """The GEMV rule's decode variants of a bf16 ``linear`` ``w[n, k]``: bucket -> template, ``skinny.cu/sk4``
+    for split-K."""
     x, w = TensorType(DType.bf16, ("T", k)), TensorType(DType.bf16, (n, k))
     inputs = [x, w, TensorType(DType.bf16, (n,)) if bias else None]
-    return {mb: spec.template for mb, spec in gemv.variants(Linear(), inputs, target)}
+    if residual:
+        inputs.append(TensorType(DType.bf16, ("T", n)))
+    out = {}
+    for mb, spec in gemv.variants(Linear(), inputs, target):
+        v = dict(spec.values)
+        out[mb] = spec.template + (f"/sk{v['SPLITK']}" if is_skinny(spec) and v["SPLITK"] > 1 else "")
+        if is_skinny(spec):
+            assert (v["HAS_BIAS"], v["HAS_RESIDUAL"]) == (bias, residual)
+    return out
 
 
-def test_rule_takes_it_for_wide_matrices_at_16_and_32_tokens(monkeypatch):
+def test_rule_persistent_on_wide_matrices_split_k_on_narrow_ones(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
-    # the 1B model's gate_up (128 row tiles on 132 SMs) and lm_head: buckets 16 and 32; bucket 8 keeps kernel.cu
-    # (its decode fusions), 64 is no wgmma bucket here
+    monkeypatch.delenv(SPLITK_ENV, raising=False)
+    # the 1B model's gate_up (128 row tiles on 132 SMs) and lm_head: the persistent kernel at buckets 16 and 32;
+    # bucket 8 keeps kernel.cu (its decode fusions), at 64 x fits only as a slice and split-K is slower there
+    wide = {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "kernel.cu"}
     for n in (16384, 128256):
-        assert _variants(n, 2048) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "kernel.cu"}
-    assert set(_variants(3072, 2048).values()) == {"kernel.cu"}  # qkv: 24 row tiles, slower than kernel.cu
-    assert set(_variants(16384, 2048, bias=True).values()) == {"kernel.cu"}  # no bias / residual epilogue
+        assert _variants(n, 2048) == wide
+    assert _variants(16384, 2048, bias=True) == wide  # bias and residual in the epilogue
+    # qkv and o (24 / 16 row tiles): split-K over 4 CTAs at 16-64 tokens; down (K 8192) up to 32 (at 64 tokens its
+    # quarter of x, 256 KB, does not fit)
+    narrow = {8: "kernel.cu", 16: "skinny.cu/sk4", 32: "skinny.cu/sk4", 64: "skinny.cu/sk4"}
+    assert _variants(3072, 2048) == _variants(2048, 2048, residual=True) == narrow
+    assert _variants(2048, 8192, residual=True) == {**narrow, 64: "kernel.cu"}
+    assert set(_variants(3072, 2112).values()) == {"kernel.cu"}  # K (33 x 64) not a multiple of 4 x 64
     assert set(_variants(16384, 2048, target=B200).values()) == {"kernel.cu"}  # wgmma: sm_90a
     # K 4096: x of 32 tokens (256 KB) does not fit, 16 tokens does
     assert _variants(16384, 4096) == {8: "kernel.cu", 16: "skinny.cu", 32: "kernel.cu", 64: "kernel.cu"}
+    for only in ("32,64", "64+32"):
+        monkeypatch.setenv(SPLITK_ENV, only)
+        assert _variants(3072, 2048) == {**narrow, 16: "kernel.cu"}
+    monkeypatch.setenv(SPLITK_ENV, "0")
+    assert set(_variants(3072, 2048).values()) == {"kernel.cu"} and _variants(16384, 2048) == wide
+    monkeypatch.setenv(SPLITK_ENV, "32,48")
+    with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY_SPLITK='32,48': expected 0, 1 or buckets of"):
+        _variants(3072, 2048)
+    monkeypatch.delenv(SPLITK_ENV)
     monkeypatch.setenv(ENV, "all")
-    assert _variants(16384, 2048) == {8: "skinny.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "kernel.cu"}
-    assert set(_variants(3072, 2048).values()) == {"kernel.cu"}
-    monkeypatch.setenv(ENV, "force")  # tests: any N
-    assert _variants(3072, 2048) == {8: "skinny.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "kernel.cu"}
+    assert _variants(16384, 2048) == {**wide, 8: "skinny.cu"}
+    assert _variants(3072, 2048) == narrow
+    monkeypatch.setenv(ENV, "force")  # tests: the persistent kernel for any N at 8-32 tokens
+    assert _variants(3072, 2048) == {8: "skinny.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/sk4"}
     monkeypatch.setenv(ENV, "0")
-    assert set(_variants(16384, 2048).values()) == {"kernel.cu"}
+    assert set(_variants(16384, 2048).values()) == set(_variants(3072, 2048).values()) == {"kernel.cu"}
     monkeypatch.setenv(ENV, "wide")
     with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY='wide': expected 0, 1, all or force"):
         _variants(16384, 2048)
@@ -160,6 +186,20 @@ def test_split_k_launch():
         gemv.fused_spec(skinny_spec(3072, 2048, 8, H200, splitk=2), gemv.Prologue("rms_norm", 1e-5), H200)
 
 
+def test_bias_and_residual_in_the_epilogue():
+    """o and down carry the residual stream: their variants add it (and a bias) in the epilogue, the launch is the
+    plain one's; the kernel names say so."""
+    plain = skinny_spec(2048, 2048, 32, H200, splitk=4)
+    both = skinny_spec(2048, 2048, 32, H200, splitk=4, bias=True, residual=True)
+    v = dict(both.values)
+    assert (v["HAS_BIAS"], v["HAS_RESIDUAL"]) == (True, True) and not dict(plain.values)["HAS_RESIDUAL"]
+    assert both.entry.rsplit("_", 1)[0].endswith("_sk4_b_r") and "bias, residual" in both.doc
+    assert (both.block, both.smem, both.grid_dims({"M": 9})) == (plain.block, plain.smem, plain.grid_dims({"M": 9}))
+    assert [p.name for p in both.params] == [p.name for p in plain.params] == [n for n, _ in PARAMS]
+    fused = gemv.fused_spec(skinny_spec(16384, 2048, 8, H200, residual=True), gemv.Prologue("rms_norm", 1e-5), H200)
+    assert dict(fused.values)["HAS_RESIDUAL"] and dict(fused.values)["PROLOGUE"] == 1
+
+
 def test_spec_launch_and_stages():
     spec = skinny_spec(16384, 2048, 32, H200)
     assert spec.template == "skinny.cu" and spec.arch == "sm_90a"
@@ -195,17 +235,20 @@ def test_the_rms_norm_prologue_variant():
 
 
 @needs_compiler
-@pytest.mark.parametrize("n,k,mb,wgs,stages,norm,splitk", [
-    (16384, 2048, 32, 2, None, False, 1), (128256, 2048, 8, 2, None, False, 1), (1000, 64, 16, 1, 3, False, 1),
-    (16384, 2048, 32, 2, None, True, 1), (1000, 64, 8, 1, 2, True, 1),
-    (3072, 256, 32, 2, None, False, 4), (2048, 512, 64, 2, None, False, 8), (1000, 128, 64, 1, 2, False, 2)])
-def test_compiles_to_wgmma_with_tma(n, k, mb, wgs, stages, norm, splitk):
+@pytest.mark.parametrize("n,k,mb,wgs,stages,norm,splitk,residual", [
+    (16384, 2048, 32, 2, None, False, 1, False), (128256, 2048, 8, 2, None, False, 1, False),
+    (1000, 64, 16, 1, 3, False, 1, True), (16384, 2048, 32, 2, None, True, 1, False),
+    (1000, 64, 8, 1, 2, True, 1, True),
+    (3072, 256, 32, 2, None, False, 4, False), (2048, 512, 64, 2, None, False, 8, True),
+    (1000, 128, 64, 1, 2, False, 2, False), (2048, 2048, 32, 2, None, False, 4, True)])
+def test_compiles_to_wgmma_with_tma(n, k, mb, wgs, stages, norm, splitk, residual):
     from ingot.codegen.compile import compile_spec
     from ingot.codegen.kernel import render
     from ingot.codegen.sass import disassemble
 
     spec = skinny_spec(n, k, mb, H200, warpgroups=wgs, stages=stages,
-                       prologue=gemv.Prologue("rms_norm", 1e-5) if norm else None, splitk=splitk)
+                       prologue=gemv.Prologue("rms_norm", 1e-5) if norm else None, splitk=splitk, bias=residual,
+                       residual=residual)
     built = compile_spec(spec)
     assert f"wgmma.mma_async.sync.aligned.m64n{mb}k16.f32.bf16.bf16" in built.ptx
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in built.ptx
@@ -220,6 +263,10 @@ def test_compiles_to_wgmma_with_tma(n, k, mb, wgs, stages, norm, splitk):
     assert ("barrier.cluster.arrive.release" in built.ptx and "ld.shared::cluster.f32" in built.ptx
             and ops["UCGABAR_ARV"] >= 2) == (splitk > 1)
     assert render(spec).count("griddepcontrol.wait") == 1
+    # the residual (the previous kernel's output) by coherent loads, after the wait; the bias (a weight) may be .nc
+    wait = built.ptx.index("griddepcontrol.wait")
+    loads = [m.start() for m in re.finditer(r"ld\.global(\.nc)?\.u16", built.ptx)]
+    assert ("ld.global.u16" in built.ptx) == residual and all(at > wait for at in loads)
     if wgs == 2:  # setmaxnreg only moves registers: the CTA must start with the 40 + 2 x 232 it hands out
         from tests.codegen.test_prefill_wgmma import _registers
 

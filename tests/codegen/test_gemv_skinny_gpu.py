@@ -2,7 +2,7 @@
 sm_90a only). Fresh random inputs; N off the 128-row tiles (the last tile's rows past N arrive as zeros and are not
 written), more row tiles than SMs (the persistent loop), K from one 64-column stage to many (the stages' ring wraps
 across tiles), every token count at a bucket's edges; outputs poisoned before each launch and each launch done twice
-(the tensor map filled again for another weight buffer in between)."""
+(the tensor map filled again for another weight buffer in between); bias and residual in the epilogue."""
 
 from __future__ import annotations
 
@@ -19,29 +19,34 @@ pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
 
 
-@pytest.mark.parametrize("n,k,mb,ms,wgs,stages,norm,splitk", [
-    (1000, 64, 8, (1, 8), 2, 2, False, 1), (4096, 2048, 32, (1, 17, 32), 2, None, False, 1),
-    (20000, 512, 16, (9, 16), 2, None, False, 1), (300, 1024, 8, (3,), 1, 3, False, 1),
-    (16384, 2048, 16, (16,), 2, 4, False, 1), (128 * 140, 256, 32, (32,), 2, 8, False, 1),
+@pytest.mark.parametrize("n,k,mb,ms,wgs,stages,norm,splitk,epi", [
+    (1000, 64, 8, (1, 8), 2, 2, False, 1, False), (4096, 2048, 32, (1, 17, 32), 2, None, False, 1, False),
+    (20000, 512, 16, (9, 16), 2, None, False, 1, False), (300, 1024, 8, (3,), 1, 3, False, 1, False),
+    (16384, 2048, 16, (16,), 2, 4, False, 1, False), (128 * 140, 256, 32, (32,), 2, 8, False, 1, False),
     # the rms_norm prologue (decode fusion): x is the norm's input, scaled far from 1 as a residual stream is
-    (16384, 2048, 8, (1, 8), 2, None, True, 1), (4096, 2048, 32, (5, 32), 2, None, True, 1),
-    (300, 64, 16, (16,), 1, 2, True, 1),
+    (16384, 2048, 8, (1, 8), 2, None, True, 1, False), (4096, 2048, 32, (5, 32), 2, None, True, 1, False),
+    (300, 64, 16, (16,), 1, 2, True, 1, False),
     # split-K in a cluster: the 1B model's qkv and down at 32 / 16 tokens, 64 tokens (x's slice fits), one warpgroup
-    (3072, 2048, 32, (1, 32), 2, None, False, 4), (2048, 8192, 16, (16,), 2, None, False, 8),
-    (1000, 256, 64, (33, 64), 2, None, False, 2), (16384, 2048, 64, (64,), 2, None, False, 2),
-    (500, 1024, 32, (7,), 1, 3, False, 8),
+    (3072, 2048, 32, (1, 32), 2, None, False, 4, False), (2048, 8192, 16, (16,), 2, None, False, 8, False),
+    (1000, 256, 64, (33, 64), 2, None, False, 2, False), (16384, 2048, 64, (64,), 2, None, False, 2, False),
+    (500, 1024, 32, (7,), 1, 3, False, 8, False),
+    # bias and residual in the epilogue (o and down carry the residual stream): the rule's split-K variants of the
+    # 1B model's o (64 tokens) and down (32), the persistent kernel, the rms_norm prologue with both
+    (2048, 2048, 64, (1, 40, 64), 2, None, False, 4, True), (2048, 8192, 32, (17, 32), 2, None, False, 4, True),
+    (4096, 512, 16, (16,), 2, None, False, 1, True), (1000, 256, 8, (5,), 2, 3, True, 1, True),
 ])
-def test_skinny_matches_numpy(gpu, n, k, mb, ms, wgs, stages, norm, splitk):
+def test_skinny_matches_numpy(gpu, n, k, mb, ms, wgs, stages, norm, splitk, epi):
     if gpu.arch != "sm_90a":
         pytest.skip(f"skinny.cu is sm_90a only (this GPU is {gpu.arch})")
     r = rng()
     eps = 1e-5
     spec = skinny_spec(n, k, mb, gpu_target(gpu), warpgroups=wgs, stages=stages,
-                       prologue=Prologue("rms_norm", eps) if norm else None, splitk=splitk)
+                       prologue=Prologue("rms_norm", eps) if norm else None, splitk=splitk, bias=epi, residual=epi)
     ws = [r.standard_normal((n, k), np.float32).astype(BF16) for _ in range(2)]
     wd = [gpu.upload(w) for w in ws]
     g = (r.standard_normal(k) * 0.5 + 1.0).astype(np.float32).astype(BF16)
     extra = {"norm_weight": gpu.upload(g)} if norm else {}
+    bias = (r.standard_normal(n, np.float32) * 4.0).astype(BF16) if epi else None
     for m in ms:
         x = (r.standard_normal((m, k), np.float32) * (30.0 if norm else 1.0)).astype(BF16)
         xd = gpu.upload(x)
@@ -51,9 +56,13 @@ def test_skinny_matches_numpy(gpu, n, k, mb, ms, wgs, stages, norm, splitk):
         for attempt in range(2):  # the second over the other weight buffer: the map filled again
             w = ws[attempt]
             ref = xf @ w.astype(np.float64).T
+            epilogue = {"bias": None, "residual": None}
+            if epi:  # a residual stream larger than the product, as in a model
+                res = (r.standard_normal((m, n), np.float32) * 20.0).astype(BF16)
+                ref = ref + bias.astype(np.float64) + res.astype(np.float64)
+                epilogue = {"bias": gpu.upload(bias), "residual": gpu.upload(res)}
             out = gpu.alloc((mb, n), BF16)  # poisoned (NaN): the rows past M must stay so
-            gpu.launch(spec, x=xd, weight=wd[attempt], weight_scale=None, bias=None, residual=None, out=out, M=m,
-                       **extra)
+            gpu.launch(spec, x=xd, weight=wd[attempt], weight_scale=None, out=out, M=m, **epilogue, **extra)
             full = gpu.download(out)
             assert (full[m:].view(np.uint16) == 0xFFFF).all(), f"M={m}: rows past M written"
             got = full[:m].astype(np.float64)

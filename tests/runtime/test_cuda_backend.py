@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -338,8 +339,9 @@ def test_decode_fusion_changes_no_logit(gpu_target, tmp_path, monkeypatch):
 @pytest.mark.gpu
 def test_skinny_gemm_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
     """The skinny wgmma GEMM's decode variants (codegen/kernels/gemv/skinny_rule.py) in a served model: compiled with
-    ``INGOT_GEMV_SKINNY=force`` (every linear without bias or residual, every bucket up to 32 rows: the lm_head,
-    qkv and gate_up of a 2-layer SmolLM2-shaped model; in bucket 8 with decode fusion's rms_norm prologue), decode
+    ``INGOT_GEMV_SKINNY=force`` (every linear, every bucket up to 32 rows: the lm_head, qkv, o, gate_up and down
+    of a 2-layer SmolLM2-shaped model, o and down adding the residual; in bucket 8 with decode fusion's rms_norm
+    prologue), decode
     steps of 24, 12 and 3 sequences (buckets 32, 16, 8) match the CPU backend within bf16 tolerance, the same bits
     with and without CUDA graphs. Each module's weight tensor map views the whole weights region (several layers'
     weights through one map)."""
@@ -353,7 +355,7 @@ def test_skinny_gemm_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
     cuda = load_graph(gpu)[1]["cuda"]
     skinny = {e for e, k in cuda["variant_kernels"].items() if k["spec"]["template"] == "skinny.cu"}
     users = [ln["op"] for ln in cuda["launches"] if any(v["kernel"] in skinny for v in ln.get("variants", ()))]
-    assert len(users) == 2 * 2 + 1, users  # per layer qkv and gate_up; the lm_head
+    assert len(users) == 2 * 4 + 1, users  # per layer qkv, o, gate_up and down (o and down with the residual); lm_head
     monkeypatch.delenv("INGOT_GEMV_SKINNY")
     cpu = ingot.compile(ckpt, target="cpu", out=tmp_path / "c.ingot")
     r = np.random.default_rng(5)
@@ -371,6 +373,52 @@ def test_skinny_gemm_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
     errs = [_rel(g, r) for g, r in zip(runs[False], ref)]
     assert max(errs) < 5e-2, errs
     REPORT["skinny"] = errs
+
+
+@pytest.mark.gpu
+def test_skinny_split_k_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
+    """The skinny GEMM's split-K variants as the default rule makes them (``skinny_rule.choice``): a 2-layer model of
+    hidden 512 (K a multiple of 4 x 64), whose qkv, o, gate_up and down are narrow (split-K over 4 CTAs at buckets
+    16-64; o and down add the residual stream in the epilogue) and whose lm_head is wide (the persistent kernel at
+    16 and 32). Decode steps of 40, 24, 12 and 3 sequences (buckets 64, 32, 16, 8) match the CPU backend within bf16
+    tolerance, the same bits with and without CUDA graphs."""
+    from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
+
+    if gpu_target != "h200":
+        pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
+    for var in ("INGOT_GEMV_SKINNY", "INGOT_GEMV_SKINNY_SPLITK", "INGOT_GEMV_BULK"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = {**SMOLLM2_CONFIG, "num_hidden_layers": 2, "hidden_size": 512, "num_attention_heads": 8,
+           "num_key_value_heads": 2}
+    ckpt = write_checkpoint(tmp_path / "h512", cfg, random_weights(cfg, np.random.default_rng(3)))
+    gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot")
+    cuda = load_graph(gpu)[1]["cuda"]
+    values = {e: dict(k["spec"]["values"]) for e, k in cuda["variant_kernels"].items()
+              if k["spec"]["template"] == "skinny.cu"}
+    split, residual = Counter(), Counter()
+    for ln in cuda["launches"]:
+        for v in ln.get("variants", ()):
+            if v["kernel"] in values and values[v["kernel"]]["SPLITK"] == 4:
+                split[v["max_rows"]] += 1
+                residual[v["max_rows"]] += bool(values[v["kernel"]]["HAS_RESIDUAL"])
+    assert split == {16: 8, 32: 8, 64: 8} and residual == {16: 4, 32: 4, 64: 4}, (split, residual)
+    assert sorted(v["MB"] for v in values.values() if v["SPLITK"] == 1) == [16, 32]  # the lm_head's
+    cpu = ingot.compile(ckpt, target="cpu", out=tmp_path / "c.ingot")
+    r = np.random.default_rng(7)
+    vocab = cfg["vocab_size"]
+    steps = [[(s, [int(t) for t in r.integers(3, vocab, 2 + s % 4)]) for s in range(40)]]  # one prefill step
+    for n in (40, 40, 24, 12, 3):
+        steps.append([(s, [int(r.integers(3, vocab))]) for s in range(n)])
+    ref = drive_steps(PagedModel(load_graph(cpu)[0], 64), steps)
+    runs = {}
+    for graphs in (False, True):
+        ex = CudaExecutor.from_artifact(gpu, num_blocks=64, cuda_graphs=graphs)
+        runs[graphs] = drive_steps(CudaPagedModel(ex), steps)
+        ex.close()
+    assert_same_steps(runs, False, "plain launches")
+    errs = [_rel(g, r) for g, r in zip(runs[False], ref)]
+    assert max(errs) < 5e-2, errs
+    REPORT["skinny_split_k"] = errs
 
 
 @pytest.mark.gpu

@@ -12,8 +12,9 @@ launch's ``variants`` list (``{"kernel", "max_rows"}``); the executor (``runtime
 takes the first variant whose ``max_rows`` is at least the step's ``M`` (the launch's ``M`` argument,
 the step's token count) and the GEMM otherwise. A decode step's CUDA graph is captured per batch bucket,
 so each bucket's graph holds the variant for its size. A variant launched with ``M > MB`` traps. On sm_90a the
-variants of buckets 16 and 32 of wide matrices (the 1B model's gate_up and lm_head) are the wgmma skinny GEMM's
-instead (``skinny.cu``, ``skinny_rule.uses``; ``INGOT_GEMV_SKINNY``).
+variants of buckets 16 and 32 of wide matrices (the 1B model's gate_up and lm_head) and of buckets 16-64 of narrow
+ones whose K slice fits (qkv, o; down up to 32) are the wgmma skinny GEMM's instead (``skinny.cu``,
+``skinny_rule.choice``; ``INGOT_GEMV_SKINNY``, ``INGOT_GEMV_SKINNY_SPLITK``).
 
 **Configuration** (``gemv_config``): per bucket, warps per CTA, 16-row tiles per warp and 32-column
 steps per load stage from ``SHAPE_BY_BUCKET`` (``WIDE_N_SHAPE`` in bucket 16 when N alone gives 0.9 CTAs an SM
@@ -562,9 +563,12 @@ def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> lis
         bulk = bulk_rule.bulk_spec(n, k, mb, target, bias, residual) if bulk_rule.uses(mb) else None
         if bulk is not None:
             return bulk
-        # wide matrices at 16 / 32 tokens: the wgmma skinny GEMM (skinny_rule's docstring; INGOT_GEMV_SKINNY)
-        if skinny_rule.uses(n, k, mb, target, bias, residual):
-            return skinny_rule.skinny_spec(n, k, mb, target, stages=skinny_rule.rule_stages(k, mb, target))
+        # 16-64 tokens: the wgmma skinny GEMM, persistent on wide matrices, split-K on narrow ones (skinny_rule's
+        # docstring; INGOT_GEMV_SKINNY, INGOT_GEMV_SKINNY_SPLITK)
+        splitk = skinny_rule.choice(n, k, mb, target)
+        if splitk is not None:
+            return skinny_rule.skinny_spec(n, k, mb, target, stages=skinny_rule.rule_stages(k, mb, target, splitk),
+                                           splitk=splitk, bias=bias, residual=residual)
         return gemv_spec(n, k, mb, target, bias, residual)
 
     return [(mb, variant(mb)) for mb in BUCKETS]

@@ -2,6 +2,7 @@
 #include "../attention/mma.cuh"
 #include "../attention/wgmma.cuh"
 #include "cluster.cuh"
+#include "splitk.cuh"
 
 // Skinny GEMM on Hopper's warpgroup MMA for decode steps of up to ${MB} tokens on wide matrices (sm_90a; the decode
 // variant of buckets 16 and 32 there: gemv/skinny_rule.py): out[M, N] = x[M, K] @ w[N, K]^T, bf16 in and out, f32
@@ -21,7 +22,9 @@
 //   one commit group per stage; a stage is released (empty barrier) once the group after it was issued and the one
 //   reading it is done (wait_group 1).
 // - persistent: CTA b takes row tiles b, b + gridDim.x, ...; the producer runs up to STAGES stages ahead across tiles.
-// - epilogue: the accumulators of row (16 (warp % 4) + g8 (+ 8)) and tokens 8 i + 2 t4 (+ 1) -> bf16 out[token, row].
+// - epilogue: the accumulators of row (16 (warp % 4) + g8 (+ 8)) and tokens 8 i + 2 t4 (+ 1), plus bias[row]
+//   (HAS_BIAS = ${HAS_BIAS}) and residual[token, row] (HAS_RESIDUAL = ${HAS_RESIDUAL}: read after the grid-dependency
+//   wait by a coherent load, as kernel.cu's) in f32, rounded once -> bf16 out[token, row].
 // - programmatic dependent launch: only the consumers wait for the grid before (the wait is placed in their code);
 //   the producer's weight copies start at once.
 // - prologue (${PROLOGUE}; codegen/decode_fusion.py, as kernel.cu's): 1: rms_norm, x is the norm's input and
@@ -40,6 +43,7 @@
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, WGS = ${WGS}, STAGES = ${STAGES}, PROLOGUE = ${PROLOGUE};
 constexpr int SPLITK = ${SPLITK}, KS = K / SPLITK;  // a CTA's K slice
+constexpr bool HAS_BIAS = ${HAS_BIAS}, HAS_RESIDUAL = ${HAS_RESIDUAL};
 constexpr int ROWS = 64 * WGS, KSTEPS = KS / 64, TILES = (N + ROWS - 1) / ROWS, NT = 128 * (WGS + 1);
 constexpr unsigned WTILE = ROWS * 128, XBYTES = MB * KS * 2;  // a stage (ROWS x 64 bf16); x's slice
 static_assert(PROLOGUE == 0 || PROLOGUE == 1, "no prologue or rms_norm");
@@ -57,6 +61,14 @@ extern "C" {
 __device__ __align__(128) unsigned long long ingot_w_tma[18];
 }
 
+// y (f32, token t, row r) plus the bias and the residual where the variant has them
+__device__ __forceinline__ float sk_epilogue(float y, const bf16* __restrict__ bias,
+                                             const bf16* __restrict__ residual, int t, int r) {
+  if (HAS_BIAS) y += to_f32(bias[r]);
+  if (HAS_RESIDUAL) y += gemv_ld_bf16_after_wait(residual + (i64)t * N + r);
+  return y;
+}
+
 #if ${SPLITK} > 1
 #define SKINNY_CLUSTER_DIMS __cluster_dims__(1, ${SPLITK}, 1)
 #else
@@ -69,7 +81,7 @@ extern "C" __global__ void SKINNY_CLUSTER_DIMS __launch_bounds__(NT, 1)
               , const bf16* __restrict__ norm_weight
 #endif
     ) {
-  (void)weight_scale, (void)bias, (void)residual;  // a plain GEMV variant's parameters, none taken (skinny_rule.uses)
+  (void)weight_scale;  // a plain GEMV variant's parameter, bf16 weights only (skinny_rule.uses)
 #if ${PROLOGUE} != 1
   const bf16* const norm_weight = nullptr;  // only the rms_norm prologue has this parameter
 #endif
@@ -201,7 +213,8 @@ ${PDL_WAIT}
         for (int e = 0; e < 4; ++e) {
           const int t = 8 * i + 2 * t4 + (e & 1), r = row + 8 * (e >> 1);
           if (t < M && r < N)
-            out[(i64)t * N + r] = from_f32<bf16>(acc[4 * i + e] * (PROLOGUE == 1 ? inv_rms[t] : 1.0f));
+            out[(i64)t * N + r] = from_f32<bf16>(sk_epilogue(acc[4 * i + e] * (PROLOGUE == 1 ? inv_rms[t] : 1.0f),
+                                                             bias, residual, t, r));
         }
     } else {  // the partial tile to shared memory; after the barrier, this CTA's row slice of the cluster's sum
       float* const pt = reinterpret_cast<float*>(sk_shared + (part - att_smem(sk_shared)));
@@ -218,7 +231,7 @@ ${PDL_WAIT}
         float sum = 0.0f;
 #pragma unroll
         for (int k = 0; k < SPLITK; ++k) sum += gemv_ld_cluster(gemv_mapa(part + 4 * (t * ROWS + r), k));
-        out[(i64)t * N + tile * ROWS + r] = from_f32<bf16>(sum);
+        out[(i64)t * N + tile * ROWS + r] = from_f32<bf16>(sk_epilogue(sum, bias, residual, t, tile * ROWS + r));
       }
       gemv_cluster_sync();
     }

@@ -1,4 +1,4 @@
-"""The wgmma skinny GEMM (``skinny.cu``): decode steps of 9-32 tokens on wide bf16 matrices on sm_90a.
+"""The wgmma skinny GEMM (``skinny.cu``): decode steps of 9-64 tokens on bf16 matrices on sm_90a.
 
 ``skinny.cu`` streams the weight through shared memory by TMA (a producer warp, ``stages`` stages of ``64 x
 warpgroups`` rows by 64 columns) and multiplies on the tensor cores with ``wgmma m64nMBk16`` (weights as A, the
@@ -8,19 +8,30 @@ gate_up (16384 x 2048) at 16 / 32 tokens 1.05x / 1.00x cuBLAS (kernel.cu 0.83x /
 1.01x (kernel.cu 0.90-0.94x); on narrow matrices (qkv, o, down: fewer row tiles than SMs) it is slower than kernel.cu.
 End to end (BF16 1B shape): decode at batch 16 +25.5%, batch 32 +10.0%, batch 1 and 64 unchanged.
 
-**How it is chosen** (``uses``; ``INGOT_GEMV_SKINNY``, compile time): ``rule.variants`` makes a ``linear``'s variant of
-token bucket 16 and 32 with this template where the matrix has at least ``WIDE_TILES`` row tiles an SM, no bias or
-residual, and ``supported`` with at least ``MIN_STAGES`` stages (x of 32 tokens fits beside them up to K = 2048);
-bucket 8 stays kernel.cu's (measured: with the rms_norm prologue here too, batch 1 3% slower, batch 8 1.4%
-faster; docs/PERF.md).
-``INGOT_GEMV_BULK``, an opt-in, takes precedence where it gives a bucket ``bulk.cu``.
-``all``: bucket 8 too; ``force``: any N (tests: small models' matrices); ``0``: never. ``rule.fused_spec`` makes a
-variant's rms_norm prologue (decode fusion; ``fused_skinny_spec``), as kernel.cu's.
+**How it is chosen** (``choice``; ``INGOT_GEMV_SKINNY`` and ``INGOT_GEMV_SKINNY_SPLITK``, compile time):
+``rule.variants`` makes a ``linear``'s variant of a token bucket with this template
 
-**Split-K in a cluster** (``skinny_spec``'s ``splitk``: 2, 4 or 8; opt-in, not chosen by ``uses`` until measured):
-the CTAs of a cluster take K slices of one row tile each and add their f32 partial tiles through distributed shared
-memory (the template's header): for the narrow matrices (qkv, o, down: fewer row tiles than SMs) and for 64 tokens,
-whose x fits in shared memory only as a slice. ``bench/bench_skinny.py --splitk 2 4 8`` times it.
+- persistent (no split-K) at buckets 16 and 32 where the matrix is wide, at least ``WIDE_TILES`` row tiles an SM (the
+  1B model's gate_up and lm_head), and ``supported`` with at least ``MIN_STAGES`` stages (x of 32 tokens fits beside
+  them up to K = 2048);
+- with split-K over ``NARROW_SPLITK`` CTAs of a cluster at buckets ``SPLITK_BUCKETS`` (16, 32, 64) where it is
+  narrower (the 1B model's qkv, o, down) and x's K slice fits beside ``MIN_STAGES`` stages. Measured on the H200
+  (``bench_skinny.py --splitk``, docs/PERF.md "Split-K in a cluster"): qkv 3072 x 2048 at 32 / 64 tokens 1.01x /
+  0.85x cuBLAS (kernel.cu 0.88x / 0.65x), o 2048 x 2048 1.12x / 0.87x (1.01x / 0.65x), down 2048 x 8192 at 32 0.92x
+  (0.82x; at 64 its slice does not fit: kernel.cu's); at 16 tokens 1.02-1.23x, about kernel.cu's.
+
+Bias and residual are added in the epilogue (o and down carry the residual stream). Bucket 8 stays kernel.cu's
+(measured: with the rms_norm prologue here too, batch 1 3% slower, batch 8 1.4% faster; docs/PERF.md; its decode
+fusions). ``INGOT_GEMV_BULK``, an opt-in, takes precedence where it gives a bucket ``bulk.cu``.
+``INGOT_GEMV_SKINNY``: ``all``: bucket 8 of wide matrices too; ``force``: the persistent kernel at buckets 8-32 for
+any N (tests: small models' matrices); ``0``: never. ``INGOT_GEMV_SKINNY_SPLITK``: the split-K buckets (``0``: none,
+``32,64``: those). ``rule.fused_spec`` makes a persistent variant's rms_norm prologue (decode fusion;
+``fused_skinny_spec``), as kernel.cu's.
+
+**Split-K in a cluster** (``skinny_spec``'s ``splitk``: 2, 4 or 8): the CTAs of a cluster take K slices of one row
+tile each and add their f32 partial tiles through distributed shared memory (the template's header): for matrices
+with fewer row tiles than SMs and for 64 tokens, whose x fits in shared memory only as a slice.
+``bench/bench_skinny.py --splitk 2 4 8`` times it.
 
 **The weight's tensor map** (``ingot_w_tma`` in the module; ``runtime/kv_tma.fill_w_tma``): one map per module views a
 region of device memory as rows of K bf16 and the kernel addresses its ``weight`` argument's rows from the region's
@@ -41,21 +52,27 @@ from ...switches import env_choice
 from ...target import Target
 from .rule import PROLOGUES, Prologue
 
-#: the kernel's parameters: a plain GEMV variant's (``rule.PARAMS``, the GEMM launch's arguments), the optional
-#: weight_scale, bias and residual unused (``uses`` takes no bias or residual)
+#: the kernel's parameters: a plain GEMV variant's (``rule.PARAMS``, the GEMM launch's arguments), weight_scale
+#: unused (bf16 weights)
 PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"),
           ("out", "ptr"), ("M", "i64")]
 #: token buckets the kernel takes (wgmma's N; 64 only where x's K slice fits: split-K)
 BUCKETS = (8, 16, 32, 64)
-#: split-K widths (CTAs of a cluster, each a K slice; opt-in: ``skinny_spec``'s ``splitk``, not chosen by ``uses``)
+#: split-K widths (CTAs of a cluster, each a K slice; ``skinny_spec``'s ``splitk``)
 SPLITS = (1, 2, 4, 8)
 ENV = "INGOT_GEMV_SKINNY"
+#: compile time: the buckets whose narrow matrices take split-K (unset or 1: ``SPLITK_BUCKETS``; 0: none; a list
+#: such as ``32,64`` or ``32+64``)
+SPLITK_ENV = "INGOT_GEMV_SKINNY_SPLITK"
+#: split-K width of the narrow matrices' variants (bench_skinny.py on the H200: 4 the fastest of 2 / 4 / 8 on qkv,
+#: o and down at 16-64 tokens)
+NARROW_SPLITK = 4
+SPLITK_BUCKETS = (16, 32, 64)
 #: compile time: at most this many weight stages in the rule's variants (default: as many as fit, ``max_stages``);
 #: fewer stages leave shared memory for the previous kernel's CTAs, so programmatic dependent launch can start this
 #: one's weight stream beside them (an experiment for bucket 8: docs/PERF.md, "The skinny wgmma GEMM")
 STAGES_ENV = "INGOT_GEMV_SKINNY_STAGES"
-#: buckets whose variant is this template's by default (``all`` / ``force``: ``RULE_BUCKETS``; 64 with split-K is
-#: opt-in only, not yet measured)
+#: buckets whose variant on a wide matrix is the persistent kernel by default (``all`` / ``force``: ``RULE_BUCKETS``)
 DEFAULT_BUCKETS = (16, 32)
 RULE_BUCKETS = (8, 16, 32)
 #: row tiles (64 x warpgroups rows) per SM from which a matrix is wide enough: the 1B model's gate_up has 0.97 (128
@@ -90,12 +107,14 @@ def supported(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stag
 
 
 def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int | None = None,
-                prologue: Prologue | None = None, splitk: int = 1) -> KernelSpec:
+                prologue: Prologue | None = None, splitk: int = 1, bias: bool = False,
+                residual: bool = False) -> KernelSpec:
     """The launch for ``out[M, n] = x[M, k] @ w[n, k]^T`` with ``M <= mb``: one persistent CTA per SM (at most one
     per row tile of ``64 x warpgroups`` rows), ``128 x (warpgroups + 1)`` threads; ``stages`` by default as many as
     fit (``max_stages``). ``prologue``: ``rms_norm`` (x is the norm's input, an extra ``norm_weight`` parameter, as
     ``rule.fused_spec``'s) or none. ``splitk`` > 1: clusters of ``splitk`` CTAs, one a K slice, one row tile a
-    cluster (a grid of tiles x splitk; the template's header; no prologue)."""
+    cluster (a grid of tiles x splitk; the template's header; no prologue). ``bias`` (``[n]``) and ``residual``
+    (``[M, n]``): added in the epilogue."""
     pro = prologue or Prologue()
     if pro.kind not in ("none", "rms_norm"):
         raise ValueError(f"skinny wgmma GEMM: no {pro.kind} prologue (rms_norm only)")
@@ -111,17 +130,20 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
     tiles = -(-n // rows)
     norm = pro.kind == "rms_norm"
     values = {"N": n, "K": k, "MB": mb, "WGS": warpgroups, "STAGES": stages, "W_TMA": True,
-              "PROLOGUE": PROLOGUES[pro.kind], "EPS": float(pro.eps), "SPLITK": splitk}
+              "PROLOGUE": PROLOGUES[pro.kind], "EPS": float(pro.eps), "SPLITK": splitk, "HAS_BIAS": bias,
+              "HAS_RESIDUAL": residual}
     grid = ([GridDim(const=tiles), GridDim(const=splitk)] if splitk > 1
             else [GridDim(const=min(tiles, target.num_sms))])
     return KernelSpec.make("gemv", "skinny.cu",
                            f"skinny_bf16_n{n}_k{k}_m{mb}_wg{warpgroups}_s{stages}" + ("_rms_norm" if norm else "")
-                           + (f"_sk{splitk}" if splitk > 1 else ""),
+                           + (f"_sk{splitk}" if splitk > 1 else "") + ("_b" if bias else "")
+                           + ("_r" if residual else ""),
                            target.arch or "", values, PARAMS + [("norm_weight", "ptr")] if norm else PARAMS,
                            128 * (warpgroups + 1), grid, smem=smem_bytes(k, mb, warpgroups, stages, splitk),
                            doc=f"skinny wgmma GEMM, M <= {mb}, {rows}-row tiles by TMA, {stages} stages, "
                                + (f"split-K {splitk} in a cluster" if splitk > 1 else "persistent")
-                               + (", rms_norm prologue" if norm else ""))
+                               + (", rms_norm prologue" if norm else "") + (", bias" if bias else "")
+                               + (", residual" if residual else ""))
 
 
 def fused_skinny_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> KernelSpec:
@@ -131,7 +153,7 @@ def fused_skinny_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> 
     if not is_skinny(plain) or v.get("PROLOGUE", 0):
         raise ValueError(f"skinny GEMM: {plain.entry} is not a skinny variant without a prologue")
     return skinny_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, int(v["WGS"]), int(v["STAGES"]), prologue,
-                       int(v.get("SPLITK", 1)))
+                       int(v.get("SPLITK", 1)), bool(v.get("HAS_BIAS")), bool(v.get("HAS_RESIDUAL")))
 
 
 def mode() -> str:
@@ -140,19 +162,41 @@ def mode() -> str:
     return env_choice(ENV, {"": "on", "1": "on", "0": "off", "all": "all", "force": "force"}, "0, 1, all or force")
 
 
-def uses(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False) -> bool:
-    """The bf16 ``linear`` ``w[n, k]``'s variant for ``M <= mb`` is this template's (``mode``; the module docstring)."""
+def splitk_buckets() -> tuple[int, ...]:
+    """``INGOT_GEMV_SKINNY_SPLITK``: the buckets whose narrow matrices take split-K (unset or 1:
+    ``SPLITK_BUCKETS``, 0: none, else ``BUCKETS`` separated by commas or ``+``; another value: ``ValueError``)."""
+    raw = os.environ.get(SPLITK_ENV, "").strip()
+    if raw in ("", "1"):
+        return SPLITK_BUCKETS
+    if raw == "0":
+        return ()
+    items = [i.strip() for i in raw.replace("+", ",").split(",")]
+    if not all(i.isdigit() and int(i) in BUCKETS for i in items):
+        raise ValueError(f"{SPLITK_ENV}={raw!r}: expected 0, 1 or buckets of {BUCKETS} separated by commas or +")
+    return tuple(sorted({int(i) for i in items}))
+
+
+def choice(n: int, k: int, mb: int, target: Target) -> int | None:
+    """The split-K width of this template's variant for the bf16 ``linear`` ``w[n, k]`` at ``M <= mb`` (1: the
+    persistent kernel), or None where the variant is another template's (``mode``, ``splitk_buckets``; the module
+    docstring)."""
     m = mode()
-    if m == "off" or bias or residual or mb not in (RULE_BUCKETS if m in ("all", "force") else DEFAULT_BUCKETS):
-        return False
+    if m == "off":
+        return None
     wide = -(-n // 128) >= WIDE_TILES * (target.num_sms or 132)
-    return (wide or m == "force") and max_stages(k, mb, target) >= MIN_STAGES and supported(n, k, mb, target)
+    if ((wide or m == "force") and mb in (RULE_BUCKETS if m in ("all", "force") else DEFAULT_BUCKETS)
+            and max_stages(k, mb, target) >= MIN_STAGES and supported(n, k, mb, target)):
+        return 1
+    if (not wide and mb in splitk_buckets() and max_stages(k, mb, target, splitk=NARROW_SPLITK) >= MIN_STAGES
+            and supported(n, k, mb, target, splitk=NARROW_SPLITK)):
+        return NARROW_SPLITK
+    return None
 
 
-def rule_stages(k: int, mb: int, target: Target) -> int:
+def rule_stages(k: int, mb: int, target: Target, splitk: int = 1) -> int:
     """The weight stages of the rule's variant: as many as fit (``max_stages``), at most ``INGOT_GEMV_SKINNY_STAGES``
     (an integer 2..8; another value: ``ValueError`` naming the variable)."""
-    fit = max_stages(k, mb, target)
+    fit = max_stages(k, mb, target, splitk=splitk)
     raw = os.environ.get(STAGES_ENV, "").strip()
     if not raw:
         return fit
