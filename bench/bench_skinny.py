@@ -3,6 +3,7 @@
     python bench/bench_skinny.py                       # H200: gate_up and lm_head of the 1B model, 8 / 16 / 32 tokens
     python bench/bench_skinny.py --shapes "16384,2048" --m 32 --stages 4 6
     python bench/bench_skinny.py --shapes "3072,2048;2048,8192" --m 32 64 --splitk 2 4 8   # split-K in a cluster
+    python bench/bench_skinny.py --m 32 64 --xs        # x streamed beside the weight stages too (label -xs)
     python bench/bench_skinny.py --dry-run             # no GPU: compile every kernel the run would launch
 
 Each kernel is first checked against torch's f32 product of the same bf16 operands (output poisoned with NaN before),
@@ -30,10 +31,10 @@ HBM_TBS = 4.19
 DEFAULT_SHAPES = "16384,2048;128256,2048"
 
 
-def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | None = None
+def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | None = None, xs: bool = False
           ) -> list[tuple[str, object]]:
     """(label, spec): kernel.cu's rule for the bucket, then the skinny kernel per stage count and split-K width it
-    takes (``splits``: 1 is the persistent kernel)."""
+    takes (``splits``: 1 is the persistent kernel), with ``xs`` each also with x streamed."""
     from ingot.codegen.kernels.gemv.rule import BUCKETS, gemv_spec
     from ingot.codegen.kernels.gemv.skinny_rule import BUCKETS as SKINNY_BUCKETS
     from ingot.codegen.kernels.gemv.skinny_rule import max_stages, skinny_spec, supported
@@ -43,11 +44,12 @@ def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | 
     out: list[tuple[str, object]] = [("kernel.cu", gemv_spec(n, k, next(b for b in BUCKETS if b >= m), tgt))]
     mb = next((b for b in SKINNY_BUCKETS if b >= m), None)
     for sk in splits or [1]:
-        for st in stages:
-            st = st or (max_stages(k, mb, tgt, splitk=sk) if mb else None)
-            if mb and st and supported(n, k, mb, tgt, stages=st, splitk=sk):
-                out.append((f"skinny-s{st}" + (f"-k{sk}" if sk > 1 else ""),
-                            skinny_spec(n, k, mb, tgt, stages=st, splitk=sk)))
+        for stream in (False, True) if xs else (False,):
+            for st in stages:
+                st = st or (max_stages(k, mb, tgt, splitk=sk, x_stream=stream) if mb else None)
+                if mb and st and supported(n, k, mb, tgt, stages=st, splitk=sk, x_stream=stream):
+                    out.append((f"skinny-s{st}" + (f"-k{sk}" if sk > 1 else "") + ("-xs" if stream else ""),
+                                skinny_spec(n, k, mb, tgt, stages=st, splitk=sk, x_stream=stream)))
     return out
 
 
@@ -64,7 +66,7 @@ def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
     row: dict = {"N": n, "K": k, "M": m, "weight_mb": n * k * 2 / 2**20}
     t_cublas = time_graph(lambda i: torch.matmul(x, ws[i % copies].t()), a.launches, a.reps)
     row["cublas_us"] = t_cublas * 1e6
-    for label, spec in specs(n, k, m, a.stages, a.splitk):
+    for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs):
         outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
         if spec.template == "skinny.cu":
             kern = SpecKernel(spec)
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", type=int, nargs="+", default=[None], help="weight stages (default: as many as fit)")
     ap.add_argument("--splitk", type=int, nargs="+", default=[1],
                     help="split-K widths of the skinny kernel (1: persistent; 2, 4, 8: clusters)")
+    ap.add_argument("--xs", action="store_true", help="each skinny configuration also with x streamed")
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for n, k in shapes:
             for m in a.m:
-                for label, spec in specs(n, k, m, a.stages, a.splitk):
+                for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs):
                     print(f"{n}x{k} M={m} {label}: {spec.entry}, smem {spec.smem}, "
                           f"cubin {len(compile_spec(spec).cubin)} bytes", flush=True)
         return 0

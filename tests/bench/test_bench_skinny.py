@@ -21,7 +21,9 @@ def test_specs_per_shape():
     assert labels == ["kernel.cu", "skinny-s6", "skinny-s4"]  # 7 stages do not fit beside 32 tokens' x
     assert [label for label, _ in specs(16384, 2048, 5, [None])] == ["kernel.cu", "skinny-s8"]  # bucket 8
     assert [label for label, _ in specs(2048, 8192, 32, [None])] == ["kernel.cu"]  # x too large for the kernel
-    assert [label for label, _ in specs(16384, 2048, 64, [None])] == ["kernel.cu"]  # no bucket 64
+    assert [label for label, _ in specs(16384, 2048, 64, [None])] == ["kernel.cu"]  # x of 64 tokens fits only streamed
+    assert [label for label, _ in specs(16384, 2048, 64, [None], [1, 4], xs=True)] == [
+        "kernel.cu", "skinny-s8-xs", "skinny-s7-k4", "skinny-s7-k4-xs"]
 
 
 @needs_compiler

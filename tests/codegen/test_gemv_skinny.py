@@ -18,6 +18,7 @@ from ingot.codegen.kernels.gemv.skinny_rule import (
     PARAMS,
     SPLITK_ENV,
     STAGES_ENV,
+    XS_ENV,
     is_skinny,
     max_stages,
     skinny_spec,
@@ -37,7 +38,12 @@ H200, B200 = get_target("h200"), get_target("b200")
 def test_supported_and_declined():
     assert supported(16384, 2048, 32, H200) and supported(128256, 2048, 8, H200)
     assert not supported(16384, 2048, 32, B200)  # wgmma is sm_90a's
-    assert not supported(16384, 2048, 64, H200) and not supported(16384, 2048, 4, H200)  # buckets 8 / 16 / 32
+    assert not supported(16384, 2048, 64, H200) and not supported(16384, 2048, 4, H200)  # 64: x does not fit whole
+    # x streamed: any K, 64 tokens, at least 4 stages (the ring's distance)
+    assert supported(16384, 2048, 64, H200, stages=8, x_stream=True) and supported(2048, 8192, 32, H200, x_stream=True)
+    assert not supported(16384, 2048, 64, H200, stages=3, x_stream=True)
+    with pytest.raises(ValueError, match="no split-K, x staged"):
+        skinny_spec(16384, 2048, 8, H200, x_stream=True, prologue=gemv.Prologue("rms_norm", 1e-5))
     assert not supported(16384, 2000, 8, H200)  # K a multiple of 64
     assert not supported(2048, 8192, 32, H200)  # x (512 KB) does not fit beside the stages
     assert not supported(16384, 2048, 8, H200, warpgroups=3) and not supported(16384, 2048, 8, H200, stages=1)
@@ -47,7 +53,7 @@ def test_supported_and_declined():
 
 def _variants(n: int, k: int, bias: bool = False, target=H200, residual: bool = False) -> dict[int, str]:
     """The GEMV rule's decode variants of a bf16 ``linear`` ``w[n, k]``: bucket -> template, ``skinny.cu/sk4``
-    for split-K."""
+    for split-K, ``/xs`` with x streamed."""
     x, w = TensorType(DType.bf16, ("T", k)), TensorType(DType.bf16, (n, k))
     inputs = [x, w, TensorType(DType.bf16, (n,)) if bias else None]
     if residual:
@@ -55,30 +61,38 @@ def _variants(n: int, k: int, bias: bool = False, target=H200, residual: bool = 
     out = {}
     for mb, spec in gemv.variants(Linear(), inputs, target):
         v = dict(spec.values)
-        out[mb] = spec.template + (f"/sk{v['SPLITK']}" if is_skinny(spec) and v["SPLITK"] > 1 else "")
+        out[mb] = spec.template + (f"/sk{v['SPLITK']}" if is_skinny(spec) and v["SPLITK"] > 1 else "") \
+            + ("/xs" if is_skinny(spec) and v["XS"] else "")
         if is_skinny(spec):
             assert (v["HAS_BIAS"], v["HAS_RESIDUAL"]) == (bias, residual)
     return out
 
 
 def test_rule_persistent_on_wide_matrices_split_k_on_narrow_ones(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.delenv(SPLITK_ENV, raising=False)
-    # the 1B model's gate_up (128 row tiles on 132 SMs) and lm_head: the persistent kernel at buckets 16 and 32;
-    # bucket 8 keeps kernel.cu (its decode fusions), at 64 x fits only as a slice and split-K is slower there
-    wide = {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "kernel.cu"}
+    for var in (ENV, SPLITK_ENV, XS_ENV):
+        monkeypatch.delenv(var, raising=False)
+    # the 1B model's gate_up (128 row tiles on 132 SMs) and lm_head: the persistent kernel at buckets 16-64, x
+    # streamed at 64 (256 KB do not fit whole); bucket 8 keeps kernel.cu (its decode fusions)
+    wide = {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/xs"}
     for n in (16384, 128256):
         assert _variants(n, 2048) == wide
     assert _variants(16384, 2048, bias=True) == wide  # bias and residual in the epilogue
-    # qkv and o (24 / 16 row tiles): split-K over 4 CTAs at 16-64 tokens; down (K 8192) up to 32 (at 64 tokens its
-    # quarter of x, 256 KB, does not fit)
+    # qkv and o (24 / 16 row tiles): split-K over 4 CTAs at 16-64 tokens; down (K 8192) too, at 64 tokens with x
+    # streamed (its quarter of x, 256 KB, does not fit)
     narrow = {8: "kernel.cu", 16: "skinny.cu/sk4", 32: "skinny.cu/sk4", 64: "skinny.cu/sk4"}
     assert _variants(3072, 2048) == _variants(2048, 2048, residual=True) == narrow
-    assert _variants(2048, 8192, residual=True) == {**narrow, 64: "kernel.cu"}
+    assert _variants(2048, 8192, residual=True) == {**narrow, 64: "skinny.cu/sk4/xs"}
     assert set(_variants(3072, 2112).values()) == {"kernel.cu"}  # K (33 x 64) not a multiple of 4 x 64
     assert set(_variants(16384, 2048, target=B200).values()) == {"kernel.cu"}  # wgmma: sm_90a
-    # K 4096: x of 32 tokens (256 KB) does not fit, 16 tokens does
+    # K 4096: x of 32 tokens (256 KB) does not fit whole, 16 tokens does
+    assert _variants(16384, 4096) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu/xs", 64: "skinny.cu/xs"}
+    monkeypatch.setenv(XS_ENV, "0")  # x never streamed: what does not fit whole stays kernel.cu's
     assert _variants(16384, 4096) == {8: "kernel.cu", 16: "skinny.cu", 32: "kernel.cu", 64: "kernel.cu"}
+    assert _variants(2048, 8192) == {**narrow, 64: "kernel.cu"} and _variants(16384, 2048) == {**wide, 64: "kernel.cu"}
+    monkeypatch.setenv(XS_ENV, "yes")
+    with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY_XS='yes': expected 0 or 1"):
+        _variants(16384, 2048)
+    monkeypatch.delenv(XS_ENV)
     for only in ("32,64", "64+32"):
         monkeypatch.setenv(SPLITK_ENV, only)
         assert _variants(3072, 2048) == {**narrow, 16: "kernel.cu"}
@@ -91,8 +105,8 @@ def test_rule_persistent_on_wide_matrices_split_k_on_narrow_ones(monkeypatch):
     monkeypatch.setenv(ENV, "all")
     assert _variants(16384, 2048) == {**wide, 8: "skinny.cu"}
     assert _variants(3072, 2048) == narrow
-    monkeypatch.setenv(ENV, "force")  # tests: the persistent kernel for any N at 8-32 tokens
-    assert _variants(3072, 2048) == {8: "skinny.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/sk4"}
+    monkeypatch.setenv(ENV, "force")  # tests: the persistent kernel for any N at every bucket
+    assert _variants(3072, 2048) == {8: "skinny.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/xs"}
     monkeypatch.setenv(ENV, "0")
     assert set(_variants(16384, 2048).values()) == set(_variants(3072, 2048).values()) == {"kernel.cu"}
     monkeypatch.setenv(ENV, "wide")
@@ -109,11 +123,11 @@ def test_stage_cap(monkeypatch):
         return {mb: dict(s.values)["STAGES"] for mb, s in gemv.variants(Linear(), [x, w], H200) if is_skinny(s)}
 
     monkeypatch.delenv(STAGES_ENV, raising=False)
-    assert stages() == {16: 8, 32: 6}
+    assert stages() == {16: 8, 32: 6, 64: 8}  # 64: x streamed, 24 KB a stage
     monkeypatch.setenv(STAGES_ENV, "4")
-    assert stages() == {16: 4, 32: 4}
+    assert stages() == {16: 4, 32: 4, 64: 4}
     monkeypatch.setenv(STAGES_ENV, "8")
-    assert stages() == {16: 8, 32: 6}  # no more than fit
+    assert stages() == {16: 8, 32: 6, 64: 8}  # no more than fit
     for bad in ("1", "9", "four"):
         monkeypatch.setenv(STAGES_ENV, bad)
         with pytest.raises(ValueError, match=f"INGOT_GEMV_SKINNY_STAGES='{bad}': expected an integer from 2 to 8"):
@@ -235,20 +249,24 @@ def test_the_rms_norm_prologue_variant():
 
 
 @needs_compiler
-@pytest.mark.parametrize("n,k,mb,wgs,stages,norm,splitk,residual", [
-    (16384, 2048, 32, 2, None, False, 1, False), (128256, 2048, 8, 2, None, False, 1, False),
-    (1000, 64, 16, 1, 3, False, 1, True), (16384, 2048, 32, 2, None, True, 1, False),
-    (1000, 64, 8, 1, 2, True, 1, True),
-    (3072, 256, 32, 2, None, False, 4, False), (2048, 512, 64, 2, None, False, 8, True),
-    (1000, 128, 64, 1, 2, False, 2, False), (2048, 2048, 32, 2, None, False, 4, True)])
-def test_compiles_to_wgmma_with_tma(n, k, mb, wgs, stages, norm, splitk, residual):
+@pytest.mark.parametrize("n,k,mb,wgs,stages,norm,splitk,residual,xs", [
+    (16384, 2048, 32, 2, None, False, 1, False, False), (128256, 2048, 8, 2, None, False, 1, False, False),
+    (1000, 64, 16, 1, 3, False, 1, True, False), (16384, 2048, 32, 2, None, True, 1, False, False),
+    (1000, 64, 8, 1, 2, True, 1, True, False),
+    (3072, 256, 32, 2, None, False, 4, False, False), (2048, 512, 64, 2, None, False, 8, True, False),
+    (1000, 128, 64, 1, 2, False, 2, False, False), (2048, 2048, 32, 2, None, False, 4, True, False),
+    # x streamed: 64 tokens persistent, down's split-K at 64 with the residual, one warpgroup and 4 stages
+    (16384, 2048, 64, 2, None, False, 1, False, True), (2048, 8192, 64, 2, None, False, 4, True, True),
+    (1000, 256, 16, 1, 4, False, 1, False, True),
+])
+def test_compiles_to_wgmma_with_tma(n, k, mb, wgs, stages, norm, splitk, residual, xs):
     from ingot.codegen.compile import compile_spec
     from ingot.codegen.kernel import render
     from ingot.codegen.sass import disassemble
 
     spec = skinny_spec(n, k, mb, H200, warpgroups=wgs, stages=stages,
                        prologue=gemv.Prologue("rms_norm", 1e-5) if norm else None, splitk=splitk, bias=residual,
-                       residual=residual)
+                       residual=residual, x_stream=xs)
     built = compile_spec(spec)
     assert f"wgmma.mma_async.sync.aligned.m64n{mb}k16.f32.bf16.bf16" in built.ptx
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in built.ptx
@@ -267,6 +285,10 @@ def test_compiles_to_wgmma_with_tma(n, k, mb, wgs, stages, norm, splitk, residua
     wait = built.ptx.index("griddepcontrol.wait")
     loads = [m.start() for m in re.finditer(r"ld\.global(\.nc)?\.u16", built.ptx)]
     assert ("ld.global.u16" in built.ptx) == residual and all(at > wait for at in loads)
+    # x (the previous kernel's output) by the consumers' cp.async after it too; streamed: STAGES - 3 panels ahead
+    copies = [m.start() for m in re.finditer(r"cp\.async\.c[ag]\.shared", built.ptx)]
+    assert copies and all(at > wait for at in copies)
+    assert not xs or f"cp.async.wait_group {dict(spec.values)['STAGES'] - 3};" in built.ptx
     if wgs == 2:  # setmaxnreg only moves registers: the CTA must start with the 40 + 2 x 232 it hands out
         from tests.codegen.test_prefill_wgmma import _registers
 

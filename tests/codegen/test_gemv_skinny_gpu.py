@@ -2,7 +2,7 @@
 sm_90a only). Fresh random inputs; N off the 128-row tiles (the last tile's rows past N arrive as zeros and are not
 written), more row tiles than SMs (the persistent loop), K from one 64-column stage to many (the stages' ring wraps
 across tiles), every token count at a bucket's edges; outputs poisoned before each launch and each launch done twice
-(the tensor map filled again for another weight buffer in between); bias and residual in the epilogue."""
+(the tensor map filled again for another weight buffer in between); bias and residual in the epilogue; x streamed."""
 
 from __future__ import annotations
 
@@ -19,29 +19,40 @@ pytestmark = pytest.mark.gpu
 BF16 = ml_dtypes.bfloat16
 
 
-@pytest.mark.parametrize("n,k,mb,ms,wgs,stages,norm,splitk,epi", [
-    (1000, 64, 8, (1, 8), 2, 2, False, 1, False), (4096, 2048, 32, (1, 17, 32), 2, None, False, 1, False),
-    (20000, 512, 16, (9, 16), 2, None, False, 1, False), (300, 1024, 8, (3,), 1, 3, False, 1, False),
-    (16384, 2048, 16, (16,), 2, 4, False, 1, False), (128 * 140, 256, 32, (32,), 2, 8, False, 1, False),
+@pytest.mark.parametrize("n,k,mb,ms,wgs,stages,norm,splitk,epi,xs", [
+    (1000, 64, 8, (1, 8), 2, 2, False, 1, False, False), (4096, 2048, 32, (1, 17, 32), 2, None, False, 1, False, False),
+    (20000, 512, 16, (9, 16), 2, None, False, 1, False, False), (300, 1024, 8, (3,), 1, 3, False, 1, False, False),
+    (16384, 2048, 16, (16,), 2, 4, False, 1, False, False), (128 * 140, 256, 32, (32,), 2, 8, False, 1, False, False),
     # the rms_norm prologue (decode fusion): x is the norm's input, scaled far from 1 as a residual stream is
-    (16384, 2048, 8, (1, 8), 2, None, True, 1, False), (4096, 2048, 32, (5, 32), 2, None, True, 1, False),
-    (300, 64, 16, (16,), 1, 2, True, 1, False),
+    (16384, 2048, 8, (1, 8), 2, None, True, 1, False, False), (4096, 2048, 32, (5, 32), 2, None, True, 1, False, False),
+    (300, 64, 16, (16,), 1, 2, True, 1, False, False),
     # split-K in a cluster: the 1B model's qkv and down at 32 / 16 tokens, 64 tokens (x's slice fits), one warpgroup
-    (3072, 2048, 32, (1, 32), 2, None, False, 4, False), (2048, 8192, 16, (16,), 2, None, False, 8, False),
-    (1000, 256, 64, (33, 64), 2, None, False, 2, False), (16384, 2048, 64, (64,), 2, None, False, 2, False),
-    (500, 1024, 32, (7,), 1, 3, False, 8, False),
+    (3072, 2048, 32, (1, 32), 2, None, False, 4, False, False),
+    (2048, 8192, 16, (16,), 2, None, False, 8, False, False),
+    (1000, 256, 64, (33, 64), 2, None, False, 2, False, False),
+    (16384, 2048, 64, (64,), 2, None, False, 2, False, False),
+    (500, 1024, 32, (7,), 1, 3, False, 8, False, False),
     # bias and residual in the epilogue (o and down carry the residual stream): the rule's split-K variants of the
     # 1B model's o (64 tokens) and down (32), the persistent kernel, the rms_norm prologue with both
-    (2048, 2048, 64, (1, 40, 64), 2, None, False, 4, True), (2048, 8192, 32, (17, 32), 2, None, False, 4, True),
-    (4096, 512, 16, (16,), 2, None, False, 1, True), (1000, 256, 8, (5,), 2, 3, True, 1, True),
+    (2048, 2048, 64, (1, 40, 64), 2, None, False, 4, True, False),
+    (2048, 8192, 32, (17, 32), 2, None, False, 4, True, False),
+    (4096, 512, 16, (16,), 2, None, False, 1, True, False), (1000, 256, 8, (5,), 2, 3, True, 1, True, False),
+    # x streamed through a ring beside the weight stages: the 1B model's gate_up at 64 tokens, more row tiles than SMs
+    # with a ring that wraps inside a tile (4 column panels, 4 stages), down's split-K at 64 with the residual, one
+    # warpgroup with 4 stages (one panel ahead), one column panel a tile
+    (16384, 2048, 64, (1, 33, 64), 2, None, False, 1, False, True),
+    (128 * 140, 256, 64, (64,), 2, 4, False, 1, False, True),
+    (2048, 8192, 64, (17, 64), 2, None, False, 4, True, True), (300, 1024, 32, (3,), 1, 4, False, 1, False, True),
+    (1000, 64, 16, (16,), 2, 4, False, 1, False, True),
 ])
-def test_skinny_matches_numpy(gpu, n, k, mb, ms, wgs, stages, norm, splitk, epi):
+def test_skinny_matches_numpy(gpu, n, k, mb, ms, wgs, stages, norm, splitk, epi, xs):
     if gpu.arch != "sm_90a":
         pytest.skip(f"skinny.cu is sm_90a only (this GPU is {gpu.arch})")
     r = rng()
     eps = 1e-5
     spec = skinny_spec(n, k, mb, gpu_target(gpu), warpgroups=wgs, stages=stages,
-                       prologue=Prologue("rms_norm", eps) if norm else None, splitk=splitk, bias=epi, residual=epi)
+                       prologue=Prologue("rms_norm", eps) if norm else None, splitk=splitk, bias=epi, residual=epi,
+                       x_stream=xs)
     ws = [r.standard_normal((n, k), np.float32).astype(BF16) for _ in range(2)]
     wd = [gpu.upload(w) for w in ws]
     g = (r.standard_normal(k) * 0.5 + 1.0).astype(np.float32).astype(BF16)

@@ -565,10 +565,11 @@ def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> lis
             return bulk
         # 16-64 tokens: the wgmma skinny GEMM, persistent on wide matrices, split-K on narrow ones (skinny_rule's
         # docstring; INGOT_GEMV_SKINNY, INGOT_GEMV_SKINNY_SPLITK)
-        splitk = skinny_rule.choice(n, k, mb, target)
-        if splitk is not None:
-            return skinny_rule.skinny_spec(n, k, mb, target, stages=skinny_rule.rule_stages(k, mb, target, splitk),
-                                           splitk=splitk, bias=bias, residual=residual)
+        chosen = skinny_rule.choice(n, k, mb, target)
+        if chosen is not None:
+            splitk, xs = chosen
+            return skinny_rule.skinny_spec(n, k, mb, target, stages=skinny_rule.rule_stages(k, mb, target, splitk, xs),
+                                           splitk=splitk, bias=bias, residual=residual, x_stream=xs)
         return gemv_spec(n, k, mb, target, bias, residual)
 
     return [(mb, variant(mb)) for mb in BUCKETS]

@@ -4,9 +4,9 @@
 #include "cluster.cuh"
 #include "splitk.cuh"
 
-// Skinny GEMM on Hopper's warpgroup MMA for decode steps of up to ${MB} tokens on wide matrices (sm_90a; the decode
-// variant of buckets 16 and 32 there: gemv/skinny_rule.py): out[M, N] = x[M, K] @ w[N, K]^T, bf16 in and out, f32
-// accumulate.
+// Skinny GEMM on Hopper's warpgroup MMA for decode steps of up to ${MB} tokens (sm_90a; the decode variant of buckets
+// 16 and 32 on wide matrices, and with split-K of buckets 16-64 on narrow ones: gemv/skinny_rule.py):
+// out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) (+ residual[M, N]), bf16 in and out, f32 accumulate.
 // kernel.cu's mma.sync GEMV falls short of cuBLAS on large matrices from 8 tokens on (gate_up at 32 tokens: 66% of
 // the bandwidth against cuBLAS's 86%): this is the tensor-memory-accelerator + wgmma design cuBLAS uses there.
 //
@@ -17,6 +17,10 @@
 //   rows from the region's base (and traps if the weight lies outside). Rows past N arrive as zeros.
 // - x, all K columns of the MB token rows (zero rows past M), is staged once per CTA into shared memory as K / 64
 //   swizzled panels of MB rows (cp.async by the consumer threads), MB x K x 2 bytes (128 KB at 32 tokens and K 2048).
+//   Streamed instead (XS = ${XS}: where it does not fit, 64 tokens): a ring of STAGES panels, the consumers' cp.async
+//   of the panel of weight stage n + XD issued at stage n (XD = STAGES - 3: the slot it overwrites was last read by
+//   stage n - 3's wgmma, done in both warpgroups, which may be one stage apart), then waited for, fenced to the async
+//   proxy and a consumer barrier before stage n's wgmma; x is read once per row tile then (from L2), no prologue.
 // - consumer warpgroup w computes weight rows [64 w, 64 w + 64) of each tile: per 64-column stage four wgmma
 //   m64n${MB}k16 with A = the weight rows (K-major, from the stage) and B = x's panel (K-major: tokens are wgmma's N),
 //   one commit group per stage; a stage is released (empty barrier) once the group after it was issued and the one
@@ -33,7 +37,7 @@
 //   epilogue multiplies each token's f32 sums by its 1 / rms = rsqrt(mean(x^2) + eps). The CTA holds all K columns,
 //   so no partial sums leave it. Not bit-identical to the norm kernel then the plain GEMM (the factor multiplies the
 //   f32 sums instead of being rounded into x), within the GEMV's tolerance of the reference.
-// - split-K in a cluster (SPLITK = ${SPLITK} > 1; opt-in, skinny_rule.skinny_spec's splitk): for matrices with fewer
+// - split-K in a cluster (SPLITK = ${SPLITK} > 1; skinny_rule.choice, 4 on narrow matrices): for matrices with fewer
 //   row tiles than SMs (or x too large for one CTA: 64 tokens), the SPLITK CTAs of a cluster (1 x SPLITK) take one
 //   row tile each (no persistence: the grid is TILES x SPLITK) and a K slice of K / SPLITK columns each (x staged for
 //   their slice only); each writes its f32 partial tile to shared memory, and after a cluster barrier CTA r adds row
@@ -43,9 +47,11 @@
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, WGS = ${WGS}, STAGES = ${STAGES}, PROLOGUE = ${PROLOGUE};
 constexpr int SPLITK = ${SPLITK}, KS = K / SPLITK;  // a CTA's K slice
-constexpr bool HAS_BIAS = ${HAS_BIAS}, HAS_RESIDUAL = ${HAS_RESIDUAL};
+constexpr bool HAS_BIAS = ${HAS_BIAS}, HAS_RESIDUAL = ${HAS_RESIDUAL}, XS = ${XS};
 constexpr int ROWS = 64 * WGS, KSTEPS = KS / 64, TILES = (N + ROWS - 1) / ROWS, NT = 128 * (WGS + 1);
-constexpr unsigned WTILE = ROWS * 128, XBYTES = MB * KS * 2;  // a stage (ROWS x 64 bf16); x's slice
+// a stage (ROWS x 64 bf16); x's slice, or with XS its ring of STAGES panels (MB x 64 bf16 each)
+constexpr unsigned WTILE = ROWS * 128, XPANEL = MB * 128, XBYTES = XS ? STAGES * XPANEL : MB * KS * 2;
+constexpr int XD = STAGES - 3;  // XS: panels in flight ahead of the stage being multiplied
 static_assert(PROLOGUE == 0 || PROLOGUE == 1, "no prologue or rms_norm");
 static_assert(SPLITK == 1 || SPLITK == 2 || SPLITK == 4 || SPLITK == 8, "split-K over 1, 2, 4 or 8 CTAs");
 static_assert(SPLITK == 1 || PROLOGUE == 0, "the rms_norm prologue needs all of K in the CTA");
@@ -53,12 +59,22 @@ static_assert(KS % 64 == 0 && KS * SPLITK == K, "K slices a multiple of 64 (one 
 static_assert(MB == 8 || MB == 16 || MB == 32 || MB == 64, "8, 16, 32 or 64 tokens (wgmma's N)");
 static_assert(WGS == 1 || WGS == 2, "one or two consumer warpgroups");
 static_assert(XBYTES % 1024 == 0, "x's panels keep the stages 1024-aligned");
+static_assert(!XS || (PROLOGUE == 0 && STAGES >= 4), "streamed x: no prologue, at least 4 stages");
 }  // namespace
 
 // the weight region's tensor map (words 0-15: a CUtensorMap, dims {K, rows}, box {64, ROWS}, 128-byte swizzle), the
 // region's base address (16) and size in bytes (17); filled by the loader before the first launch
 extern "C" {
 __device__ __align__(128) unsigned long long ingot_w_tma[18];
+}
+
+// XS: the consumers' cp.async of x's 64-column panel at column col into the ring slot at dst (zero rows past M)
+__device__ __forceinline__ void sk_load_x_panel(unsigned dst, const bf16* __restrict__ x, int M, int col, int ct) {
+  for (int i = ct; i < MB * 8; i += 128 * WGS) {
+    const int r = i >> 3, c = i & 7;
+    const bool ok = r < M;
+    att_cp16(dst + pw_off(r, c, MB), ok ? x + (i64)r * K + col + c * 8 : x, ok);
+  }
 }
 
 // y (f32, token t, row r) plus the bias and the residual where the variant has them
@@ -135,13 +151,24 @@ ${PDL_WAIT}
   // x's K slice -> KS / 64 swizzled panels of MB rows (zeros past M), then visible to wgmma (async proxy) and every
   // consumer
   constexpr int CHUNKS = KS / 8;  // 16-byte chunks a token row
-  for (int i = ct; i < MB * CHUNKS; i += 128 * WGS) {
-    const int r = i / CHUNKS, c = i % CHUNKS;
-    const bool ok = r < M;
-    att_cp16(sx + (c >> 3) * (MB * 128) + pw_off(r, c & 7, MB), ok ? x + (i64)r * K + kslice * KS + c * 8 : x, ok);
+  // XS: this CTA's stages (its row tiles x KSTEPS; x's panel of stage j is column panel j % KSTEPS), the first XD
+  // panels in flight (one commit group each, empty past the end, so that the waits below count uniformly)
+  const int xsteps = XS ? (TILES - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * KSTEPS : 0;
+  if constexpr (XS) {
+    for (int j = 0; j < XD; ++j) {
+      if (j < xsteps) sk_load_x_panel(sx + j * XPANEL, x, M, kslice * KS + 64 * (j % KSTEPS), ct);
+      att_commit();
+    }
+  } else {
+    for (int i = ct; i < MB * CHUNKS; i += 128 * WGS) {
+      const int r = i / CHUNKS, c = i % CHUNKS;
+      const bool ok = r < M;
+      att_cp16(sx + (c >> 3) * (MB * 128) + pw_off(r, c & 7, MB), ok ? x + (i64)r * K + kslice * KS + c * 8 : x,
+               ok);
+    }
+    att_commit();
+    att_wait<0>();
   }
-  att_commit();
-  att_wait<0>();
   if constexpr (PROLOGUE == 1) {
     asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");  // every thread's copies landed
     unsigned char* const xs = sk_shared + (sx - att_smem(sk_shared));
@@ -190,10 +217,18 @@ ${PDL_WAIT}
     for (int i = 0; i < MB / 2; ++i) acc[i] = 0.0f;
     for (int ks = 0; ks < KSTEPS; ++ks, ++n) {
       const int st = n % STAGES;
+      if constexpr (XS) {  // x's panel XD stages ahead in flight; this stage's landed (own copies), then everyone's
+        if (n + XD < xsteps)
+          sk_load_x_panel(sx + (n + XD) % STAGES * XPANEL, x, M, kslice * KS + 64 * ((n + XD) % KSTEPS), ct);
+        att_commit();
+        att_wait<XD>();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");
+      }
       pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
       pw_pin<MB / 2>(acc);
       pw_fence();
-      const unsigned wa = sw + st * WTILE + wg * (64 * 128), xb = sx + ks * (MB * 128);
+      const unsigned wa = sw + st * WTILE + wg * (64 * 128), xb = sx + (XS ? st * XPANEL : ks * XPANEL);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)  // 16 columns a wgmma: 32 bytes on within the panel
         pw_ss<MB>(acc, pw_desc(wa + kk * 32, 16, 1024), pw_desc(xb + kk * 32, 16, 1024), ks > 0 || kk > 0);

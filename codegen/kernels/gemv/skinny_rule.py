@@ -8,30 +8,35 @@ gate_up (16384 x 2048) at 16 / 32 tokens 1.05x / 1.00x cuBLAS (kernel.cu 0.83x /
 1.01x (kernel.cu 0.90-0.94x); on narrow matrices (qkv, o, down: fewer row tiles than SMs) it is slower than kernel.cu.
 End to end (BF16 1B shape): decode at batch 16 +25.5%, batch 32 +10.0%, batch 1 and 64 unchanged.
 
-**How it is chosen** (``choice``; ``INGOT_GEMV_SKINNY`` and ``INGOT_GEMV_SKINNY_SPLITK``, compile time):
-``rule.variants`` makes a ``linear``'s variant of a token bucket with this template
+**How it is chosen** (``choice``; ``INGOT_GEMV_SKINNY``, ``INGOT_GEMV_SKINNY_SPLITK``, ``INGOT_GEMV_SKINNY_XS``,
+compile time): ``rule.variants`` makes a ``linear``'s variant of a token bucket with this template
 
-- persistent (no split-K) at buckets 16 and 32 where the matrix is wide, at least ``WIDE_TILES`` row tiles an SM (the
-  1B model's gate_up and lm_head), and ``supported`` with at least ``MIN_STAGES`` stages (x of 32 tokens fits beside
-  them up to K = 2048);
+- persistent (no split-K) at buckets ``DEFAULT_BUCKETS`` (16, 32, 64) where the matrix is wide, at least
+  ``WIDE_TILES`` row tiles an SM (the 1B model's gate_up and lm_head): x staged whole where it fits beside
+  ``MIN_STAGES`` stages (up to 32 tokens at K = 2048), else streamed (``x_stream``: 64 tokens);
 - with split-K over ``NARROW_SPLITK`` CTAs of a cluster at buckets ``SPLITK_BUCKETS`` (16, 32, 64) where it is
-  narrower (the 1B model's qkv, o, down) and x's K slice fits beside ``MIN_STAGES`` stages. Measured on the H200
-  (``bench_skinny.py --splitk``, docs/PERF.md "Split-K in a cluster"): qkv 3072 x 2048 at 32 / 64 tokens 1.01x /
-  0.85x cuBLAS (kernel.cu 0.88x / 0.65x), o 2048 x 2048 1.12x / 0.87x (1.01x / 0.65x), down 2048 x 8192 at 32 0.92x
-  (0.82x; at 64 its slice does not fit: kernel.cu's); at 16 tokens 1.02-1.23x, about kernel.cu's.
+  narrower (the 1B model's qkv, o, down): x's K slice staged where it fits, else streamed (down at 64 tokens).
+  Measured on the H200 (``bench_skinny.py --splitk``, docs/PERF.md "Split-K in a cluster for the skinny GEMM"): qkv
+  3072 x 2048 at 32 / 64 tokens 1.01x / 0.85x cuBLAS (kernel.cu 0.88x / 0.65x), o 2048 x 2048 1.12x / 0.87x (1.01x /
+  0.65x), down 2048 x 8192 at 32 0.92x (0.82x); at 16 tokens 1.02-1.23x, about kernel.cu's. End to end (BF16 1B)
+  against ``INGOT_GEMV_SKINNY_SPLITK=0``: batch 16 +5.5%, 32 +19.4%, 64 +4.9%.
 
 Bias and residual are added in the epilogue (o and down carry the residual stream). Bucket 8 stays kernel.cu's
 (measured: with the rms_norm prologue here too, batch 1 3% slower, batch 8 1.4% faster; docs/PERF.md; its decode
 fusions). ``INGOT_GEMV_BULK``, an opt-in, takes precedence where it gives a bucket ``bulk.cu``.
-``INGOT_GEMV_SKINNY``: ``all``: bucket 8 of wide matrices too; ``force``: the persistent kernel at buckets 8-32 for
+``INGOT_GEMV_SKINNY``: ``all``: bucket 8 of wide matrices too; ``force``: the persistent kernel at every bucket for
 any N (tests: small models' matrices); ``0``: never. ``INGOT_GEMV_SKINNY_SPLITK``: the split-K buckets (``0``: none,
-``32,64``: those). ``rule.fused_spec`` makes a persistent variant's rms_norm prologue (decode fusion;
-``fused_skinny_spec``), as kernel.cu's.
+``32,64``: those). ``INGOT_GEMV_SKINNY_XS=0``: x never streamed (what does not fit staged stays kernel.cu's).
+``rule.fused_spec`` makes a persistent variant's rms_norm prologue (decode fusion; ``fused_skinny_spec``), as
+kernel.cu's.
 
 **Split-K in a cluster** (``skinny_spec``'s ``splitk``: 2, 4 or 8): the CTAs of a cluster take K slices of one row
 tile each and add their f32 partial tiles through distributed shared memory (the template's header): for matrices
-with fewer row tiles than SMs and for 64 tokens, whose x fits in shared memory only as a slice.
-``bench/bench_skinny.py --splitk 2 4 8`` times it.
+with fewer row tiles than SMs. ``bench/bench_skinny.py --splitk 2 4 8`` times it.
+
+**x streamed** (``skinny_spec``'s ``x_stream``): x's 64-column panels go through a ring of ``stages`` panels beside the
+weight stages, loaded by the consumers a few stages ahead (the template's header), so any token count up to 64 and
+any K fit; x is then read once per row tile (from L2) instead of once per CTA. ``bench_skinny.py --xs`` times it.
 
 **The weight's tensor map** (``ingot_w_tma`` in the module; ``runtime/kv_tma.fill_w_tma``): one map per module views a
 region of device memory as rows of K bf16 and the kernel addresses its ``weight`` argument's rows from the region's
@@ -68,13 +73,17 @@ SPLITK_ENV = "INGOT_GEMV_SKINNY_SPLITK"
 #: o and down at 16-64 tokens)
 NARROW_SPLITK = 4
 SPLITK_BUCKETS = (16, 32, 64)
+#: compile time: 0 keeps x staged whole (the rule then leaves what does not fit to kernel.cu); unset or 1: streamed
+#: where it does not fit beside ``MIN_STAGES`` stages (64 tokens at K = 2048, 32 at K = 4096; a quarter of K = 8192
+#: at 64 tokens)
+XS_ENV = "INGOT_GEMV_SKINNY_XS"
 #: compile time: at most this many weight stages in the rule's variants (default: as many as fit, ``max_stages``);
 #: fewer stages leave shared memory for the previous kernel's CTAs, so programmatic dependent launch can start this
 #: one's weight stream beside them (an experiment for bucket 8: docs/PERF.md, "The skinny wgmma GEMM")
 STAGES_ENV = "INGOT_GEMV_SKINNY_STAGES"
 #: buckets whose variant on a wide matrix is the persistent kernel by default (``all`` / ``force``: ``RULE_BUCKETS``)
-DEFAULT_BUCKETS = (16, 32)
-RULE_BUCKETS = (8, 16, 32)
+DEFAULT_BUCKETS = (16, 32, 64)
+RULE_BUCKETS = (8, 16, 32, 64)
 #: row tiles (64 x warpgroups rows) per SM from which a matrix is wide enough: the 1B model's gate_up has 0.97 (128
 #: tiles on 132 SMs) and gains, its qkv 0.18 and loses
 WIDE_TILES = 0.9
@@ -82,67 +91,74 @@ WIDE_TILES = 0.9
 MIN_STAGES = 4
 
 
-def smem_bytes(k: int, mb: int, warpgroups: int = 2, stages: int = 4, splitk: int = 1) -> int:
-    """x (mb x k / splitk bf16), the weight stages (64 x warpgroups rows x 128 bytes each), their full / empty
-    mbarriers, the rms_norm prologue's sums (f32 per token and consumer warp, then per token; reserved either way),
-    with split-K the f32 partial tile (16-byte aligned), and 1 KB to align the swizzled panels."""
+def smem_bytes(k: int, mb: int, warpgroups: int = 2, stages: int = 4, splitk: int = 1, x_stream: bool = False) -> int:
+    """x (mb x k / splitk bf16; with ``x_stream`` a ring of ``stages`` 64-column panels), the weight stages (64 x
+    warpgroups rows x 128 bytes each), their full / empty mbarriers, the rms_norm prologue's sums (f32 per token and
+    consumer warp, then per token; reserved either way), with split-K the f32 partial tile (16-byte aligned), and
+    1 KB to align the swizzled panels."""
     part = (15 + 64 * warpgroups * mb * 4) if splitk > 1 else 0
-    return (1024 + mb * (k // splitk) * 2 + stages * 64 * warpgroups * 128 + 16 * stages
-            + mb * (4 * warpgroups + 1) * 4 + part)
+    x = stages * mb * 128 if x_stream else mb * (k // splitk) * 2
+    return 1024 + x + stages * 64 * warpgroups * 128 + 16 * stages + mb * (4 * warpgroups + 1) * 4 + part
 
 
-def max_stages(k: int, mb: int, target: Target, warpgroups: int = 2, splitk: int = 1) -> int:
+def max_stages(k: int, mb: int, target: Target, warpgroups: int = 2, splitk: int = 1, x_stream: bool = False) -> int:
     """The most weight stages (up to 8) that fit beside x in a CTA's shared memory on ``target``: more bytes in flight
     per SM."""
-    return max((s for s in range(2, 9) if smem_bytes(k, mb, warpgroups, s, splitk) <= target.smem_per_block),
+    return max((s for s in range(2, 9) if smem_bytes(k, mb, warpgroups, s, splitk, x_stream) <= target.smem_per_block),
                default=0)
 
 
-def supported(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int = 4, splitk: int = 1) -> bool:
-    """sm_90a, K slices (K / splitk) a multiple of 64, a bucket of ``BUCKETS``, a split of ``SPLITS``, x's slice and
-    the stages within shared memory."""
+def supported(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int = 4, splitk: int = 1,
+              x_stream: bool = False) -> bool:
+    """sm_90a, K slices (K / splitk) a multiple of 64, a bucket of ``BUCKETS``, a split of ``SPLITS``, x's slice (or
+    ring) and the stages within shared memory; a streamed x takes at least 4 stages."""
     return (target.arch == "sm_90a" and target.wgmma and n > 0 and k > 0 and splitk in SPLITS
             and k % (64 * splitk) == 0 and mb in BUCKETS and warpgroups in (1, 2) and 2 <= stages <= 8
-            and smem_bytes(k, mb, warpgroups, stages, splitk) <= target.smem_per_block)
+            and (not x_stream or stages >= 4)
+            and smem_bytes(k, mb, warpgroups, stages, splitk, x_stream) <= target.smem_per_block)
 
 
 def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int | None = None,
                 prologue: Prologue | None = None, splitk: int = 1, bias: bool = False,
-                residual: bool = False) -> KernelSpec:
+                residual: bool = False, x_stream: bool = False) -> KernelSpec:
     """The launch for ``out[M, n] = x[M, k] @ w[n, k]^T`` with ``M <= mb``: one persistent CTA per SM (at most one
     per row tile of ``64 x warpgroups`` rows), ``128 x (warpgroups + 1)`` threads; ``stages`` by default as many as
     fit (``max_stages``). ``prologue``: ``rms_norm`` (x is the norm's input, an extra ``norm_weight`` parameter, as
     ``rule.fused_spec``'s) or none. ``splitk`` > 1: clusters of ``splitk`` CTAs, one a K slice, one row tile a
     cluster (a grid of tiles x splitk; the template's header; no prologue). ``bias`` (``[n]``) and ``residual``
-    (``[M, n]``): added in the epilogue."""
+    (``[M, n]``): added in the epilogue. ``x_stream``: x's 64-column panels streamed through a ring beside the
+    weight stages (read once per row tile, from L2) instead of staged whole: 64 tokens without split-K (no
+    prologue)."""
     pro = prologue or Prologue()
     if pro.kind not in ("none", "rms_norm"):
         raise ValueError(f"skinny wgmma GEMM: no {pro.kind} prologue (rms_norm only)")
-    if pro.kind != "none" and splitk > 1:
-        raise ValueError("skinny wgmma GEMM: the rms_norm prologue needs all of K in one CTA (no split-K)")
-    stages = stages or max_stages(k, mb, target, warpgroups, splitk)
-    if not supported(n, k, mb, target, warpgroups, stages, splitk):
+    if pro.kind != "none" and (splitk > 1 or x_stream):
+        raise ValueError("skinny wgmma GEMM: the rms_norm prologue needs all of K in one CTA (no split-K, x staged)")
+    stages = stages or max_stages(k, mb, target, warpgroups, splitk, x_stream)
+    if not supported(n, k, mb, target, warpgroups, stages, splitk, x_stream):
         raise ValueError(f"skinny wgmma GEMM does not take N={n} K={k} for {mb} tokens with {warpgroups} warpgroups, "
                          f"{stages} stages and split-K {splitk} on {target.name} (sm_90a, K / split-K a multiple of "
                          f"64, buckets {BUCKETS}, splits {SPLITS}, shared memory "
-                         f"{smem_bytes(k, mb, warpgroups, stages, splitk)} of {target.smem_per_block} bytes)")
+                         f"{smem_bytes(k, mb, warpgroups, stages, splitk, x_stream)} of {target.smem_per_block} "
+                         f"bytes{', x streamed: at least 4 stages' if x_stream else ''})")
     rows = 64 * warpgroups
     tiles = -(-n // rows)
     norm = pro.kind == "rms_norm"
     values = {"N": n, "K": k, "MB": mb, "WGS": warpgroups, "STAGES": stages, "W_TMA": True,
               "PROLOGUE": PROLOGUES[pro.kind], "EPS": float(pro.eps), "SPLITK": splitk, "HAS_BIAS": bias,
-              "HAS_RESIDUAL": residual}
+              "HAS_RESIDUAL": residual, "XS": x_stream}
     grid = ([GridDim(const=tiles), GridDim(const=splitk)] if splitk > 1
             else [GridDim(const=min(tiles, target.num_sms))])
     return KernelSpec.make("gemv", "skinny.cu",
                            f"skinny_bf16_n{n}_k{k}_m{mb}_wg{warpgroups}_s{stages}" + ("_rms_norm" if norm else "")
-                           + (f"_sk{splitk}" if splitk > 1 else "") + ("_b" if bias else "")
-                           + ("_r" if residual else ""),
+                           + (f"_sk{splitk}" if splitk > 1 else "") + ("_xs" if x_stream else "")
+                           + ("_b" if bias else "") + ("_r" if residual else ""),
                            target.arch or "", values, PARAMS + [("norm_weight", "ptr")] if norm else PARAMS,
-                           128 * (warpgroups + 1), grid, smem=smem_bytes(k, mb, warpgroups, stages, splitk),
+                           128 * (warpgroups + 1), grid, smem=smem_bytes(k, mb, warpgroups, stages, splitk, x_stream),
                            doc=f"skinny wgmma GEMM, M <= {mb}, {rows}-row tiles by TMA, {stages} stages, "
                                + (f"split-K {splitk} in a cluster" if splitk > 1 else "persistent")
-                               + (", rms_norm prologue" if norm else "") + (", bias" if bias else "")
+                               + (", x streamed" if x_stream else "") + (", rms_norm prologue" if norm else "")
+                               + (", bias" if bias else "")
                                + (", residual" if residual else ""))
 
 
@@ -153,7 +169,7 @@ def fused_skinny_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> 
     if not is_skinny(plain) or v.get("PROLOGUE", 0):
         raise ValueError(f"skinny GEMM: {plain.entry} is not a skinny variant without a prologue")
     return skinny_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, int(v["WGS"]), int(v["STAGES"]), prologue,
-                       int(v.get("SPLITK", 1)), bool(v.get("HAS_BIAS")), bool(v.get("HAS_RESIDUAL")))
+                       int(v.get("SPLITK", 1)), bool(v.get("HAS_BIAS")), bool(v.get("HAS_RESIDUAL")), bool(v.get("XS")))
 
 
 def mode() -> str:
@@ -176,27 +192,36 @@ def splitk_buckets() -> tuple[int, ...]:
     return tuple(sorted({int(i) for i in items}))
 
 
-def choice(n: int, k: int, mb: int, target: Target) -> int | None:
-    """The split-K width of this template's variant for the bf16 ``linear`` ``w[n, k]`` at ``M <= mb`` (1: the
-    persistent kernel), or None where the variant is another template's (``mode``, ``splitk_buckets``; the module
-    docstring)."""
+def x_stream_on() -> bool:
+    """``INGOT_GEMV_SKINNY_XS``: whether the rule streams x where it does not fit whole (unset or 1: yes; 0: no)."""
+    return env_choice(XS_ENV, {"": True, "1": True, "0": False}, "0 or 1")
+
+
+def choice(n: int, k: int, mb: int, target: Target) -> tuple[int, bool] | None:
+    """(split-K width, x streamed) of this template's variant for the bf16 ``linear`` ``w[n, k]`` at ``M <= mb``
+    (split-K 1: the persistent kernel), or None where the variant is another template's (``mode``,
+    ``splitk_buckets``, ``x_stream_on``; the module docstring)."""
     m = mode()
     if m == "off":
         return None
     wide = -(-n // 128) >= WIDE_TILES * (target.num_sms or 132)
-    if ((wide or m == "force") and mb in (RULE_BUCKETS if m in ("all", "force") else DEFAULT_BUCKETS)
-            and max_stages(k, mb, target) >= MIN_STAGES and supported(n, k, mb, target)):
-        return 1
-    if (not wide and mb in splitk_buckets() and max_stages(k, mb, target, splitk=NARROW_SPLITK) >= MIN_STAGES
-            and supported(n, k, mb, target, splitk=NARROW_SPLITK)):
-        return NARROW_SPLITK
+    xs = (False, True) if x_stream_on() else (False,)
+
+    def fits(splitk: int, stream: bool) -> bool:
+        return (max_stages(k, mb, target, splitk=splitk, x_stream=stream) >= MIN_STAGES
+                and supported(n, k, mb, target, splitk=splitk, x_stream=stream))
+
+    if (wide or m == "force") and mb in (RULE_BUCKETS if m in ("all", "force") else DEFAULT_BUCKETS):
+        return next(((1, stream) for stream in xs if fits(1, stream)), None)
+    if not wide and mb in splitk_buckets():
+        return next(((NARROW_SPLITK, stream) for stream in xs if fits(NARROW_SPLITK, stream)), None)
     return None
 
 
-def rule_stages(k: int, mb: int, target: Target, splitk: int = 1) -> int:
+def rule_stages(k: int, mb: int, target: Target, splitk: int = 1, x_stream: bool = False) -> int:
     """The weight stages of the rule's variant: as many as fit (``max_stages``), at most ``INGOT_GEMV_SKINNY_STAGES``
     (an integer 2..8; another value: ``ValueError`` naming the variable)."""
-    fit = max_stages(k, mb, target, splitk=splitk)
+    fit = max_stages(k, mb, target, splitk=splitk, x_stream=x_stream)
     raw = os.environ.get(STAGES_ENV, "").strip()
     if not raw:
         return fit
