@@ -344,7 +344,6 @@ def test_skinny_gemm_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
     prologue), decode steps of 40, 24, 12 and 3 sequences (buckets 64, 32, 16, 8) match the CPU backend within bf16
     tolerance, the same bits with and without CUDA graphs. Each module's weight tensor map views the whole weights
     region (several layers' weights through one map)."""
-    from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
 
     if gpu_target != "h200":
         pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
@@ -356,11 +355,21 @@ def test_skinny_gemm_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
     users = [ln["op"] for ln in cuda["launches"] if any(v["kernel"] in skinny for v in ln.get("variants", ()))]
     assert len(users) == 2 * 4 + 1, users  # per layer qkv, o, gate_up and down (o and down with the residual); lm_head
     monkeypatch.delenv("INGOT_GEMV_SKINNY")
+    REPORT["skinny"] = _steps_match_cpu(ckpt, gpu, tmp_path, 5, SMOLLM2_CONFIG["vocab_size"], lambda s: 4 + s % 5,
+                                        (40, 24, 24, 12, 12, 3, 3))
+
+
+def _steps_match_cpu(ckpt: Path, gpu: Path, tmp_path: Path, seed: int, vocab: int, prompt_len, decode: tuple[int, ...]
+                     ) -> list[float]:
+    """One prefill step of ``decode[0]`` sequences (``prompt_len(s)`` random tokens each), then decode steps of
+    ``decode`` sequences, on ``gpu`` without and with CUDA graphs (the same bits) and on the CPU backend's compile of
+    ``ckpt`` (within 5e-2 relative): the relative errors per step."""
+    from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
+
     cpu = ingot.compile(ckpt, target="cpu", out=tmp_path / "c.ingot")
-    r = np.random.default_rng(5)
-    vocab = SMOLLM2_CONFIG["vocab_size"]
-    steps = [[(s, [int(t) for t in r.integers(3, vocab, 4 + s % 5)]) for s in range(40)]]  # one prefill step
-    for n in (40, 24, 24, 12, 12, 3, 3):
+    r = np.random.default_rng(seed)
+    steps = [[(s, [int(t) for t in r.integers(3, vocab, prompt_len(s))]) for s in range(decode[0])]]
+    for n in decode:
         steps.append([(s, [int(r.integers(3, vocab))]) for s in range(n)])
     ref = drive_steps(PagedModel(load_graph(cpu)[0], 64), steps)
     runs = {}
@@ -371,7 +380,7 @@ def test_skinny_gemm_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
     assert_same_steps(runs, False, "plain launches")
     errs = [_rel(g, r) for g, r in zip(runs[False], ref)]
     assert max(errs) < 5e-2, errs
-    REPORT["skinny"] = errs
+    return errs
 
 
 @pytest.mark.gpu
@@ -381,7 +390,6 @@ def test_skinny_split_k_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
     16-64; o and down add the residual stream in the epilogue) and whose lm_head is wide (the persistent kernel at
     16-64). Decode steps of 40, 24, 12 and 3 sequences (buckets 64, 32, 16, 8) match the CPU backend within bf16
     tolerance, the same bits with and without CUDA graphs."""
-    from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
 
     if gpu_target != "h200":
         pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
@@ -403,22 +411,8 @@ def test_skinny_split_k_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
     assert split == {16: 8, 32: 8, 64: 8} and residual == {16: 4, 32: 4, 64: 4}, (split, residual)
     # the lm_head's (x of 64 tokens at K = 512 fits whole)
     assert sorted((v["MB"], v["XS"]) for v in values.values() if v["SPLITK"] == 1) == [(16, 0), (32, 0), (64, 0)]
-    cpu = ingot.compile(ckpt, target="cpu", out=tmp_path / "c.ingot")
-    r = np.random.default_rng(7)
-    vocab = cfg["vocab_size"]
-    steps = [[(s, [int(t) for t in r.integers(3, vocab, 2 + s % 4)]) for s in range(40)]]  # one prefill step
-    for n in (40, 40, 24, 12, 3):
-        steps.append([(s, [int(r.integers(3, vocab))]) for s in range(n)])
-    ref = drive_steps(PagedModel(load_graph(cpu)[0], 64), steps)
-    runs = {}
-    for graphs in (False, True):
-        ex = CudaExecutor.from_artifact(gpu, num_blocks=64, cuda_graphs=graphs)
-        runs[graphs] = drive_steps(CudaPagedModel(ex), steps)
-        ex.close()
-    assert_same_steps(runs, False, "plain launches")
-    errs = [_rel(g, r) for g, r in zip(runs[False], ref)]
-    assert max(errs) < 5e-2, errs
-    REPORT["skinny_split_k"] = errs
+    REPORT["skinny_split_k"] = _steps_match_cpu(ckpt, gpu, tmp_path, 7, cfg["vocab_size"], lambda s: 2 + s % 4,
+                                                (40, 40, 24, 12, 3))
 
 
 @pytest.mark.gpu
