@@ -5,7 +5,7 @@
 #include "splitk.cuh"
 
 // Skinny GEMM on Hopper's warpgroup MMA for decode steps of up to ${MB} tokens (sm_90a; the decode variant of buckets
-// 16 and 32 on wide matrices, and with split-K of buckets 16-64 on narrow ones: gemv/skinny_rule.py):
+// 16-64, persistent on wide matrices and with split-K on narrow ones: gemv/skinny_rule.py):
 // out[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]) (+ residual[M, N]), bf16 in and out, f32 accumulate.
 // kernel.cu's mma.sync GEMV falls short of cuBLAS on large matrices from 8 tokens on (gate_up at 32 tokens: 66% of
 // the bandwidth against cuBLAS's 86%): this is the tensor-memory-accelerator + wgmma design cuBLAS uses there.
@@ -97,7 +97,7 @@ extern "C" __global__ void SKINNY_CLUSTER_DIMS __launch_bounds__(NT, 1)
               , const bf16* __restrict__ norm_weight
 #endif
     ) {
-  (void)weight_scale;  // a plain GEMV variant's parameter, bf16 weights only (skinny_rule.uses)
+  (void)weight_scale;  // a plain GEMV variant's parameter, bf16 weights only (skinny_rule.choice)
 #if ${PROLOGUE} != 1
   const bf16* const norm_weight = nullptr;  // only the rms_norm prologue has this parameter
 #endif
