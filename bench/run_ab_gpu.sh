@@ -43,6 +43,8 @@ for v in "$@"; do
   envs+=("${e//,/ }")
   overlays+=("$overlay")
 done
+# an earlier A/B's runs in the same OUT would join this one's summary (ab_summary.py reads every e2e_*.json there)
+rm -f "$OUT"/e2e_*.json
 # with_overlay DIR COMMAND...: COMMAND run with DIR's files in place of the repository's, which are put back after
 with_overlay() {
   local dir=$1; shift
