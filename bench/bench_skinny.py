@@ -4,6 +4,7 @@
     python bench/bench_skinny.py --shapes "16384,2048" --m 32 --stages 4 6
     python bench/bench_skinny.py --shapes "3072,2048;2048,8192" --m 32 64 --splitk 2 4 8   # split-K in a cluster
     python bench/bench_skinny.py --m 32 64 --xs        # x streamed beside the weight stages too (label -xs)
+    python bench/bench_skinny.py --shapes "3072,2048" --m 64 --splitk 4 --warpgroups 1 2   # 64-row tiles (label -w1)
     python bench/bench_skinny.py --dry-run             # no GPU: compile every kernel the run would launch
 
 Each kernel is first checked against torch's f32 product of the same bf16 operands (output poisoned with NaN before),
@@ -31,10 +32,10 @@ HBM_TBS = 4.19
 DEFAULT_SHAPES = "16384,2048;128256,2048"
 
 
-def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | None = None, xs: bool = False
-          ) -> list[tuple[str, object]]:
-    """(label, spec): kernel.cu's rule for the bucket, then the skinny kernel per stage count and split-K width it
-    takes (``splits``: 1 is the persistent kernel), with ``xs`` each also with x streamed."""
+def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | None = None, xs: bool = False,
+          warpgroups: tuple[int, ...] = (2,)) -> list[tuple[str, object]]:
+    """(label, spec): kernel.cu's rule for the bucket, then the skinny kernel per consumer warpgroup count, split-K
+    width (``splits``: 1 is the persistent kernel) and stage count it takes, with ``xs`` each also with x streamed."""
     from ingot.codegen.kernels.gemv.rule import BUCKETS, gemv_spec
     from ingot.codegen.kernels.gemv.skinny_rule import BUCKETS as SKINNY_BUCKETS
     from ingot.codegen.kernels.gemv.skinny_rule import max_stages, skinny_spec, supported
@@ -43,13 +44,15 @@ def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | 
     tgt = get_target("h200")
     out: list[tuple[str, object]] = [("kernel.cu", gemv_spec(n, k, next(b for b in BUCKETS if b >= m), tgt))]
     mb = next((b for b in SKINNY_BUCKETS if b >= m), None)
-    for sk in splits or [1]:
-        for stream in (False, True) if xs else (False,):
-            for st in stages:
-                st = st or (max_stages(k, mb, tgt, splitk=sk, x_stream=stream) if mb else None)
-                if mb and st and supported(n, k, mb, tgt, stages=st, splitk=sk, x_stream=stream):
-                    out.append((f"skinny-s{st}" + (f"-k{sk}" if sk > 1 else "") + ("-xs" if stream else ""),
-                                skinny_spec(n, k, mb, tgt, stages=st, splitk=sk, x_stream=stream)))
+    for wg in warpgroups:
+        for sk in splits or [1]:
+            for stream in (False, True) if xs else (False,):
+                for st in stages:
+                    st = st or (max_stages(k, mb, tgt, wg, sk, stream) if mb else None)
+                    if mb and st and supported(n, k, mb, tgt, wg, st, sk, stream):
+                        out.append((f"skinny-s{st}" + (f"-k{sk}" if sk > 1 else "") + ("-xs" if stream else "")
+                                    + (f"-w{wg}" if wg != 2 else ""),
+                                    skinny_spec(n, k, mb, tgt, wg, st, splitk=sk, x_stream=stream)))
     return out
 
 
@@ -66,7 +69,7 @@ def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
     row: dict = {"N": n, "K": k, "M": m, "weight_mb": n * k * 2 / 2**20}
     t_cublas = time_graph(lambda i: torch.matmul(x, ws[i % copies].t()), a.launches, a.reps)
     row["cublas_us"] = t_cublas * 1e6
-    for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs):
+    for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups)):
         outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
         if spec.template == "skinny.cu":
             kern = SpecKernel(spec)
@@ -102,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--splitk", type=int, nargs="+", default=[1],
                     help="split-K widths of the skinny kernel (1: persistent; 2, 4, 8: clusters)")
     ap.add_argument("--xs", action="store_true", help="each skinny configuration also with x streamed")
+    ap.add_argument("--warpgroups", type=int, nargs="+", default=[2], choices=[1, 2],
+                    help="consumer warpgroups (64-row tiles a warpgroup)")
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for n, k in shapes:
             for m in a.m:
-                for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs):
+                for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups)):
                     print(f"{n}x{k} M={m} {label}: {spec.entry}, smem {spec.smem}, "
                           f"cubin {len(compile_spec(spec).cubin)} bytes", flush=True)
         return 0

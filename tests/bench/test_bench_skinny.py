@@ -24,6 +24,9 @@ def test_specs_per_shape():
     assert [label for label, _ in specs(16384, 2048, 64, [None])] == ["kernel.cu"]  # x of 64 tokens fits only streamed
     assert [label for label, _ in specs(16384, 2048, 64, [None], [1, 4], xs=True)] == [
         "kernel.cu", "skinny-s8-xs", "skinny-s7-k4", "skinny-s7-k4-xs"]
+    # one consumer warpgroup (64-row tiles: twice the CTAs, half the shared memory for the weight stages)
+    assert [label for label, _ in specs(3072, 2048, 64, [None], [4], warpgroups=(1, 2))] == [
+        "kernel.cu", "skinny-s8-k4-w1", "skinny-s7-k4"]
 
 
 @needs_compiler
