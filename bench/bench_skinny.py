@@ -5,6 +5,7 @@
     python bench/bench_skinny.py --shapes "3072,2048;2048,8192" --m 32 64 --splitk 2 4 8   # split-K in a cluster
     python bench/bench_skinny.py --m 32 64 --xs        # x streamed beside the weight stages too (label -xs)
     python bench/bench_skinny.py --shapes "3072,2048" --m 64 --splitk 4 --warpgroups 1 2   # 64-row tiles (label -w1)
+    python bench/bench_skinny.py --fp8 --m 16 32 64    # e4m3 weights (weight-only FP8): kernel.cu's and skinny wb=1
     python bench/bench_skinny.py --dry-run             # no GPU: compile every kernel the run would launch
 
 Each kernel is first checked against torch's f32 product of the same bf16 operands (output poisoned with NaN before),
@@ -33,16 +34,17 @@ DEFAULT_SHAPES = "16384,2048;128256,2048"
 
 
 def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | None = None, xs: bool = False,
-          warpgroups: tuple[int, ...] = (2,)) -> list[tuple[str, object]]:
+          warpgroups: tuple[int, ...] = (2,), wb: int = 2) -> list[tuple[str, object]]:
     """(label, spec): kernel.cu's rule for the bucket, then the skinny kernel per consumer warpgroup count, split-K
-    width (``splits``: 1 is the persistent kernel) and stage count it takes, with ``xs`` each also with x streamed."""
+    width (``splits``: 1 is the persistent kernel) and stage count it takes, with ``xs`` each also with x streamed;
+    ``wb=1``: their weight-only FP8 forms."""
     from ingot.codegen.kernels.gemv.rule import BUCKETS, gemv_spec
     from ingot.codegen.kernels.gemv.skinny_rule import BUCKETS as SKINNY_BUCKETS
     from ingot.codegen.kernels.gemv.skinny_rule import max_stages, skinny_spec, supported
     from ingot.codegen.target import get_target
 
     tgt = get_target("h200")
-    out: list[tuple[str, object]] = [("kernel.cu", gemv_spec(n, k, next(b for b in BUCKETS if b >= m), tgt))]
+    out: list[tuple[str, object]] = [("kernel.cu", gemv_spec(n, k, next(b for b in BUCKETS if b >= m), tgt, wb=wb))]
     mb = next((b for b in SKINNY_BUCKETS if b >= m), None)
     for wg in warpgroups:
         for sk in splits or [1]:
@@ -52,7 +54,7 @@ def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | 
                     if mb and st and supported(n, k, mb, tgt, wg, st, sk, stream):
                         out.append((f"skinny-s{st}" + (f"-k{sk}" if sk > 1 else "") + ("-xs" if stream else "")
                                     + (f"-w{wg}" if wg != 2 else ""),
-                                    skinny_spec(n, k, mb, tgt, wg, st, splitk=sk, x_stream=stream)))
+                                    skinny_spec(n, k, mb, tgt, wg, st, splitk=sk, x_stream=stream, wb=wb)))
     return out
 
 
@@ -66,12 +68,28 @@ def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
     ws = list(wall)
     x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     ref = (x.float() @ ws[0].float().t())
-    row: dict = {"N": n, "K": k, "M": m, "weight_mb": n * k * 2 / 2**20}
+    wb = 1 if a.fp8 else 2
+    row: dict = {"N": n, "K": k, "M": m, "weight_mb": n * k * wb / 2**20}
+    # the reference: cuBLAS on the bf16 weight (with --fp8 what the model would run without FP8 weights)
     t_cublas = time_graph(lambda i: torch.matmul(x, ws[i % copies].t()), a.launches, a.reps)
     row["cublas_us"] = t_cublas * 1e6
-    for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups)):
+    if a.fp8:  # e4m3 copies of the weight (per-row scales), the reference product of copy 0 dequantized
+        fcopies = max(2, -(-400 * 2**20 // (n * k)))
+        scale = (wall[0].float().abs().amax(dim=1) / 448.0).clamp(min=1e-8)
+        call = torch.stack([(wall[i % copies].float() / scale[:, None]).to(torch.float8_e4m3fn)
+                            for i in range(fcopies)])
+        cs = list(call)
+        ref = x.float() @ (cs[0].float() * scale[:, None]).t()
+    for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), wb):
         outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-        if spec.template == "skinny.cu":
+        if a.fp8:  # kernel.cu's FP8 variant and the skinny wb=1 ones take the quantized linear's inputs by name
+            kern = SpecKernel(spec)
+            kern.map_over(call)
+
+            def launch(i: int, kern=kern, outs=outs) -> None:
+                kern.launch(pdl=True, x=x, weight=cs[i % len(cs)], weight_scale=scale, weight_scale_2=None,
+                            input_scale=None, bias=None, residual=None, out=outs[i % copies], M=m)
+        elif spec.template == "skinny.cu":
             kern = SpecKernel(spec)
             kern.map_over(wall)
 
@@ -92,7 +110,7 @@ def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
             continue
         t = time_graph(launch, a.launches, a.reps)
         row[f"{label}_us"] = t * 1e6
-        row[f"{label}_tbs"] = n * k * 2 / t / 1e12
+        row[f"{label}_tbs"] = n * k * wb / t / 1e12
         row[f"{label}_vs_cublas"] = t_cublas / t
     return row
 
@@ -107,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--xs", action="store_true", help="each skinny configuration also with x streamed")
     ap.add_argument("--warpgroups", type=int, nargs="+", default=[2], choices=[1, 2],
                     help="consumer warpgroups (64-row tiles a warpgroup)")
+    ap.add_argument("--fp8", action="store_true", help="e4m3 weights with per-row scales (weight-only FP8), against "
+                    "cuBLAS on the bf16 weight")
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
@@ -118,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for n, k in shapes:
             for m in a.m:
-                for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups)):
+                for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), 2 - a.fp8):
                     print(f"{n}x{k} M={m} {label}: {spec.entry}, smem {spec.smem}, "
                           f"cubin {len(compile_spec(spec).cubin)} bytes", flush=True)
         return 0
@@ -130,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in a.m:
             r = bench(n, k, m, a)
             rows.append(r)
-            wb = n * k * 2
-            for label, _ in specs(n, k, m, a.stages, a.splitk):
+            wb = n * k * 2  # the reference's bytes (cuBLAS on the bf16 weight)
+            for label, _ in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), 2 - a.fp8):
                 if f"{label}_us" in r:
                     print(f"| {n}x{k} | {m} | {r['cublas_us']:.2f} ({wb / r['cublas_us'] / 1e6:.2f}) | {label} | "
                           f"{r[label + '_us']:.2f} | {r[label + '_tbs']:.2f} | {r[label + '_tbs'] / HBM_TBS:.1%} | "

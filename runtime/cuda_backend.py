@@ -276,7 +276,9 @@ class CudaExecutor(DecodeSteps):
     def _fill_w_tma(self, module: cd.Module, kspec: KernelSpec, entry: str, names: Sequence[str]) -> None:
         """Fill the skinny GEMM module's weight tensor map over the weights region, after checking that every weight
         its launches read (``names``) starts a whole row from the region's start (``kv_tma.w_tma_region``)."""
-        pitch = int(dict(kspec.values)["K"]) * 2
+        from ..codegen.kernels.gemv.skinny_rule import row_bytes
+
+        pitch = row_bytes(kspec.values)
         weights = {}
         for name in names:
             buf = self.buffers[name]

@@ -62,17 +62,23 @@ def kv_region_rows(base: int, nbytes: int, head_dim: int, kv_heads: int) -> int:
                         f"KV ({kv_heads} KV heads x head_dim {head_dim}, bf16)")
 
 
-def _encode_bf16(base: int, dims: list[int], strides: list[int], box: list[int], what: str) -> bytes:
+def _encode_bf16(base: int, dims: list[int], strides: list[int], box: list[int], what: str,
+                 codes: bool = False) -> bytes:
     """The 128-byte CUtensorMap of a bf16 tensor at ``base`` (``dims`` innermost first, byte ``strides`` of the outer
-    ones), tiles of ``box`` elements landing with the 128-byte swizzle, zeros out of bounds."""
+    ones), tiles of ``box`` elements landing with the 128-byte swizzle, zeros out of bounds; ``codes``: of bytes (e4m3
+    codes) instead, landing densely (no swizzle)."""
     from .cuda_driver import check, driver
 
     cu = driver()
     u64, u32 = cu.cuuint64_t, cu.cuuint32_t
+    dtype = cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8 if codes else \
+        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    swizzle = cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE if codes else \
+        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
     tmap = check(cu.cuTensorMapEncodeTiled(
-        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, len(dims), base, [u64(d) for d in dims],
+        dtype, len(dims), base, [u64(d) for d in dims],
         [u64(s) for s in strides], [u32(b) for b in box], [u32(1)] * len(dims),
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
         cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), f"cuTensorMapEncodeTiled({what})")
     words = [int(w) for w in tmap.opaque]
@@ -91,13 +97,14 @@ def encode_kv_map(base: int, nbytes: int, head_dim: int, kv_heads: int, box_rows
 
 
 def fill_w_tma(module: Any, spec: Any, base: int, nbytes: int) -> None:
-    """Write ``ingot_w_tma`` of the loaded ``module`` for ``gemv/skinny.cu`` (``spec``: its ``K`` and ``WGS``) over
-    the region ``[base, base + nbytes)`` holding its weight, viewed as rows of K bf16: dims ``{K, rows}``, a box of
-    ``64 x (64 x WGS)`` with the 128-byte swizzle, zeros past the rows."""
+    """Write ``ingot_w_tma`` of the loaded ``module`` for ``gemv/skinny.cu`` (``spec``: its ``K``, ``WGS`` and ``WB``)
+    over the region ``[base, base + nbytes)`` holding its weight, viewed as rows of K bf16: dims ``{K, rows}``, a box
+    of ``64 x (64 x WGS)`` with the 128-byte swizzle, zeros past the rows; with ``WB`` 1 as rows of K e4m3 codes, the
+    box landing densely (the kernel swizzles as it converts them)."""
     v = dict(spec.values)
-    k, box_rows = int(v["K"]), 64 * int(v["WGS"])
-    rows = _region_rows(base, nbytes, k * 2, f"weight (K {k}, bf16)")
-    tmap = _encode_bf16(base, [k, rows], [k * 2], [64, box_rows], "weight")
+    k, box_rows, wb = int(v["K"]), 64 * int(v["WGS"]), int(v.get("WB", 2))
+    rows = _region_rows(base, nbytes, k * wb, f"weight (K {k}, {'bf16' if wb == 2 else 'e4m3'})")
+    tmap = _encode_bf16(base, [k, rows], [k * wb], [64, box_rows], "weight", codes=wb == 1)
     _write_global(module, W_SYMBOL, spec, tmap + struct.pack("<2Q", base, nbytes))
 
 

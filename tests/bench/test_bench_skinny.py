@@ -27,6 +27,8 @@ def test_specs_per_shape():
     # one consumer warpgroup (64-row tiles: twice the CTAs, half the shared memory for the weight stages)
     assert [label for label, _ in specs(3072, 2048, 64, [None], [4], warpgroups=(1, 2))] == [
         "kernel.cu", "skinny-s8-k4-w1", "skinny-s7-k4"]
+    # --fp8: kernel.cu's FP8-weight variant and the skinny kernel's (wb=1)
+    assert [s.entry.split("_")[1] for _, s in specs(3072, 2048, 32, [None], [4], wb=1)] == ["fp8w", "fp8w"]
 
 
 @needs_compiler

@@ -214,6 +214,47 @@ def test_bias_and_residual_in_the_epilogue():
     assert dict(fused.values)["HAS_RESIDUAL"] and dict(fused.values)["PROLOGUE"] == 1
 
 
+def test_fp8_weights_variant(monkeypatch):
+    """Weight-only FP8 (``wb=1``): the quantized linear's parameters by name, the bf16 variant's launch and shared
+    memory (a stage sized for bf16, the codes in its first half), rows of K bytes for the map and the memory plan; no
+    prologue. The quant rule gives them only with INGOT_GEMV_SKINNY_FP8=1 (opt-in), the bf16 rule's choices."""
+    from ingot.codegen.kernels.gemv.quant_rule import quant_variants
+    from ingot.codegen.kernels.gemv.skinny_rule import FP8_ENV, row_bytes
+    from ingot.ir.ops.quantized import QuantizedLinear
+
+    fp8 = skinny_spec(2048, 2048, 32, H200, splitk=4, residual=True, wb=1)
+    bf = skinny_spec(2048, 2048, 32, H200, splitk=4, residual=True)
+    assert [p.name for p in fp8.params] == [n for n, _ in gemv.QUANT_PARAMS] and fp8.entry.startswith("skinny_fp8w_")
+    assert (fp8.block, fp8.smem, fp8.grid_dims({"M": 9})) == (bf.block, bf.smem, bf.grid_dims({"M": 9}))
+    assert row_bytes(fp8.values) == 2048 and row_bytes(bf.values) == 4096 and "e4m3 weights" in fp8.doc
+    with pytest.raises(ValueError, match="wb must be 2 .* or 1 .*no prologue"):
+        skinny_spec(16384, 2048, 8, H200, wb=1, prologue=gemv.Prologue("rms_norm", 1e-5))
+    with pytest.raises(ValueError, match="wb must be"):
+        skinny_spec(16384, 2048, 8, H200, wb=0)
+
+    op = QuantizedLinear(weight_format="fp8", weight_granularity="channel", act_format="none", in_features=2048)
+
+    def templates(n: int) -> dict[int, str]:
+        inputs = [TensorType(DType.bf16, ("T", 2048)), TensorType(DType.f8e4m3fn, (n, 2048)),
+                  TensorType(DType.f32, (n,))]
+        out = {}
+        for mb, spec in quant_variants(op, inputs, H200):
+            v = dict(spec.values)
+            assert v["WB"] == 1, spec.entry
+            out[mb] = spec.template + (f"/sk{v['SPLITK']}" if is_skinny(spec) and v["SPLITK"] > 1 else "")
+        return out
+
+    for var in (ENV, SPLITK_ENV, XS_ENV, FP8_ENV):
+        monkeypatch.delenv(var, raising=False)
+    assert set(templates(3072).values()) == set(templates(16384).values()) == {"kernel.cu"}
+    monkeypatch.setenv(FP8_ENV, "1")
+    assert templates(3072) == {8: "kernel.cu", 16: "skinny.cu/sk4", 32: "skinny.cu/sk4", 64: "skinny.cu/sk4"}
+    assert templates(16384) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu"}
+    monkeypatch.setenv(FP8_ENV, "on")
+    with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY_FP8='on': expected 0 or 1"):
+        templates(3072)
+
+
 def test_spec_launch_and_stages():
     spec = skinny_spec(16384, 2048, 32, H200)
     assert spec.template == "skinny.cu" and spec.arch == "sm_90a"
@@ -246,6 +287,25 @@ def test_the_rms_norm_prologue_variant():
         gemv.fused_spec(skinny_spec(2048, 8192, 8, H200, stages=4), gemv.Prologue("swiglu"), H200)
     with pytest.raises(ValueError, match="not a skinny variant without a prologue"):
         gemv.fused_spec(fused, gemv.Prologue("rms_norm", eps=1e-5), H200)
+
+
+@needs_compiler
+@pytest.mark.parametrize("n,k,mb,wgs,splitk,xs", [
+    (16384, 2048, 32, 2, 1, False), (3072, 2048, 16, 2, 4, False), (2048, 8192, 64, 2, 4, True),
+    (1000, 256, 16, 1, 1, True)])
+def test_fp8_weights_compile_to_a_conversion_then_bf16_wgmma(n, k, mb, wgs, splitk, xs):
+    """e4m3 codes by TMA (one copy a stage), read as 16-byte chunks, written back as bf16 (exactly: e4m3.cuh's bit
+    operations and the bf16 FMA by 2^120) between two consumer barriers, then the bf16 wgmma; no local memory."""
+    from ingot.codegen.compile import compile_spec
+    from ingot.codegen.sass import disassemble
+
+    spec = skinny_spec(n, k, mb, H200, warpgroups=wgs, splitk=splitk, x_stream=xs, residual=True, wb=1)
+    built = compile_spec(spec)
+    assert f"wgmma.mma_async.sync.aligned.m64n{mb}k16.f32.bf16.bf16" in built.ptx
+    assert "fma.rn.bf16x2" in built.ptx and not re.search(r"\.local\b", built.ptx)
+    ops = Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]*)", disassemble(built.cubin)))
+    assert ops[f"HGMMA.64x{mb}x16.F32.BF16"] == 4 and ops["UTMALDG.2D"] >= 1 and ops["ACQBULK"] == 1
+    assert ops["LDS.128"] >= 2 and ops["STS.128"] >= 4 and not any(o.startswith(("LDL", "STL")) for o in ops)
 
 
 @needs_compiler

@@ -80,3 +80,48 @@ def test_skinny_matches_numpy(gpu, n, k, mb, ms, wgs, stages, norm, splitk, epi,
             assert np.isfinite(got).all(), f"{n}x{k} M={m} launch {attempt}: unwritten or non-finite outputs"
             err = np.abs(got - ref).max() / np.abs(ref).max()
             assert err < 1e-2, f"{n}x{k} MB={mb} M={m} launch {attempt}: relative error {err:.2e} ({spec.doc})"
+
+
+@pytest.mark.parametrize("n,k,mb,ms,wgs,splitk,xs,epi", [
+    (16384, 2048, 32, (1, 17, 32), 2, 1, False, False), (128 * 140, 256, 16, (16,), 2, 1, False, True),
+    (3072, 2048, 32, (5, 32), 2, 4, False, False), (2048, 8192, 64, (1, 64), 2, 4, True, True),
+    (16384, 2048, 64, (33,), 2, 1, True, False), (300, 1024, 16, (3,), 1, 1, False, True),
+])
+def test_fp8_weights_match_numpy(gpu, n, k, mb, ms, wgs, splitk, xs, epi):
+    """Weight-only FP8 (``wb=1``): e4m3 codes over their whole range (subnormals, both signs, no NaN) and an f32 scale
+    per row against numpy's f64 product of x and the dequantized weight (plus bias and residual), the weight map
+    filled again for a second code buffer."""
+    if gpu.arch != "sm_90a":
+        pytest.skip(f"skinny.cu is sm_90a only (this GPU is {gpu.arch})")
+    r = rng()
+    spec = skinny_spec(n, k, mb, gpu_target(gpu), warpgroups=wgs, splitk=splitk, x_stream=xs, bias=epi, residual=epi,
+                       wb=1)
+    e4m3 = ml_dtypes.float8_e4m3fn
+    codes = []
+    for _ in range(2):
+        c = r.integers(0, 256, (n, k), dtype=np.uint8)
+        c[(c & 0x7F) == 0x7F] = 0x3F  # no NaN codes (S.1111.111)
+        codes.append(c)
+    scale = (r.random(n, np.float32) * 0.02 + 0.001).astype(np.float32)
+    cd, sd = [gpu.upload(c.view(e4m3)) for c in codes], gpu.upload(scale)
+    bias = (r.standard_normal(n, np.float32) * 4.0).astype(BF16) if epi else None
+    for m in ms:
+        x = r.standard_normal((m, k), np.float32).astype(BF16)
+        xd = gpu.upload(x)
+        for attempt in range(2):
+            w = codes[attempt].view(e4m3).astype(np.float64) * scale.astype(np.float64)[:, None]
+            ref = x.astype(np.float64) @ w.T
+            epilogue = {"bias": None, "residual": None}
+            if epi:
+                res = (r.standard_normal((m, n), np.float32) * 20.0).astype(BF16)
+                ref = ref + bias.astype(np.float64) + res.astype(np.float64)
+                epilogue = {"bias": gpu.upload(bias), "residual": gpu.upload(res)}
+            out = gpu.alloc((mb, n), BF16)
+            gpu.launch(spec, x=xd, weight=cd[attempt], weight_scale=sd, weight_scale_2=None, input_scale=None, out=out,
+                       M=m, **epilogue)
+            full = gpu.download(out)
+            assert (full[m:].view(np.uint16) == 0xFFFF).all(), f"M={m}: rows past M written"
+            got = full[:m].astype(np.float64)
+            assert np.isfinite(got).all(), f"{n}x{k} M={m} launch {attempt}: unwritten or non-finite outputs"
+            err = np.abs(got - ref).max() / np.abs(ref).max()
+            assert err < 1e-2, f"{n}x{k} MB={mb} M={m} launch {attempt}: relative error {err:.2e} ({spec.doc})"

@@ -359,14 +359,14 @@ def test_skinny_gemm_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
                                         (40, 24, 24, 12, 12, 3, 3))
 
 
-def _steps_match_cpu(ckpt: Path, gpu: Path, tmp_path: Path, seed: int, vocab: int, prompt_len, decode: tuple[int, ...]
-                     ) -> list[float]:
+def _steps_match_cpu(ckpt: Path, gpu: Path, tmp_path: Path, seed: int, vocab: int, prompt_len, decode: tuple[int, ...],
+                     **compile_kwargs: object) -> list[float]:
     """One prefill step of ``decode[0]`` sequences (``prompt_len(s)`` random tokens each), then decode steps of
     ``decode`` sequences, on ``gpu`` without and with CUDA graphs (the same bits) and on the CPU backend's compile of
-    ``ckpt`` (within 5e-2 relative): the relative errors per step."""
+    ``ckpt`` (with ``compile_kwargs``, e.g. its quantization; within 5e-2 relative): the relative errors per step."""
     from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
 
-    cpu = ingot.compile(ckpt, target="cpu", out=tmp_path / "c.ingot")
+    cpu = ingot.compile(ckpt, target="cpu", out=tmp_path / "c.ingot", **compile_kwargs)
     r = np.random.default_rng(seed)
     steps = [[(s, [int(t) for t in r.integers(3, vocab, prompt_len(s))]) for s in range(decode[0])]]
     for n in decode:
@@ -413,6 +413,34 @@ def test_skinny_split_k_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
     assert sorted((v["MB"], v["XS"]) for v in values.values() if v["SPLITK"] == 1) == [(16, 0), (32, 0), (64, 0)]
     REPORT["skinny_split_k"] = _steps_match_cpu(ckpt, gpu, tmp_path, 7, cfg["vocab_size"], lambda s: 2 + s % 4,
                                                 (40, 40, 24, 12, 3))
+
+
+@pytest.mark.gpu
+def test_skinny_fp8_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
+    """Weight-only FP8 on the skinny GEMM (``INGOT_GEMV_SKINNY_FP8=1``, opt-in): the hidden-512 model quantized
+    ``fp8:wo``, its qkv, o, gate_up and down split-K over 4 CTAs at buckets 16-64 with e4m3 codes turned into bf16 in
+    shared memory (the lm_head stays bf16, persistent); decode steps of 40, 24, 12 and 3 sequences match the CPU
+    backend's emulation of the same quantized model within bf16 tolerance, the same bits with and without graphs."""
+    if gpu_target != "h200":
+        pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
+    for var in ("INGOT_GEMV_SKINNY", "INGOT_GEMV_SKINNY_SPLITK", "INGOT_GEMV_BULK", "INGOT_GEMV_FP8"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("INGOT_GEMV_SKINNY_FP8", "1")
+    cfg = {**SMOLLM2_CONFIG, "num_hidden_layers": 2, "hidden_size": 512, "num_attention_heads": 8,
+           "num_key_value_heads": 2}
+    ckpt = write_checkpoint(tmp_path / "h512", cfg, random_weights(cfg, np.random.default_rng(4)))
+    quant = {"quant_config": {"default": "fp8:wo"}}
+    gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot", **quant)
+    cuda = load_graph(gpu)[1]["cuda"]
+    wb = Counter()
+    for ln in cuda["launches"]:
+        for v in ln.get("variants", ()):
+            spec = cuda["variant_kernels"][v["kernel"]]["spec"]
+            if spec["template"] == "skinny.cu":
+                wb[(v["max_rows"], int(dict(spec["values"])["WB"]))] += 1
+    assert wb == {(mb, 1): 8 for mb in (16, 32, 64)} | {(mb, 2): 1 for mb in (16, 32, 64)}, wb
+    REPORT["skinny_fp8"] = _steps_match_cpu(ckpt, gpu, tmp_path, 9, cfg["vocab_size"], lambda s: 2 + s % 4,
+                                            (40, 40, 24, 12, 3), **quant)
 
 
 @pytest.mark.gpu

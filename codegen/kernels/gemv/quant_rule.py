@@ -343,7 +343,18 @@ def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) 
                      or quant_gemv_spec(a.n, a.k, mb, target, "fp8", "none", a.act_granularity, a.bias, a.residual))
                     for mb in BUCKETS]
         if template == "kernel.cu":
-            return [(mb, gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)) for mb in BUCKETS]
+            from . import skinny_rule
+
+            def fp8_variant(mb: int) -> KernelSpec:  # INGOT_GEMV_SKINNY_FP8=1: the skinny GEMM where it applies
+                chosen = skinny_rule.choice(a.n, a.k, mb, target) if skinny_rule.fp8_on() else None
+                if chosen is None:
+                    return gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)
+                splitk, xs = chosen
+                return skinny_rule.skinny_spec(a.n, a.k, mb, target, stages=skinny_rule.rule_stages(a.k, mb, target,
+                                                                                                   splitk, xs),
+                                               splitk=splitk, bias=a.bias, residual=a.residual, x_stream=xs, wb=1)
+
+            return [(mb, fp8_variant(mb)) for mb in BUCKETS]
     if a.weight_format == "nvfp4" and nvfp4_template() == "kernel.cu":  # weight-only NVFP4 (quant_applies)
         return [(mb, gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=WB_NVFP4)) for mb in BUCKETS]
     return [(mb, quant_gemv_spec(a.n, a.k, mb, target, a.weight_format, a.act, a.act_granularity, a.bias,

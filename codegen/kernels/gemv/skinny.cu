@@ -2,6 +2,7 @@
 #include "../attention/mma.cuh"
 #include "../attention/wgmma.cuh"
 #include "cluster.cuh"
+#include "e4m3.cuh"
 #include "splitk.cuh"
 
 // Skinny GEMM on Hopper's warpgroup MMA for decode steps of up to ${MB} tokens (sm_90a; the decode variant of buckets
@@ -29,6 +30,12 @@
 // - epilogue: the accumulators of row (16 (warp % 4) + g8 (+ 8)) and tokens 8 i + 2 t4 (+ 1), plus bias[row]
 //   (HAS_BIAS = ${HAS_BIAS}) and residual[token, row] (HAS_RESIDUAL = ${HAS_RESIDUAL}: read after the grid-dependency
 //   wait by a coherent load, as kernel.cu's) in f32, rounded once -> bf16 out[token, row].
+// - FP8 weights (WB = ${WB} bytes a weight; 1: a weight-only ``quantized_linear``, e4m3 w[N, K] and an f32 scale per
+//   row, weight_scale[N]; opt-in, skinny_rule's INGOT_GEMV_SKINNY_FP8): the TMA copy brings ROWS x 64 codes (64-byte
+//   rows, no swizzle) into the first half of a stage sized for bf16; once it landed the consumers read their codes
+//   into registers, meet at a barrier, and write them back as bf16 (exact, e4m3.cuh) in the 128-byte-swizzled layout
+//   a bf16 stage has, so the wgmma path is the bf16 one; the epilogue multiplies by the row's scale before bias and
+//   residual (as kernel.cu's FP8 variants). Half the HBM bytes a stage, the same shared memory.
 // - programmatic dependent launch: only the consumers wait for the grid before (the wait is placed in their code);
 //   the producer's weight copies start at once.
 // - prologue (${PROLOGUE}; codegen/decode_fusion.py, as kernel.cu's): 1: rms_norm, x is the norm's input and
@@ -48,6 +55,7 @@ namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, WGS = ${WGS}, STAGES = ${STAGES}, PROLOGUE = ${PROLOGUE};
 constexpr int SPLITK = ${SPLITK}, KS = K / SPLITK;  // a CTA's K slice
 constexpr bool HAS_BIAS = ${HAS_BIAS}, HAS_RESIDUAL = ${HAS_RESIDUAL}, XS = ${XS};
+constexpr int WB = ${WB};  // bytes a weight: 2 (bf16) or 1 (e4m3 codes, converted in shared memory)
 constexpr int ROWS = 64 * WGS, KSTEPS = KS / 64, TILES = (N + ROWS - 1) / ROWS, NT = 128 * (WGS + 1);
 // a stage (ROWS x 64 bf16); x's slice, or with XS its ring of STAGES panels (MB x 64 bf16 each)
 constexpr unsigned WTILE = ROWS * 128, XPANEL = MB * 128, XBYTES = XS ? STAGES * XPANEL : MB * KS * 2;
@@ -60,6 +68,13 @@ static_assert(MB == 8 || MB == 16 || MB == 32 || MB == 64, "8, 16, 32 or 64 toke
 static_assert(WGS == 1 || WGS == 2, "one or two consumer warpgroups");
 static_assert(XBYTES % 1024 == 0, "x's panels keep the stages 1024-aligned");
 static_assert(!XS || (PROLOGUE == 0 && STAGES >= 4), "streamed x: no prologue, at least 4 stages");
+static_assert(WB == 2 || (WB == 1 && PROLOGUE == 0), "bf16 weights, or e4m3 ones without a prologue");
+static_assert(ROWS * 4 % (128 * WGS) == 0, "whole 16-code chunks a consumer thread");
+#if ${WB} == 1
+typedef unsigned char sk_weight_t;  // e4m3 codes
+#else
+typedef bf16 sk_weight_t;
+#endif
 }  // namespace
 
 // the weight region's tensor map (words 0-15: a CUtensorMap, dims {K, rows}, box {64, ROWS}, 128-byte swizzle), the
@@ -77,9 +92,42 @@ __device__ __forceinline__ void sk_load_x_panel(unsigned dst, const bf16* __rest
   }
 }
 
-// y (f32, token t, row r) plus the bias and the residual where the variant has them
-__device__ __forceinline__ float sk_epilogue(float y, const bf16* __restrict__ bias,
+// WB 1: the stage's e4m3 codes (ROWS rows of 64, dense from its start) -> bf16 in place, in the 128-byte-swizzled
+// layout of a bf16 stage (row r's 16-byte chunk c at r * 128 + (c ^ (r % 8)) * 16); every consumer thread (ct: its
+// index among them) reads its 16-code chunks before any writes (a consumer barrier between), then makes the stage
+// visible to wgmma (async proxy) and meets the others again
+__device__ __forceinline__ void sk_codes_to_bf16(unsigned stage, int ct) {
+  constexpr int CH = ROWS * 4 / (128 * WGS);  // 16-code chunks a thread
+  uint4 v[CH];
+#pragma unroll
+  for (int j = 0; j < CH; ++j) {
+    const int i = ct + j * 128 * WGS;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "r"(stage + i * 16) : "memory");
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");
+#pragma unroll
+  for (int j = 0; j < CH; ++j) {
+    const int i = ct + j * 128 * WGS, r = i >> 2, c = i & 3;  // row r, codes 16c..16c+15: bf16 chunks 2c, 2c + 1
+    uint4 a, b;
+    qg_e4m3x4_bf16(v[j].x, a.x, a.y);
+    qg_e4m3x4_bf16(v[j].y, a.z, a.w);
+    qg_e4m3x4_bf16(v[j].z, b.x, b.y);
+    qg_e4m3x4_bf16(v[j].w, b.z, b.w);
+    const unsigned row = stage + r * 128;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                 ::"r"(row + (((2 * c) ^ (r & 7)) << 4)), "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w) : "memory");
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                 ::"r"(row + (((2 * c + 1) ^ (r & 7)) << 4)), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w) : "memory");
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");
+}
+
+// y (f32, token t, row r) times the row's scale (WB 1), plus the bias and the residual where the variant has them
+__device__ __forceinline__ float sk_epilogue(float y, const float* __restrict__ w_scale, const bf16* __restrict__ bias,
                                              const bf16* __restrict__ residual, int t, int r) {
+  if (WB == 1) y *= w_scale[r];
   if (HAS_BIAS) y += to_f32(bias[r]);
   if (HAS_RESIDUAL) y += gemv_ld_bf16_after_wait(residual + (i64)t * N + r);
   return y;
@@ -91,13 +139,19 @@ __device__ __forceinline__ float sk_epilogue(float y, const bf16* __restrict__ b
 #define SKINNY_CLUSTER_DIMS
 #endif
 extern "C" __global__ void SKINNY_CLUSTER_DIMS __launch_bounds__(NT, 1)
-    ${KERNEL}(const bf16* __restrict__ x, const bf16* __restrict__ weight, const float* __restrict__ weight_scale,
+    ${KERNEL}(const bf16* __restrict__ x, const sk_weight_t* __restrict__ weight,
+              const float* __restrict__ weight_scale,
+#if ${WB} == 1
+              const float* __restrict__ weight_scale_2, const float* __restrict__ input_scale,  // (unused)
+#endif
               const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, i64 rows
 #if ${PROLOGUE} == 1
               , const bf16* __restrict__ norm_weight
 #endif
     ) {
-  (void)weight_scale;  // a plain GEMV variant's parameter, bf16 weights only (skinny_rule.choice)
+#if ${WB} == 1
+  (void)weight_scale_2, (void)input_scale;  // a weight-only FP8 quantized_linear's inputs, unused
+#endif
 #if ${PROLOGUE} != 1
   const bf16* const norm_weight = nullptr;  // only the rms_norm prologue has this parameter
 #endif
@@ -125,15 +179,15 @@ extern "C" __global__ void SKINNY_CLUSTER_DIMS __launch_bounds__(NT, 1)
       const unsigned long long map = reinterpret_cast<unsigned long long>(ingot_w_tma);
       const unsigned long long base = ingot_w_tma[16], bytes = ingot_w_tma[17];
       const unsigned long long at = reinterpret_cast<unsigned long long>(weight);
-      if (at < base || at + (unsigned long long)N * K * 2 > base + bytes) __trap();  // the map was not filled for it
-      const int row0 = (int)((at - base) / (K * 2));
+      if (at < base || at + (unsigned long long)N * K * WB > base + bytes) __trap();  // the map was not filled for it
+      const int row0 = (int)((at - base) / (K * WB));
       asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
       int n = 0;
       for (int tile = blockIdx.x; tile < TILES; tile += gridDim.x)
         for (int ks = 0; ks < KSTEPS; ++ks, ++n) {
           const int st = n % STAGES;
           pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
-          pw_mbar_expect_tx(bars + 8 * st, WTILE);
+          pw_mbar_expect_tx(bars + 8 * st, WTILE * WB / 2);  // e4m3: half a bf16 stage
           pw_tma_2d(sw + st * WTILE, map, kslice * KS + 64 * ks, row0 + tile * ROWS, bars + 8 * st);
         }
     }
@@ -226,6 +280,7 @@ ${PDL_WAIT}
         asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");
       }
       pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
+      if constexpr (WB == 1) sk_codes_to_bf16(sw + st * WTILE, ct);
       pw_pin<MB / 2>(acc);
       pw_fence();
       const unsigned wa = sw + st * WTILE + wg * (64 * 128), xb = sx + (XS ? st * XPANEL : ks * XPANEL);
@@ -249,7 +304,7 @@ ${PDL_WAIT}
           const int t = 8 * i + 2 * t4 + (e & 1), r = row + 8 * (e >> 1);
           if (t < M && r < N)
             out[(i64)t * N + r] = from_f32<bf16>(sk_epilogue(acc[4 * i + e] * (PROLOGUE == 1 ? inv_rms[t] : 1.0f),
-                                                             bias, residual, t, r));
+                                                             weight_scale, bias, residual, t, r));
         }
     } else {  // the partial tile to shared memory; after the barrier, this CTA's row slice of the cluster's sum
       float* const pt = reinterpret_cast<float*>(sk_shared + (part - att_smem(sk_shared)));
@@ -266,7 +321,8 @@ ${PDL_WAIT}
         float sum = 0.0f;
 #pragma unroll
         for (int k = 0; k < SPLITK; ++k) sum += gemv_ld_cluster(gemv_mapa(part + 4 * (t * ROWS + r), k));
-        out[(i64)t * N + tile * ROWS + r] = from_f32<bf16>(sk_epilogue(sum, bias, residual, t, tile * ROWS + r));
+        out[(i64)t * N + tile * ROWS + r] =
+            from_f32<bf16>(sk_epilogue(sum, weight_scale, bias, residual, t, tile * ROWS + r));
       }
       gemv_cluster_sync();
     }

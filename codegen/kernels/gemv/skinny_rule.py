@@ -27,6 +27,8 @@ fusions). ``INGOT_GEMV_BULK``, an opt-in, takes precedence where it gives a buck
 ``INGOT_GEMV_SKINNY``: ``all``: bucket 8 of wide matrices too; ``force``: the persistent kernel at every bucket for
 any N (tests: small models' matrices); ``0``: never. ``INGOT_GEMV_SKINNY_SPLITK``: the split-K buckets (``0``: none,
 ``32,64``: those). ``INGOT_GEMV_SKINNY_XS=0``: x never streamed (what does not fit staged stays kernel.cu's).
+``INGOT_GEMV_SKINNY_FP8=1`` (opt-in, not yet run on a GPU): weight-only FP8 linears take the same variants, their
+e4m3 codes copied by TMA into half a stage and turned into bf16 in place by the consumers (``wb=1``).
 ``rule.fused_spec`` makes a persistent variant's rms_norm prologue (decode fusion; ``fused_skinny_spec``), as
 kernel.cu's.
 
@@ -55,7 +57,7 @@ from typing import Any
 from ...kernel import GridDim, KernelSpec
 from ...switches import env_choice
 from ...target import Target
-from .rule import PROLOGUES, Prologue
+from .rule import PROLOGUES, QUANT_PARAMS, Prologue
 
 #: the kernel's parameters: a plain GEMV variant's (``rule.PARAMS``, the GEMM launch's arguments), weight_scale
 #: unused (bf16 weights)
@@ -77,6 +79,9 @@ SPLITK_BUCKETS = (16, 32, 64)
 #: where it does not fit beside ``MIN_STAGES`` stages (64 tokens at K = 2048, 32 at K = 4096; a quarter of K = 8192
 #: at 64 tokens)
 XS_ENV = "INGOT_GEMV_SKINNY_XS"
+#: compile time: 1 gives weight-only FP8 ``quantized_linear``\ s the skinny variants ``choice`` makes for bf16 ones
+#: (e4m3 codes turned into bf16 in shared memory); unset or 0: kernel.cu's, as before (opt-in until run on a GPU)
+FP8_ENV = "INGOT_GEMV_SKINNY_FP8"
 #: compile time: at most this many weight stages in the rule's variants (default: as many as fit, ``max_stages``);
 #: fewer stages leave shared memory for the previous kernel's CTAs, so programmatic dependent launch can start this
 #: one's weight stream beside them (an experiment for bucket 8: docs/PERF.md, "The skinny wgmma GEMM")
@@ -120,7 +125,7 @@ def supported(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stag
 
 def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int | None = None,
                 prologue: Prologue | None = None, splitk: int = 1, bias: bool = False,
-                residual: bool = False, x_stream: bool = False) -> KernelSpec:
+                residual: bool = False, x_stream: bool = False, wb: int = 2) -> KernelSpec:
     """The launch for ``out[M, n] = x[M, k] @ w[n, k]^T`` with ``M <= mb``: one persistent CTA per SM (at most one
     per row tile of ``64 x warpgroups`` rows), ``128 x (warpgroups + 1)`` threads; ``stages`` by default as many as
     fit (``max_stages``). ``prologue``: ``rms_norm`` (x is the norm's input, an extra ``norm_weight`` parameter, as
@@ -128,8 +133,12 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
     cluster (a grid of tiles x splitk; the template's header; no prologue). ``bias`` (``[n]``) and ``residual``
     (``[M, n]``): added in the epilogue. ``x_stream``: x's 64-column panels streamed through a ring beside the
     weight stages (read once per row tile, from L2) instead of staged whole: 64 tokens without split-K (no
-    prologue)."""
+    prologue). ``wb=1``: a weight-only FP8 ``quantized_linear`` (e4m3 ``w[n, k]``, f32 ``weight_scale[n]``; its
+    inputs by name, ``rule.QUANT_PARAMS``), the codes turned into bf16 in shared memory (no prologue)."""
     pro = prologue or Prologue()
+    if wb not in (1, 2) or (wb == 1 and pro.kind != "none"):
+        raise ValueError(f"skinny wgmma GEMM: wb must be 2 (bf16 weights) or 1 (e4m3, no prologue), got {wb} with a "
+                         f"{pro.kind} prologue")
     if pro.kind not in ("none", "rms_norm"):
         raise ValueError(f"skinny wgmma GEMM: no {pro.kind} prologue (rms_norm only)")
     if pro.kind != "none" and (splitk > 1 or x_stream):
@@ -146,16 +155,19 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
     norm = pro.kind == "rms_norm"
     values = {"N": n, "K": k, "MB": mb, "WGS": warpgroups, "STAGES": stages, "W_TMA": True,
               "PROLOGUE": PROLOGUES[pro.kind], "EPS": float(pro.eps), "SPLITK": splitk, "HAS_BIAS": bias,
-              "HAS_RESIDUAL": residual, "XS": x_stream}
+              "HAS_RESIDUAL": residual, "XS": x_stream, "WB": wb}
     grid = ([GridDim(const=tiles), GridDim(const=splitk)] if splitk > 1
             else [GridDim(const=min(tiles, target.num_sms))])
     return KernelSpec.make("gemv", "skinny.cu",
-                           f"skinny_bf16_n{n}_k{k}_m{mb}_wg{warpgroups}_s{stages}" + ("_rms_norm" if norm else "")
+                           f"skinny_{'bf16' if wb == 2 else 'fp8w'}_n{n}_k{k}_m{mb}_wg{warpgroups}_s{stages}"
+                           + ("_rms_norm" if norm else "")
                            + (f"_sk{splitk}" if splitk > 1 else "") + ("_xs" if x_stream else "")
                            + ("_b" if bias else "") + ("_r" if residual else ""),
-                           target.arch or "", values, PARAMS + [("norm_weight", "ptr")] if norm else PARAMS,
+                           target.arch or "", values,
+                           QUANT_PARAMS if wb == 1 else PARAMS + [("norm_weight", "ptr")] if norm else PARAMS,
                            128 * (warpgroups + 1), grid, smem=smem_bytes(k, mb, warpgroups, stages, splitk, x_stream),
-                           doc=f"skinny wgmma GEMM, M <= {mb}, {rows}-row tiles by TMA, {stages} stages, "
+                           doc=f"skinny wgmma GEMM{', e4m3 weights' if wb == 1 else ''}, M <= {mb}, {rows}-row tiles "
+                               f"by TMA, {stages} stages, "
                                + (f"split-K {splitk} in a cluster" if splitk > 1 else "persistent")
                                + (", x streamed" if x_stream else "") + (", rms_norm prologue" if norm else "")
                                + (", bias" if bias else "")
@@ -169,7 +181,8 @@ def fused_skinny_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> 
     if not is_skinny(plain) or v.get("PROLOGUE", 0):
         raise ValueError(f"skinny GEMM: {plain.entry} is not a skinny variant without a prologue")
     return skinny_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, int(v["WGS"]), int(v["STAGES"]), prologue,
-                       int(v.get("SPLITK", 1)), bool(v.get("HAS_BIAS")), bool(v.get("HAS_RESIDUAL")), bool(v.get("XS")))
+                       int(v.get("SPLITK", 1)), bool(v.get("HAS_BIAS")), bool(v.get("HAS_RESIDUAL")), bool(v.get("XS")),
+                       int(v.get("WB", 2)))
 
 
 def mode() -> str:
@@ -195,6 +208,11 @@ def splitk_buckets() -> tuple[int, ...]:
 def x_stream_on() -> bool:
     """``INGOT_GEMV_SKINNY_XS``: whether the rule streams x where it does not fit whole (unset or 1: yes; 0: no)."""
     return env_choice(XS_ENV, {"": True, "1": True, "0": False}, "0 or 1")
+
+
+def fp8_on() -> bool:
+    """``INGOT_GEMV_SKINNY_FP8``: whether weight-only FP8 linears take skinny variants (1; unset or 0: no)."""
+    return env_choice(FP8_ENV, {"": False, "0": False, "1": True}, "0 or 1")
 
 
 def choice(n: int, k: int, mb: int, target: Target) -> tuple[int, bool] | None:
@@ -230,6 +248,12 @@ def rule_stages(k: int, mb: int, target: Target, splitk: int = 1, x_stream: bool
     return min(int(raw), fit)
 
 
+def row_bytes(values: Any) -> int:
+    """A weight row's bytes for the variant of these spec ``values`` (pairs or a mapping): ``K x WB``."""
+    v = dict(values)
+    return int(v["K"]) * int(v.get("WB", 2))
+
+
 def is_skinny(spec: KernelSpec) -> bool:
     """Whether ``spec`` is this template's (its module holds ``ingot_w_tma``)."""
     return spec.family == "gemv" and spec.template == "skinny.cu"
@@ -237,7 +261,7 @@ def is_skinny(spec: KernelSpec) -> bool:
 
 def weight_reads(launches: Iterable[Mapping[str, Any]],
                  specs: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[str, str, int]]:
-    """(kernel entry, weight buffer, its row pitch in bytes: ``K x 2``) for every skinny variant among ``launches``
+    """(kernel entry, weight buffer, its row pitch in bytes: ``row_bytes``) for every skinny variant among ``launches``
     (the manifest's launch table) and the weight it is launched on; ``specs``: kernel entry -> its spec dict (the
     manifest's ``variant_kernels``' ``spec``). The memory plan aligns those weights (``weight_pitches``), the
     executor checks them before it fills each module's map (``runtime/cuda_backend.py``)."""
@@ -246,7 +270,7 @@ def weight_reads(launches: Iterable[Mapping[str, Any]],
             spec = specs.get(v["kernel"])
             if spec is not None and spec.get("template") == "skinny.cu":
                 args = v.get("args") or ln["args"]
-                yield v["kernel"], args["weight"]["buffer"], int(dict(spec["values"])["K"]) * 2
+                yield v["kernel"], args["weight"]["buffer"], row_bytes(spec["values"])
 
 
 def weight_pitches(launches: Iterable[Mapping[str, Any]], specs: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
