@@ -67,19 +67,28 @@ def test_skinny_matches_numpy(gpu, n, k, mb, ms, wgs, stages, norm, splitk, epi,
         for attempt in range(2):  # the second over the other weight buffer: the map filled again
             w = ws[attempt]
             ref = xf @ w.astype(np.float64).T
-            epilogue = {"bias": None, "residual": None}
-            if epi:  # a residual stream larger than the product, as in a model
-                res = (r.standard_normal((m, n), np.float32) * 20.0).astype(BF16)
-                ref = ref + bias.astype(np.float64) + res.astype(np.float64)
-                epilogue = {"bias": gpu.upload(bias), "residual": gpu.upload(res)}
-            out = gpu.alloc((mb, n), BF16)  # poisoned (NaN): the rows past M must stay so
-            gpu.launch(spec, x=xd, weight=wd[attempt], weight_scale=None, out=out, M=m, **epilogue, **extra)
-            full = gpu.download(out)
-            assert (full[m:].view(np.uint16) == 0xFFFF).all(), f"M={m}: rows past M written"
-            got = full[:m].astype(np.float64)
-            assert np.isfinite(got).all(), f"{n}x{k} M={m} launch {attempt}: unwritten or non-finite outputs"
-            err = np.abs(got - ref).max() / np.abs(ref).max()
-            assert err < 1e-2, f"{n}x{k} MB={mb} M={m} launch {attempt}: relative error {err:.2e} ({spec.doc})"
+            _check(gpu, spec, r, ref, bias, f"launch {attempt}", x=xd, weight=wd[attempt], weight_scale=None,
+                   **extra)
+
+
+def _check(gpu, spec, r: np.random.Generator, ref: np.ndarray, bias: np.ndarray | None, what: str, **args) -> None:
+    """Launch ``spec`` for ``M = len(ref)`` tokens into an output poisoned with NaN (its rows past M must stay so),
+    with ``bias`` (or none) and then a fresh residual stream 20x the product's scale, as in a model, and compare with
+    ``ref`` (f64, plus those) within 1e-2 of its largest value."""
+    (m, n), mb = ref.shape, int(dict(spec.values)["MB"])
+    epilogue = {"bias": None, "residual": None}
+    if bias is not None:
+        res = (r.standard_normal((m, n), np.float32) * 20.0).astype(BF16)
+        ref = ref + bias.astype(np.float64) + res.astype(np.float64)
+        epilogue = {"bias": gpu.upload(bias), "residual": gpu.upload(res)}
+    out = gpu.alloc((mb, n), BF16)
+    gpu.launch(spec, out=out, M=m, **epilogue, **args)
+    full = gpu.download(out)
+    assert (full[m:].view(np.uint16) == 0xFFFF).all(), f"M={m}: rows past M written"
+    got = full[:m].astype(np.float64)
+    assert np.isfinite(got).all(), f"N={n} M={m} {what}: unwritten or non-finite outputs"
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err < 1e-2, f"N={n} MB={mb} M={m} {what}: relative error {err:.2e} ({spec.doc})"
 
 
 @pytest.mark.parametrize("n,k,mb,ms,wgs,splitk,xs,epi", [
@@ -111,17 +120,5 @@ def test_fp8_weights_match_numpy(gpu, n, k, mb, ms, wgs, splitk, xs, epi):
         for attempt in range(2):
             w = codes[attempt].view(e4m3).astype(np.float64) * scale.astype(np.float64)[:, None]
             ref = x.astype(np.float64) @ w.T
-            epilogue = {"bias": None, "residual": None}
-            if epi:
-                res = (r.standard_normal((m, n), np.float32) * 20.0).astype(BF16)
-                ref = ref + bias.astype(np.float64) + res.astype(np.float64)
-                epilogue = {"bias": gpu.upload(bias), "residual": gpu.upload(res)}
-            out = gpu.alloc((mb, n), BF16)
-            gpu.launch(spec, x=xd, weight=cd[attempt], weight_scale=sd, weight_scale_2=None, input_scale=None, out=out,
-                       M=m, **epilogue)
-            full = gpu.download(out)
-            assert (full[m:].view(np.uint16) == 0xFFFF).all(), f"M={m}: rows past M written"
-            got = full[:m].astype(np.float64)
-            assert np.isfinite(got).all(), f"{n}x{k} M={m} launch {attempt}: unwritten or non-finite outputs"
-            err = np.abs(got - ref).max() / np.abs(ref).max()
-            assert err < 1e-2, f"{n}x{k} MB={mb} M={m} launch {attempt}: relative error {err:.2e} ({spec.doc})"
+            _check(gpu, spec, r, ref, bias, f"launch {attempt}", x=xd, weight=cd[attempt], weight_scale=sd,
+                   weight_scale_2=None, input_scale=None)
