@@ -12,9 +12,9 @@ launch's ``variants`` list (``{"kernel", "max_rows"}``); the executor (``runtime
 takes the first variant whose ``max_rows`` is at least the step's ``M`` (the launch's ``M`` argument,
 the step's token count) and the GEMM otherwise. A decode step's CUDA graph is captured per batch bucket,
 so each bucket's graph holds the variant for its size. A variant launched with ``M > MB`` traps. On sm_90a the
-variants of buckets 16 and 32 of wide matrices (the 1B model's gate_up and lm_head) and of buckets 16-64 of narrow
-ones whose K slice fits (qkv, o; down up to 32) are the wgmma skinny GEMM's instead (``skinny.cu``,
-``skinny_rule.choice``; ``INGOT_GEMV_SKINNY``, ``INGOT_GEMV_SKINNY_SPLITK``).
+variants of buckets 16-64 are the wgmma skinny GEMM's instead (``skinny.cu``, ``skinny_rule.choice``): persistent
+on wide matrices (the 1B model's gate_up and lm_head), split-K over a cluster on narrow ones (qkv, o, down), x
+streamed where it does not fit whole (``INGOT_GEMV_SKINNY``, ``INGOT_GEMV_SKINNY_SPLITK``, ``INGOT_GEMV_SKINNY_XS``).
 
 **Configuration** (``gemv_config``): per bucket, warps per CTA, 16-row tiles per warp and 32-column
 steps per load stage from ``SHAPE_BY_BUCKET`` (``WIDE_N_SHAPE`` in bucket 16 when N alone gives 0.9 CTAs an SM

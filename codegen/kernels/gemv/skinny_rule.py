@@ -5,8 +5,10 @@ warpgroups`` rows by 64 columns) and multiplies on the tensor cores with ``wgmma
 step's tokens as B, x staged once per CTA), persistent over the row tiles. It is what kernel.cu's mma.sync GEMV lacks
 on large matrices from 8 tokens on: measured on the H200 (docs/PERF.md, "The skinny wgmma GEMM"), the 1B model's
 gate_up (16384 x 2048) at 16 / 32 tokens 1.05x / 1.00x cuBLAS (kernel.cu 0.83x / 0.78x), the lm_head (128256 x 2048)
-1.01x (kernel.cu 0.90-0.94x); on narrow matrices (qkv, o, down: fewer row tiles than SMs) it is slower than kernel.cu.
-End to end (BF16 1B shape): decode at batch 16 +25.5%, batch 32 +10.0%, batch 1 and 64 unchanged.
+1.01x (kernel.cu 0.90-0.94x); on narrow matrices (qkv, o, down: fewer row tiles than SMs) it is slower than kernel.cu
+unless it splits K (below). End to end (BF16 1B shape): decode at batch 16 +25.5%, batch 32 +10.0% (persistent on wide
+matrices), then +5.5% / +19.4% / +4.9% at batch 16 / 32 / 64 (split-K on narrow ones), then batch 64 +28.3% (x
+streamed, so 64 tokens run on it too).
 
 **How it is chosen** (``choice``; ``INGOT_GEMV_SKINNY``, ``INGOT_GEMV_SKINNY_SPLITK``, ``INGOT_GEMV_SKINNY_XS``,
 compile time): ``rule.variants`` makes a ``linear``'s variant of a token bucket with this template
