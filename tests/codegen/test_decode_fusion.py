@@ -87,6 +87,25 @@ def _plan(g):
 # -- pairing -------------------------------------------------------------------------------------------------------
 
 
+def test_split_bucket_8_fuses_both_of_its_variants(tmp_path, monkeypatch):
+    """``INGOT_GEMV_SKINNY=split8``: a wide matrix's bucket 8 is two variants, kernel.cu's for one token and the skinny
+    kernel's (4 stages) for 2-8; decode fusion gives both the rms_norm prologue and skips the norm up to 8 tokens."""
+    monkeypatch.setenv("INGOT_GEMV_SKINNY", "split8")
+    g = _lowered(tmp_path)
+    launches, fusion = _plan(g)
+    by_output = {launches[j][1].outputs[0].name: j for j in fusion.skips}
+    j = by_output["layers.0.mlp_norm"]  # before gate_up (16384 rows: wide)
+    assert fusion.skips[j][1] == 8
+    (one, f1, own1), (eight, f8, own8), *rest = fusion.variants[fusion.into[j]]
+    assert (one, eight) == (1, 8) and is_plain(fusion.made_from[f1.key]) and is_skinny(f8)
+    assert f1.value("PROLOGUE") == f8.value("PROLOGUE") == 1 and f8.value("STAGES") == skinny_rule.SPLIT8_STAGES
+    assert own1 == own8 and "norm_weight" in own1
+    assert [mr for mr, _, _ in rest] == [16, 32, 64] and all(a is None for _, _, a in rest)
+    for norm in ("layers.0.attn_norm", "final_norm"):  # before qkv and the lm_head (vocab 512): narrow, bucket 8 whole
+        j = by_output[norm]
+        assert fusion.skips[j][1] == 8 and [mr for mr, _, _ in fusion.variants[fusion.into[j]]] == list(BUCKETS)
+
+
 def test_a_llama_layer_fuses_both_norms_the_swiglu_and_the_final_norm(tmp_path):
     g = _lowered(tmp_path)
     launches, fusion = _plan(g)

@@ -416,6 +416,29 @@ def test_skinny_split_k_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_skinny_split_bucket_8_matches_cpu(gpu_target, tmp_path, monkeypatch):
+    """``INGOT_GEMV_SKINNY=split8`` (opt-in): the hidden-512 model's wide lm_head has kernel.cu's variant for one token
+    and the skinny kernel's (4 stages, the final norm fused into both) for 2-8; steps of 8, 3 and 1 sequences match the
+    CPU backend, the same bits with and without CUDA graphs."""
+    if gpu_target != "h200":
+        pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
+    for var in ("INGOT_GEMV_SKINNY_SPLITK", "INGOT_GEMV_BULK", "INGOT_GEMV_SKINNY_STAGES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("INGOT_GEMV_SKINNY", "split8")
+    cfg = {**SMOLLM2_CONFIG, "num_hidden_layers": 2, "hidden_size": 512, "num_attention_heads": 8,
+           "num_key_value_heads": 2}
+    ckpt = write_checkpoint(tmp_path / "h512", cfg, random_weights(cfg, np.random.default_rng(5)))
+    gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot")
+    monkeypatch.delenv("INGOT_GEMV_SKINNY")
+    cuda = load_graph(gpu)[1]["cuda"]
+    split = [[(v["max_rows"], cuda["variant_kernels"][v["kernel"]]["spec"]["template"]) for v in ln["variants"][:2]]
+             for ln in cuda["launches"] if ln.get("variants") and ln["variants"][0]["max_rows"] == 1]
+    assert split == [[(1, "kernel.cu"), (8, "skinny.cu")]], split  # the lm_head's
+    REPORT["skinny_split8"] = _steps_match_cpu(ckpt, gpu, tmp_path, 11, cfg["vocab_size"], lambda s: 3 + s % 4,
+                                               (8, 8, 3, 3, 1, 1))
+
+
+@pytest.mark.gpu
 def test_skinny_fp8_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
     """Weight-only FP8 on the skinny GEMM (``INGOT_GEMV_SKINNY_FP8=1``, opt-in): the hidden-512 model quantized
     ``fp8:wo``, its qkv, o, gate_up and down split-K over 4 CTAs at buckets 16-64 with e4m3 codes turned into bf16 in

@@ -572,7 +572,10 @@ def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> lis
                                            splitk=splitk, bias=bias, residual=residual, x_stream=xs)
         return gemv_spec(n, k, mb, target, bias, residual)
 
-    return [(mb, variant(mb)) for mb in BUCKETS]
+    out = [(mb, variant(mb)) for mb in BUCKETS]
+    if skinny_rule.split8() and skinny_rule.is_skinny(out[0][1]):  # M = 1 stays kernel.cu's (skinny_rule.split8)
+        out.insert(0, (1, gemv_spec(n, k, BUCKETS[0], target, bias, residual)))
+    return out
 
 
 def plan(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[KernelSpec] | None:

@@ -96,6 +96,9 @@ RULE_BUCKETS = (8, 16, 32, 64)
 WIDE_TILES = 0.9
 #: fewest weight stages taken (bench_skinny.py on the H200: 4 stages 2-6% slower than the 6-8 that fit at K = 2048)
 MIN_STAGES = 4
+#: weight stages of bucket 8's skinny variant with ``split8``: fewer leave shared memory for the previous kernel's
+#: CTAs, so programmatic dependent launch overlaps more (batch 8: 4 stages +3.0%, 6-8 stages +1.4%; docs/PERF.md)
+SPLIT8_STAGES = 4
 
 
 def smem_bytes(k: int, mb: int, warpgroups: int = 2, stages: int = 4, splitk: int = 1, x_stream: bool = False) -> int:
@@ -189,8 +192,19 @@ def fused_skinny_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> 
 
 def mode() -> str:
     """``INGOT_GEMV_SKINNY``: ``on`` (unset or 1: buckets ``DEFAULT_BUCKETS`` on wide matrices), ``all`` (bucket 8
-    too), ``force`` (every bucket, any N: for tests on small models) or ``off`` (0)."""
-    return env_choice(ENV, {"": "on", "1": "on", "0": "off", "all": "all", "force": "force"}, "0, 1, all or force")
+    too), ``split8`` (bucket 8 too with ``SPLIT8_STAGES`` stages, M = 1 kept on kernel.cu: ``split8``), ``force``
+    (every bucket, any N: for tests on small models) or ``off`` (0)."""
+    return env_choice(ENV, {"": "on", "1": "on", "0": "off", "all": "all", "split8": "split8", "force": "force"},
+                      "0, 1, all, split8 or force")
+
+
+def split8() -> bool:
+    """Whether bucket 8 of a wide matrix is split (``INGOT_GEMV_SKINNY=split8``, opt-in until measured end to
+    end): kernel.cu's variant for a single token (its decode fusions, the batch-1 step unchanged), the skinny kernel
+    with ``SPLIT8_STAGES`` stages for 2-8 tokens (``rule.variants`` puts a variant of max rows 1 before bucket 8's).
+    Measured on the H200 with the skinny kernel for all of bucket 8 (4 stages: docs/PERF.md, "Bucket 8 on the skinny
+    kernel with 4 stages"): batch 8 +3.0%, batch 1 -4.9%; this keeps the first and leaves batch 1 as it was."""
+    return mode() == "split8"
 
 
 def splitk_buckets() -> tuple[int, ...]:
@@ -231,7 +245,7 @@ def choice(n: int, k: int, mb: int, target: Target) -> tuple[int, bool] | None:
         return (max_stages(k, mb, target, splitk=splitk, x_stream=stream) >= MIN_STAGES
                 and supported(n, k, mb, target, splitk=splitk, x_stream=stream))
 
-    if (wide or m == "force") and mb in (RULE_BUCKETS if m in ("all", "force") else DEFAULT_BUCKETS):
+    if (wide or m == "force") and mb in (RULE_BUCKETS if m in ("all", "force", "split8") else DEFAULT_BUCKETS):
         return next(((1, stream) for stream in xs if fits(1, stream)), None)
     if not wide and mb in splitk_buckets():
         return next(((NARROW_SPLITK, stream) for stream in xs if fits(NARROW_SPLITK, stream)), None)
@@ -239,9 +253,12 @@ def choice(n: int, k: int, mb: int, target: Target) -> tuple[int, bool] | None:
 
 
 def rule_stages(k: int, mb: int, target: Target, splitk: int = 1, x_stream: bool = False) -> int:
-    """The weight stages of the rule's variant: as many as fit (``max_stages``), at most ``INGOT_GEMV_SKINNY_STAGES``
-    (an integer 2..8; another value: ``ValueError`` naming the variable)."""
+    """The weight stages of the rule's variant: as many as fit (``max_stages``; bucket 8 with ``split8`` at most
+    ``SPLIT8_STAGES``), at most ``INGOT_GEMV_SKINNY_STAGES`` (an integer 2..8; another value: ``ValueError`` naming
+    the variable)."""
     fit = max_stages(k, mb, target, splitk=splitk, x_stream=x_stream)
+    if mb == 8 and split8():
+        fit = min(fit, SPLIT8_STAGES)
     raw = os.environ.get(STAGES_ENV, "").strip()
     if not raw:
         return fit
