@@ -257,6 +257,9 @@ def test_fp8_weights_variant(monkeypatch):
     monkeypatch.setenv(FP8_ENV, "1")
     assert templates(3072) == {8: "kernel.cu", 16: "skinny.cu/sk4", 32: "skinny.cu/sk4", 64: "skinny.cu/sk4"}
     assert templates(16384) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu"}
+    monkeypatch.setenv(ENV, "split8")  # bucket 8 stays kernel.cu's for FP8 weights (no prologue on their skinny form)
+    assert templates(16384) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu"}
+    monkeypatch.delenv(ENV)
     monkeypatch.setenv(FP8_ENV, "on")
     with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY_FP8='on': expected 0 or 1"):
         templates(3072)

@@ -345,8 +345,9 @@ def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) 
         if template == "kernel.cu":
             from . import skinny_rule
 
-            def fp8_variant(mb: int) -> KernelSpec:  # INGOT_GEMV_SKINNY_FP8=1: the skinny GEMM where it applies
-                chosen = skinny_rule.choice(a.n, a.k, mb, target) if skinny_rule.fp8_on() else None
+            def fp8_variant(mb: int) -> KernelSpec:  # INGOT_GEMV_SKINNY_FP8=1: the skinny GEMM where it applies,
+                # from bucket 16 on (bucket 8 keeps kernel.cu and its decode fusions: no prologue on FP8 skinny)
+                chosen = skinny_rule.choice(a.n, a.k, mb, target) if skinny_rule.fp8_on() and mb > 8 else None
                 if chosen is None:
                     return gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)
                 splitk, xs = chosen
