@@ -62,11 +62,11 @@ def kv_region_rows(base: int, nbytes: int, head_dim: int, kv_heads: int) -> int:
                         f"KV ({kv_heads} KV heads x head_dim {head_dim}, bf16)")
 
 
-def _encode_bf16(base: int, dims: list[int], strides: list[int], box: list[int], what: str,
+def _encode_tiled(base: int, dims: list[int], strides: list[int], box: list[int], what: str,
                  codes: bool = False) -> bytes:
-    """The 128-byte CUtensorMap of a bf16 tensor at ``base`` (``dims`` innermost first, byte ``strides`` of the outer
-    ones), tiles of ``box`` elements landing with the 128-byte swizzle, zeros out of bounds; ``codes``: of bytes (e4m3
-    codes) instead, landing densely (no swizzle)."""
+    """The 128-byte CUtensorMap of a tensor at ``base`` (``dims`` innermost first, byte ``strides`` of the outer ones):
+    bf16, tiles of ``box`` elements landing with the 128-byte swizzle, or with ``codes`` bytes (e4m3 codes) landing
+    densely (no swizzle); zeros out of bounds."""
     from .cuda_driver import check, driver
 
     cu = driver()
@@ -92,7 +92,7 @@ def encode_kv_map(base: int, nbytes: int, head_dim: int, kv_heads: int, box_rows
     bf16 (the paged cache's ``[blocks, 2, block_size, kv_heads, head_dim]`` layout, every layer's one after
     another), a box of ``min(head_dim, 64) x 1 x box_rows`` elements, 128-byte swizzle, zeros out of bounds."""
     rows = kv_region_rows(base, nbytes, head_dim, kv_heads)
-    return _encode_bf16(base, [head_dim, kv_heads, rows], [head_dim * 2, kv_heads * head_dim * 2],
+    return _encode_tiled(base, [head_dim, kv_heads, rows], [head_dim * 2, kv_heads * head_dim * 2],
                         [min(head_dim, 64), 1, box_rows], "KV cache")
 
 
@@ -104,7 +104,7 @@ def fill_w_tma(module: Any, spec: Any, base: int, nbytes: int) -> None:
     v = dict(spec.values)
     k, box_rows, wb = int(v["K"]), 64 * int(v["WGS"]), int(v.get("WB", 2))
     rows = _region_rows(base, nbytes, k * wb, f"weight (K {k}, {'bf16' if wb == 2 else 'e4m3'})")
-    tmap = _encode_bf16(base, [k, rows], [k * wb], [64, box_rows], "weight", codes=wb == 1)
+    tmap = _encode_tiled(base, [k, rows], [k * wb], [64, box_rows], "weight", codes=wb == 1)
     _write_global(module, W_SYMBOL, spec, tmap + struct.pack("<2Q", base, nbytes))
 
 

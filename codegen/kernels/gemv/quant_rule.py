@@ -347,13 +347,9 @@ def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) 
 
             def fp8_variant(mb: int) -> KernelSpec:  # INGOT_GEMV_SKINNY_FP8=1: the skinny GEMM where it applies,
                 # from bucket 16 on (bucket 8 keeps kernel.cu and its decode fusions: no prologue on FP8 skinny)
-                chosen = skinny_rule.choice(a.n, a.k, mb, target) if skinny_rule.fp8_on() and mb > 8 else None
-                if chosen is None:
-                    return gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)
-                splitk, xs = chosen
-                return skinny_rule.skinny_spec(a.n, a.k, mb, target, stages=skinny_rule.rule_stages(a.k, mb, target,
-                                                                                                   splitk, xs),
-                                               splitk=splitk, bias=a.bias, residual=a.residual, x_stream=xs, wb=1)
+                skinny = (skinny_rule.rule_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)
+                          if skinny_rule.fp8_on() and mb > 8 else None)
+                return skinny or gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)
 
             return [(mb, fp8_variant(mb)) for mb in BUCKETS]
     if a.weight_format == "nvfp4" and nvfp4_template() == "kernel.cu":  # weight-only NVFP4 (quant_applies)

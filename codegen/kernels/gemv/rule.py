@@ -565,12 +565,7 @@ def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> lis
             return bulk
         # 16-64 tokens: the wgmma skinny GEMM, persistent on wide matrices, split-K on narrow ones (skinny_rule's
         # docstring; INGOT_GEMV_SKINNY, INGOT_GEMV_SKINNY_SPLITK)
-        chosen = skinny_rule.choice(n, k, mb, target)
-        if chosen is not None:
-            splitk, xs = chosen
-            return skinny_rule.skinny_spec(n, k, mb, target, stages=skinny_rule.rule_stages(k, mb, target, splitk, xs),
-                                           splitk=splitk, bias=bias, residual=residual, x_stream=xs)
-        return gemv_spec(n, k, mb, target, bias, residual)
+        return skinny_rule.rule_spec(n, k, mb, target, bias, residual) or gemv_spec(n, k, mb, target, bias, residual)
 
     out = [(mb, variant(mb)) for mb in BUCKETS]
     if skinny_rule.split8() and skinny_rule.is_skinny(out[0][1]):  # M = 1 stays kernel.cu's (skinny_rule.split8)

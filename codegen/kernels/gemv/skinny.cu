@@ -92,6 +92,15 @@ __device__ __forceinline__ void sk_load_x_panel(unsigned dst, const bf16* __rest
   }
 }
 
+// the consumer warpgroups' barrier (named barrier 1, the producer warpgroup not in it)
+__device__ __forceinline__ void sk_consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory"); }
+// this thread's shared-memory writes made visible to the async proxy (wgmma), then the consumers' barrier: every
+// consumer's writes readable by the next wgmma
+__device__ __forceinline__ void sk_publish() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  sk_consumers_sync();
+}
+
 // WB 1: the stage's e4m3 codes (ROWS rows of 64, dense from its start) -> bf16 in place, in the 128-byte-swizzled
 // layout of a bf16 stage (row r's 16-byte chunk c at r * 128 + (c ^ (r % 8)) * 16); every consumer thread (ct: its
 // index among them) reads its 16-code chunks before any writes (a consumer barrier between), then makes the stage
@@ -105,7 +114,7 @@ __device__ __forceinline__ void sk_codes_to_bf16(unsigned stage, int ct) {
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "r"(stage + i * 16) : "memory");
   }
-  asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");
+  sk_consumers_sync();
 #pragma unroll
   for (int j = 0; j < CH; ++j) {
     const int i = ct + j * 128 * WGS, r = i >> 2, c = i & 3;  // row r, codes 16c..16c+15: bf16 chunks 2c, 2c + 1
@@ -120,8 +129,7 @@ __device__ __forceinline__ void sk_codes_to_bf16(unsigned stage, int ct) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
                  ::"r"(row + (((2 * c + 1) ^ (r & 7)) << 4)), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w) : "memory");
   }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");
+  sk_publish();
 }
 
 // y (f32, token t, row r) times the row's scale (WB 1), plus the bias and the residual where the variant has them
@@ -224,7 +232,7 @@ ${PDL_WAIT}
     att_wait<0>();
   }
   if constexpr (PROLOGUE == 1) {
-    asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");  // every thread's copies landed
+    sk_consumers_sync();  // every thread's copies landed
     unsigned char* const xs = sk_shared + (sx - att_smem(sk_shared));
     float ss[MB];
 #pragma unroll
@@ -253,7 +261,7 @@ ${PDL_WAIT}
       for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
       if (lane == 0) ss_warp[t * 4 * WGS + (ct >> 5)] = sum;
     }
-    asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");
+    sk_consumers_sync();
     if (ct < MB) {
       float total = 0.0f;
 #pragma unroll
@@ -261,8 +269,7 @@ ${PDL_WAIT}
       inv_rms[ct] = rsqrtf(total * (1.0f / K) + ${EPS});
     }
   }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");
+  sk_publish();
 
   int n = 0;
   for (int tile = blockIdx.x; tile < TILES; tile += gridDim.x) {
@@ -276,8 +283,7 @@ ${PDL_WAIT}
           sk_load_x_panel(sx + (n + XD) % STAGES * XPANEL, x, M, kslice * KS + 64 * ((n + XD) % KSTEPS), ct);
         att_commit();
         att_wait<XD>();
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory");
+        sk_publish();
       }
       pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
       if constexpr (WB == 1) sk_codes_to_bf16(sw + st * WTILE, ct);

@@ -43,8 +43,9 @@ weight stages, loaded by the consumers a few stages ahead (the template's header
 any K fit; x is then read once per row tile (from L2) instead of once per CTA. ``bench_skinny.py --xs`` times it.
 
 **The weight's tensor map** (``ingot_w_tma`` in the module; ``runtime/kv_tma.fill_w_tma``): one map per module views a
-region of device memory as rows of K bf16 and the kernel addresses its ``weight`` argument's rows from the region's
-base, so every weight the module is launched on must start a whole number of rows (``K x 2`` bytes) from it:
+region of device memory as rows of K weights and the kernel addresses its ``weight`` argument's rows from the
+region's base, so every weight the module is launched on must start a whole number of rows (``row_bytes``: ``K x 2``
+bytes, ``K`` with e4m3 codes) from it:
 ``weight_pitches`` names those weights for the memory plan, which aligns their offsets so (``plan_memory``'s
 ``weight_align``), and ``CudaExecutor`` fills each such module's map over the whole weights region at load (the
 tests and benchmarks over the launch's own weight buffer).
@@ -250,6 +251,18 @@ def choice(n: int, k: int, mb: int, target: Target) -> tuple[int, bool] | None:
     if not wide and mb in splitk_buckets():
         return next(((NARROW_SPLITK, stream) for stream in xs if fits(NARROW_SPLITK, stream)), None)
     return None
+
+
+def rule_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
+              wb: int = 2) -> KernelSpec | None:
+    """The rule's variant of this template for ``w[n, k]`` at ``M <= mb`` (``choice``, ``rule_stages``; ``wb``:
+    ``skinny_spec``'s), or None where the variant is another template's."""
+    chosen = choice(n, k, mb, target)
+    if chosen is None:
+        return None
+    splitk, xs = chosen
+    return skinny_spec(n, k, mb, target, stages=rule_stages(k, mb, target, splitk, xs), splitk=splitk, bias=bias,
+                       residual=residual, x_stream=xs, wb=wb)
 
 
 def rule_stages(k: int, mb: int, target: Target, splitk: int = 1, x_stream: bool = False) -> int:
