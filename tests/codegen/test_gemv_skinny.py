@@ -135,9 +135,11 @@ def test_stage_cap(monkeypatch):
     assert stages() == {16: 4, 32: 4, 64: 4}
     monkeypatch.setenv(STAGES_ENV, "8")
     assert stages() == {16: 8, 32: 6, 64: 8}  # no more than fit
-    for bad in ("1", "9", "four"):
+    monkeypatch.setenv(STAGES_ENV, "12")  # e4m3 stages are half as large: up to 16
+    assert stages() == {16: 8, 32: 6, 64: 8}
+    for bad in ("1", "17", "four"):
         monkeypatch.setenv(STAGES_ENV, bad)
-        with pytest.raises(ValueError, match=f"INGOT_GEMV_SKINNY_STAGES='{bad}': expected an integer from 2 to 8"):
+        with pytest.raises(ValueError, match=f"INGOT_GEMV_SKINNY_STAGES='{bad}': expected an integer from 2 to 16"):
             stages()
 
 
@@ -222,9 +224,10 @@ def test_bias_and_residual_in_the_epilogue():
 
 
 def test_fp8_weights_variant(monkeypatch):
-    """Weight-only FP8 (``wb=1``): the quantized linear's parameters by name, the bf16 variant's launch and shared
-    memory (a stage sized for bf16, the codes in its first half), rows of K bytes for the map and the memory plan; no
-    prologue. The quant rule gives them only with INGOT_GEMV_SKINNY_FP8=1 (opt-in), the bf16 rule's choices."""
+    """Weight-only FP8 (``wb=1``): the quantized linear's parameters by name, the bf16 variant's launch, stages of
+    half the bytes (64-byte rows), so up to 16 of them where x leaves room; rows of K bytes for the map and the memory
+    plan; no prologue. The quant rule gives them only with INGOT_GEMV_SKINNY_FP8=1 (opt-in), the bf16 rule's
+    choices."""
     from ingot.codegen.kernels.gemv.quant_rule import quant_variants
     from ingot.codegen.kernels.gemv.skinny_rule import FP8_ENV, row_bytes
     from ingot.ir.ops.quantized import QuantizedLinear
@@ -232,7 +235,14 @@ def test_fp8_weights_variant(monkeypatch):
     fp8 = skinny_spec(2048, 2048, 32, H200, splitk=4, residual=True, wb=1)
     bf = skinny_spec(2048, 2048, 32, H200, splitk=4, residual=True)
     assert [p.name for p in fp8.params] == [n for n, _ in gemv.QUANT_PARAMS] and fp8.entry.startswith("skinny_fp8w_")
-    assert (fp8.block, fp8.smem, fp8.grid_dims({"M": 9})) == (bf.block, bf.smem, bf.grid_dims({"M": 9}))
+    assert (fp8.block, fp8.grid_dims({"M": 9})) == (bf.block, bf.grid_dims({"M": 9}))
+    assert (dict(bf.values)["STAGES"], dict(fp8.values)["STAGES"]) == (8, 16)  # x: 32 tokens x 512 columns
+    # 16 stages of 8 KB: the bytes of 8 bf16 stages, and 8 more barrier pairs
+    assert fp8.smem == smem_bytes(2048, 32, 2, 16, 4, wb=1) == bf.smem + 8 * 16
+    # gate_up at 32 tokens: x (128 KB) leaves room for 6 bf16 stages of 16 KB, 12 e4m3 ones of 8 KB
+    assert max_stages(2048, 32, H200) == 6 and max_stages(2048, 32, H200, wb=1) == 12
+    with pytest.raises(ValueError, match="17 stages"):
+        skinny_spec(300, 1024, 16, H200, stages=17, wb=1)
     assert row_bytes(fp8.values) == 2048 and row_bytes(bf.values) == 4096 and "e4m3 weights" in fp8.doc
     with pytest.raises(ValueError, match="wb must be 2 .* or 1 .*no prologue"):
         skinny_spec(16384, 2048, 8, H200, wb=1, prologue=gemv.Prologue("rms_norm", 1e-5))
@@ -303,9 +313,11 @@ def test_the_rms_norm_prologue_variant():
 @pytest.mark.parametrize("n,k,mb,wgs,splitk,xs", [
     (16384, 2048, 32, 2, 1, False), (3072, 2048, 16, 2, 4, False), (2048, 8192, 64, 2, 4, True),
     (1000, 256, 16, 1, 1, True)])
-def test_fp8_weights_compile_to_a_conversion_then_bf16_wgmma(n, k, mb, wgs, splitk, xs):
-    """e4m3 codes by TMA (one copy a stage), read as 16-byte chunks, written back as bf16 (exactly: e4m3.cuh's bit
-    operations and the bf16 FMA by 2^120) between two consumer barriers, then the bf16 wgmma; no local memory."""
+def test_fp8_weights_compile_to_register_fragments_and_wgmma(n, k, mb, wgs, splitk, xs):
+    """e4m3 codes by TMA (one copy a stage), read as 32-bit words (four a row, rows g8 and g8 + 8), two shuffles in
+    the quad and a PRMT a word, converted exactly (e4m3.cuh's bit operations and the bf16 FMA by 2^120) into wgmma's
+    A fragments in registers: HGMMAs with a register A operand, four a stage (the loop unrolled twice where K has
+    more than one stage), nothing written back to shared memory for them, no local memory."""
     from ingot.codegen.compile import compile_spec
     from ingot.codegen.sass import disassemble
 
@@ -313,9 +325,13 @@ def test_fp8_weights_compile_to_a_conversion_then_bf16_wgmma(n, k, mb, wgs, spli
     built = compile_spec(spec)
     assert f"wgmma.mma_async.sync.aligned.m64n{mb}k16.f32.bf16.bf16" in built.ptx
     assert "fma.rn.bf16x2" in built.ptx and not re.search(r"\.local\b", built.ptx)
-    ops = Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]*)", disassemble(built.cubin)))
-    assert ops[f"HGMMA.64x{mb}x16.F32.BF16"] == 4 and ops["UTMALDG.2D"] >= 1 and ops["ACQBULK"] == 1
-    assert ops["LDS.128"] >= 2 and ops["STS.128"] >= 4 and not any(o.startswith(("LDL", "STL")) for o in ops)
+    sass = disassemble(built.cubin)
+    ops = Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]*)", sass))
+    hgmma = re.findall(rf"HGMMA\.64x{mb}x16\.F32\.BF16 R\d+, (\S+), gdesc", sass)
+    assert len(hgmma) == (8 if k // splitk > 64 else 4) and all(a.startswith("R") for a in hgmma), hgmma
+    assert ops["UTMALDG.2D"] >= 1 and ops["ACQBULK"] == 1 and ops["SHFL.IDX"] >= 16
+    assert ops["LDS"] >= 8 and ops["STS.128"] == 0  # (x by cp.async, split-K's partial tile by 32-bit stores)
+    assert not any(o.startswith(("LDL", "STL")) for o in ops)
 
 
 @needs_compiler

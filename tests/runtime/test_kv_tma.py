@@ -99,10 +99,10 @@ def test_maps_encode_the_layouts_the_kernels_read(monkeypatch):
     for (dst, blob), nbytes in zip(fake.copies, (1000 * 2048, 16384 * 4096)):
         assert dst == 0x5000 and blob == struct.pack("<18Q", *range(100, 116), base, nbytes)
     assert w[0] == "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16" and w[8] == "CU_TENSOR_MAP_SWIZZLE_128B"
-    # e4m3 weights (weight-only FP8): rows of K bytes, the box landing densely (the kernel swizzles as it converts)
+    # e4m3 weights (weight-only FP8): rows of K bytes, boxes of 64-byte rows with the 64-byte swizzle
     fill_w_tma("module", skinny_spec(16384, 2048, 32, H200, wb=1), base, 16384 * 2048)
     f = fake.encodes[-1]
     assert f[:7] == ("CU_TENSOR_MAP_DATA_TYPE_UINT8", 2, base, [2048, 16384], [2048], [64, 128], [1, 1])
-    assert f[8] == "CU_TENSOR_MAP_SWIZZLE_NONE" and fake.copies[-1][1][-16:] == struct.pack("<2Q", base, 16384 * 2048)
+    assert f[8] == "CU_TENSOR_MAP_SWIZZLE_64B" and fake.copies[-1][1][-16:] == struct.pack("<2Q", base, 16384 * 2048)
     with pytest.raises(ValueError, match=r"weight \(K 2048, e4m3\) tensor map"):
         fill_w_tma("module", skinny_spec(16384, 2048, 32, H200, wb=1), base, 16384 * 2048 + 1000)

@@ -31,11 +31,15 @@
 //   (HAS_BIAS = ${HAS_BIAS}) and residual[token, row] (HAS_RESIDUAL = ${HAS_RESIDUAL}: read after the grid-dependency
 //   wait by a coherent load, as kernel.cu's) in f32, rounded once -> bf16 out[token, row].
 // - FP8 weights (WB = ${WB} bytes a weight; 1: a weight-only ``quantized_linear``, e4m3 w[N, K] and an f32 scale per
-//   row, weight_scale[N]; opt-in, skinny_rule's INGOT_GEMV_SKINNY_FP8): the TMA copy brings ROWS x 64 codes (64-byte
-//   rows, no swizzle) into the first half of a stage sized for bf16; once it landed the consumers read their codes
-//   into registers, meet at a barrier, and write them back as bf16 (exact, e4m3.cuh) in the 128-byte-swizzled layout
-//   a bf16 stage has, so the wgmma path is the bf16 one; the epilogue multiplies by the row's scale before bias and
-//   residual (as kernel.cu's FP8 variants). Half the HBM bytes a stage, the same shared memory.
+//   row, weight_scale[N]; skinny_rule's INGOT_GEMV_SKINNY_FP8): a stage is ROWS x 64 codes (64-byte rows, the TMA
+//   copy's 64-byte swizzle: 16-byte chunk c of row r at r * 64 + (c ^ (r / 2 % 4)) * 16), half a bf16 stage, so twice
+//   as many fit. The weights are wgmma's A from registers (no write back to shared memory, no consumer barrier):
+//   lane (g8, t4) of a warp reads word t4 (codes 4 t4 .. 4 t4 + 3) of each 16-code group of its rows g8 and g8 + 8
+//   (conflict-free with the swizzle), releases the stage at once, and takes the codes its A fragment needs (2 t4,
+//   2 t4 + 1 and 2 t4 + 8, 2 t4 + 9: halves of the words of lanes t4 / 2 and t4 / 2 + 2 of its quad) by two shuffles
+//   and a PRMT, then e4m3 -> bf16 exactly (e4m3.cuh); x is the bf16 path's. The fragments of two stages live in two
+//   register sets (the wgmma of stage n reads its registers until the wait after stage n + 1 is issued). The epilogue
+//   multiplies by the row's scale before bias and residual (as kernel.cu's FP8 variants).
 // - programmatic dependent launch: only the consumers wait for the grid before (the wait is placed in their code);
 //   the producer's weight copies start at once.
 // - prologue (${PROLOGUE}; codegen/decode_fusion.py, as kernel.cu's): 1: rms_norm, x is the norm's input and
@@ -55,10 +59,10 @@ namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, WGS = ${WGS}, STAGES = ${STAGES}, PROLOGUE = ${PROLOGUE};
 constexpr int SPLITK = ${SPLITK}, KS = K / SPLITK;  // a CTA's K slice
 constexpr bool HAS_BIAS = ${HAS_BIAS}, HAS_RESIDUAL = ${HAS_RESIDUAL}, XS = ${XS};
-constexpr int WB = ${WB};  // bytes a weight: 2 (bf16) or 1 (e4m3 codes, converted in shared memory)
+constexpr int WB = ${WB};  // bytes a weight: 2 (bf16) or 1 (e4m3 codes, converted in registers)
 constexpr int ROWS = 64 * WGS, KSTEPS = KS / 64, TILES = (N + ROWS - 1) / ROWS, NT = 128 * (WGS + 1);
-// a stage (ROWS x 64 bf16); x's slice, or with XS its ring of STAGES panels (MB x 64 bf16 each)
-constexpr unsigned WTILE = ROWS * 128, XPANEL = MB * 128, XBYTES = XS ? STAGES * XPANEL : MB * KS * 2;
+// a stage (ROWS x 64 weights); x's slice, or with XS its ring of STAGES panels (MB x 64 bf16 each)
+constexpr unsigned WTILE = ROWS * 64 * WB, XPANEL = MB * 128, XBYTES = XS ? STAGES * XPANEL : MB * KS * 2;
 constexpr int XD = STAGES - 3;  // XS: panels in flight ahead of the stage being multiplied
 static_assert(PROLOGUE == 0 || PROLOGUE == 1, "no prologue or rms_norm");
 static_assert(SPLITK == 1 || SPLITK == 2 || SPLITK == 4 || SPLITK == 8, "split-K over 1, 2, 4 or 8 CTAs");
@@ -69,7 +73,6 @@ static_assert(WGS == 1 || WGS == 2, "one or two consumer warpgroups");
 static_assert(XBYTES % 1024 == 0, "x's panels keep the stages 1024-aligned");
 static_assert(!XS || (PROLOGUE == 0 && STAGES >= 4), "streamed x: no prologue, at least 4 stages");
 static_assert(WB == 2 || (WB == 1 && PROLOGUE == 0), "bf16 weights, or e4m3 ones without a prologue");
-static_assert(ROWS * 4 % (128 * WGS) == 0, "whole 16-code chunks a consumer thread");
 #if ${WB} == 1
 typedef unsigned char sk_weight_t;  // e4m3 codes
 #else
@@ -101,35 +104,27 @@ __device__ __forceinline__ void sk_publish() {
   sk_consumers_sync();
 }
 
-// WB 1: the stage's e4m3 codes (ROWS rows of 64, dense from its start) -> bf16 in place, in the 128-byte-swizzled
-// layout of a bf16 stage (row r's 16-byte chunk c at r * 128 + (c ^ (r % 8)) * 16); every consumer thread (ct: its
-// index among them) reads its 16-code chunks before any writes (a consumer barrier between), then makes the stage
-// visible to wgmma (async proxy) and meets the others again
-__device__ __forceinline__ void sk_codes_to_bf16(unsigned stage, int ct) {
-  constexpr int CH = ROWS * 4 / (128 * WGS);  // 16-code chunks a thread
-  uint4 v[CH];
+// WB 1: the A fragments of this lane's rows (g8, g8 + 8 of its warp's 16) for one stage's four k16 steps, from the
+// stage's e4m3 codes at ``rows`` (row g8's first byte; the 64-byte swizzle) into a[4 j ..]: j's (row g8, 2 t4),
+// (g8 + 8, 2 t4), (g8, 2 t4 + 8), (g8 + 8, 2 t4 + 8) bf16 pairs. The words are read before the caller releases the
+// stage; the shuffles and conversions are register work.
+__device__ __forceinline__ void sk_load_codes(unsigned rows, int g8, int t4, unsigned (&w)[8]) {
+  const int sw = (g8 >> 1) & 3;  // the swizzle of rows g8 and g8 + 8 (16 warp + g8: the same r / 2 % 4)
 #pragma unroll
-  for (int j = 0; j < CH; ++j) {
-    const int i = ct + j * 128 * WGS;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "r"(stage + i * 16) : "memory");
+  for (int j = 0; j < 4; ++j) {
+    const unsigned at = rows + (((unsigned)(j ^ sw)) << 4) + 4 * t4;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w[2 * j]) : "r"(at) : "memory");
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w[2 * j + 1]) : "r"(at + 8 * 64) : "memory");
   }
-  sk_consumers_sync();
+}
+__device__ __forceinline__ void sk_codes_to_frags(const unsigned (&w)[8], int lane, unsigned (&a)[16]) {
+  const int t4 = lane & 3, lo = (lane & ~3) | (t4 >> 1), sel = (t4 & 1) ? 0x7632 : 0x5410;
 #pragma unroll
-  for (int j = 0; j < CH; ++j) {
-    const int i = ct + j * 128 * WGS, r = i >> 2, c = i & 3;  // row r, codes 16c..16c+15: bf16 chunks 2c, 2c + 1
-    uint4 a, b;
-    qg_e4m3x4_bf16(v[j].x, a.x, a.y);
-    qg_e4m3x4_bf16(v[j].y, a.z, a.w);
-    qg_e4m3x4_bf16(v[j].z, b.x, b.y);
-    qg_e4m3x4_bf16(v[j].w, b.z, b.w);
-    const unsigned row = stage + r * 128;
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
-                 ::"r"(row + (((2 * c) ^ (r & 7)) << 4)), "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w) : "memory");
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
-                 ::"r"(row + (((2 * c + 1) ^ (r & 7)) << 4)), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w) : "memory");
+  for (int i = 0; i < 8; ++i) {  // word i: group i / 2, row g8 (+ 8 for odd i)
+    const unsigned p = __shfl_sync(0xffffffffu, w[i], lo), q = __shfl_sync(0xffffffffu, w[i], lo + 2);
+    const int j = i >> 1, r = i & 1;
+    qg_e4m3x4_bf16(__byte_perm(p, q, sel), a[4 * j + r], a[4 * j + 2 + r]);
   }
-  sk_publish();
 }
 
 // y (f32, token t, row r) times the row's scale (WB 1), plus the bias and the residual where the variant has them
@@ -195,7 +190,7 @@ extern "C" __global__ void SKINNY_CLUSTER_DIMS __launch_bounds__(NT, 1)
         for (int ks = 0; ks < KSTEPS; ++ks, ++n) {
           const int st = n % STAGES;
           pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
-          pw_mbar_expect_tx(bars + 8 * st, WTILE * WB / 2);  // e4m3: half a bf16 stage
+          pw_mbar_expect_tx(bars + 8 * st, WTILE);
           pw_tma_2d(sw + st * WTILE, map, kslice * KS + 64 * ks, row0 + tile * ROWS, bars + 8 * st);
         }
     }
@@ -276,27 +271,64 @@ ${PDL_WAIT}
     float acc[MB / 2];
 #pragma unroll
     for (int i = 0; i < MB / 2; ++i) acc[i] = 0.0f;
-    for (int ks = 0; ks < KSTEPS; ++ks, ++n) {
-      const int st = n % STAGES;
-      if constexpr (XS) {  // x's panel XD stages ahead in flight; this stage's landed (own copies), then everyone's
+    // XS: x's panel XD stages ahead in flight; this stage's landed (own copies), then everyone's
+    auto x_panel = [&](int st) {
+      if constexpr (XS) {
         if (n + XD < xsteps)
           sk_load_x_panel(sx + (n + XD) % STAGES * XPANEL, x, M, kslice * KS + 64 * ((n + XD) % KSTEPS), ct);
         att_commit();
         att_wait<XD>();
         sk_publish();
       }
-      pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
-      if constexpr (WB == 1) sk_codes_to_bf16(sw + st * WTILE, ct);
-      pw_pin<MB / 2>(acc);
-      pw_fence();
-      const unsigned wa = sw + st * WTILE + wg * (64 * 128), xb = sx + (XS ? st * XPANEL : ks * XPANEL);
+      return sx + (XS ? st * XPANEL : 0);
+    };
+    if constexpr (WB == 1) {
+      // one stage: its codes -> registers (the stage released), fragments a, the four wgmma; prev (the stage
+      // before's fragments) kept live until the wait that completes its wgmma
+      auto stage = [&](unsigned (&a)[16], unsigned (&prev)[16], int ks) {
+        const int st = n % STAGES;
+        const unsigned xb = x_panel(st) + (XS ? 0 : ks * XPANEL);
+        pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
+        unsigned w[8];
+        sk_load_codes(sw + st * WTILE + (64 * wg + 16 * warp + g8) * 64, g8, t4, w);
+        pw_mbar_arrive(bars + 8 * (STAGES + st));
+        sk_codes_to_frags(w, lane, a);
+        pw_pin<MB / 2>(acc);
+        pw_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)  // 16 columns a wgmma: 32 bytes on within the panel
-        pw_ss<MB>(acc, pw_desc(wa + kk * 32, 16, 1024), pw_desc(xb + kk * 32, 16, 1024), ks > 0 || kk > 0);
-      pw_commit();
-      pw_wait<1>();  // the stage before is read: release it
-      pw_pin<MB / 2>(acc);
-      if (n > 0) pw_mbar_arrive(bars + 8 * (STAGES + (n + STAGES - 1) % STAGES));
+        for (int kk = 0; kk < 4; ++kk) pw_rsk<MB>(acc, a + 4 * kk, pw_desc(xb + kk * 32, 16, 1024), ks > 0 || kk > 0);
+        pw_commit();
+        pw_wait<1>();
+        pw_pin<MB / 2>(acc);
+        pw_pin<16>(prev);
+        ++n;
+      };
+      unsigned fa[16], fb[16];
+      int ks = 0;
+      for (; ks + 1 < KSTEPS; ks += 2) {
+        stage(fa, fb, ks);
+        stage(fb, fa, ks + 1);
+      }
+      if (KSTEPS % 2) stage(fa, fb, ks);
+      pw_wait<0>();
+      pw_pin<16>(fa);
+      pw_pin<16>(fb);
+    } else {
+      for (int ks = 0; ks < KSTEPS; ++ks, ++n) {
+        const int st = n % STAGES;
+        const unsigned xb = x_panel(st) + (XS ? 0 : ks * XPANEL);
+        pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
+        pw_pin<MB / 2>(acc);
+        pw_fence();
+        const unsigned wa = sw + st * WTILE + wg * (64 * 128);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)  // 16 columns a wgmma: 32 bytes on within the panel
+          pw_ss<MB>(acc, pw_desc(wa + kk * 32, 16, 1024), pw_desc(xb + kk * 32, 16, 1024), ks > 0 || kk > 0);
+        pw_commit();
+        pw_wait<1>();  // the stage before is read: release it
+        pw_pin<MB / 2>(acc);
+        if (n > 0) pw_mbar_arrive(bars + 8 * (STAGES + (n + STAGES - 1) % STAGES));
+      }
     }
     pw_wait<0>();
     pw_pin<MB / 2>(acc);
@@ -333,6 +365,6 @@ ${PDL_WAIT}
       gemv_cluster_sync();
     }
   }
-  // the last stage read: released for symmetry (the producer is done; every phase completes)
-  if (n > 0) pw_mbar_arrive(bars + 8 * (STAGES + (n + STAGES - 1) % STAGES));
+  // the last stage read: released for symmetry (the producer is done; every phase completes; WB 1 released each)
+  if (WB == 2 && n > 0) pw_mbar_arrive(bars + 8 * (STAGES + (n + STAGES - 1) % STAGES));
 }

@@ -102,31 +102,39 @@ MIN_STAGES = 4
 SPLIT8_STAGES = 4
 
 
-def smem_bytes(k: int, mb: int, warpgroups: int = 2, stages: int = 4, splitk: int = 1, x_stream: bool = False) -> int:
+def smem_bytes(k: int, mb: int, warpgroups: int = 2, stages: int = 4, splitk: int = 1, x_stream: bool = False,
+               wb: int = 2) -> int:
     """x (mb x k / splitk bf16; with ``x_stream`` a ring of ``stages`` 64-column panels), the weight stages (64 x
-    warpgroups rows x 128 bytes each), their full / empty mbarriers, the rms_norm prologue's sums (f32 per token and
-    consumer warp, then per token; reserved either way), with split-K the f32 partial tile (16-byte aligned), and
-    1 KB to align the swizzled panels."""
+    warpgroups rows x 64 weights of ``wb`` bytes each), their full / empty mbarriers, the rms_norm prologue's sums
+    (f32 per token and consumer warp, then per token; reserved either way), with split-K the f32 partial tile
+    (16-byte aligned), and 1 KB to align the swizzled panels."""
     part = (15 + 64 * warpgroups * mb * 4) if splitk > 1 else 0
     x = stages * mb * 128 if x_stream else mb * (k // splitk) * 2
-    return 1024 + x + stages * 64 * warpgroups * 128 + 16 * stages + mb * (4 * warpgroups + 1) * 4 + part
+    return 1024 + x + stages * 64 * warpgroups * 64 * wb + 16 * stages + mb * (4 * warpgroups + 1) * 4 + part
 
 
-def max_stages(k: int, mb: int, target: Target, warpgroups: int = 2, splitk: int = 1, x_stream: bool = False) -> int:
-    """The most weight stages (up to 8) that fit beside x in a CTA's shared memory on ``target``: more bytes in flight
-    per SM."""
-    return max((s for s in range(2, 9) if smem_bytes(k, mb, warpgroups, s, splitk, x_stream) <= target.smem_per_block),
-               default=0)
+def stage_limit(wb: int = 2) -> int:
+    """The most weight stages a variant takes: 8 of bf16 (16 KB each at 128 rows), 16 of e4m3 codes (8 KB each):
+    the same bytes in flight."""
+    return 16 if wb == 1 else 8
+
+
+def max_stages(k: int, mb: int, target: Target, warpgroups: int = 2, splitk: int = 1, x_stream: bool = False,
+               wb: int = 2) -> int:
+    """The most weight stages (up to ``stage_limit``) that fit beside x in a CTA's shared memory on ``target``: more
+    bytes in flight per SM."""
+    return max((s for s in range(2, stage_limit(wb) + 1)
+                if smem_bytes(k, mb, warpgroups, s, splitk, x_stream, wb) <= target.smem_per_block), default=0)
 
 
 def supported(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int = 4, splitk: int = 1,
-              x_stream: bool = False) -> bool:
+              x_stream: bool = False, wb: int = 2) -> bool:
     """sm_90a, K slices (K / splitk) a multiple of 64, a bucket of ``BUCKETS``, a split of ``SPLITS``, x's slice (or
-    ring) and the stages within shared memory; a streamed x takes at least 4 stages."""
+    ring) and the stages (2 .. ``stage_limit``) within shared memory; a streamed x takes at least 4 stages."""
     return (target.arch == "sm_90a" and target.wgmma and n > 0 and k > 0 and splitk in SPLITS
-            and k % (64 * splitk) == 0 and mb in BUCKETS and warpgroups in (1, 2) and 2 <= stages <= 8
+            and k % (64 * splitk) == 0 and mb in BUCKETS and warpgroups in (1, 2) and 2 <= stages <= stage_limit(wb)
             and (not x_stream or stages >= 4)
-            and smem_bytes(k, mb, warpgroups, stages, splitk, x_stream) <= target.smem_per_block)
+            and smem_bytes(k, mb, warpgroups, stages, splitk, x_stream, wb) <= target.smem_per_block)
 
 
 def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int | None = None,
@@ -149,12 +157,12 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
         raise ValueError(f"skinny wgmma GEMM: no {pro.kind} prologue (rms_norm only)")
     if pro.kind != "none" and (splitk > 1 or x_stream):
         raise ValueError("skinny wgmma GEMM: the rms_norm prologue needs all of K in one CTA (no split-K, x staged)")
-    stages = stages or max_stages(k, mb, target, warpgroups, splitk, x_stream)
-    if not supported(n, k, mb, target, warpgroups, stages, splitk, x_stream):
+    stages = stages or max_stages(k, mb, target, warpgroups, splitk, x_stream, wb)
+    if not supported(n, k, mb, target, warpgroups, stages, splitk, x_stream, wb):
         raise ValueError(f"skinny wgmma GEMM does not take N={n} K={k} for {mb} tokens with {warpgroups} warpgroups, "
                          f"{stages} stages and split-K {splitk} on {target.name} (sm_90a, K / split-K a multiple of "
                          f"64, buckets {BUCKETS}, splits {SPLITS}, shared memory "
-                         f"{smem_bytes(k, mb, warpgroups, stages, splitk, x_stream)} of {target.smem_per_block} "
+                         f"{smem_bytes(k, mb, warpgroups, stages, splitk, x_stream, wb)} of {target.smem_per_block} "
                          f"bytes{', x streamed: at least 4 stages' if x_stream else ''})")
     rows = 64 * warpgroups
     tiles = -(-n // rows)
@@ -171,7 +179,8 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
                            + ("_b" if bias else "") + ("_r" if residual else ""),
                            target.arch or "", values,
                            QUANT_PARAMS if wb == 1 else PARAMS + [("norm_weight", "ptr")] if norm else PARAMS,
-                           128 * (warpgroups + 1), grid, smem=smem_bytes(k, mb, warpgroups, stages, splitk, x_stream),
+                           128 * (warpgroups + 1), grid,
+                           smem=smem_bytes(k, mb, warpgroups, stages, splitk, x_stream, wb),
                            doc=f"skinny wgmma GEMM{', e4m3 weights' if wb == 1 else ''}, M <= {mb}, {rows}-row tiles "
                                f"by TMA, {stages} stages, "
                                + (f"split-K {splitk} in a cluster" if splitk > 1 else "persistent")
@@ -265,18 +274,18 @@ def rule_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
                        residual=residual, x_stream=xs, wb=wb)
 
 
-def rule_stages(k: int, mb: int, target: Target, splitk: int = 1, x_stream: bool = False) -> int:
+def rule_stages(k: int, mb: int, target: Target, splitk: int = 1, x_stream: bool = False, wb: int = 2) -> int:
     """The weight stages of the rule's variant: as many as fit (``max_stages``; bucket 8 with ``split8`` at most
-    ``SPLIT8_STAGES``), at most ``INGOT_GEMV_SKINNY_STAGES`` (an integer 2..8; another value: ``ValueError`` naming
+    ``SPLIT8_STAGES``), at most ``INGOT_GEMV_SKINNY_STAGES`` (an integer 2..16; another value: ``ValueError`` naming
     the variable)."""
-    fit = max_stages(k, mb, target, splitk=splitk, x_stream=x_stream)
+    fit = max_stages(k, mb, target, splitk=splitk, x_stream=x_stream, wb=wb)
     if mb == 8 and split8():
         fit = min(fit, SPLIT8_STAGES)
     raw = os.environ.get(STAGES_ENV, "").strip()
     if not raw:
         return fit
-    if not raw.isdigit() or not 2 <= int(raw) <= 8:
-        raise ValueError(f"{STAGES_ENV}={raw!r}: expected an integer from 2 to 8")
+    if not raw.isdigit() or not 2 <= int(raw) <= 16:
+        raise ValueError(f"{STAGES_ENV}={raw!r}: expected an integer from 2 to 16")
     return min(int(raw), fit)
 
 
