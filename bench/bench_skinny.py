@@ -50,8 +50,8 @@ def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | 
         for sk in splits or [1]:
             for stream in (False, True) if xs else (False,):
                 for st in stages:
-                    st = st or (max_stages(k, mb, tgt, wg, sk, stream) if mb else None)
-                    if mb and st and supported(n, k, mb, tgt, wg, st, sk, stream):
+                    st = st or (max_stages(k, mb, tgt, wg, sk, stream, wb) if mb else None)
+                    if mb and st and supported(n, k, mb, tgt, wg, st, sk, stream, wb):
                         out.append((f"skinny-s{st}" + (f"-k{sk}" if sk > 1 else "") + ("-xs" if stream else "")
                                     + (f"-w{wg}" if wg != 2 else ""),
                                     skinny_spec(n, k, mb, tgt, wg, st, splitk=sk, x_stream=stream, wb=wb)))
