@@ -314,23 +314,24 @@ def test_the_rms_norm_prologue_variant():
     (16384, 2048, 32, 2, 1, False), (3072, 2048, 16, 2, 4, False), (2048, 8192, 64, 2, 4, True),
     (1000, 256, 16, 1, 1, True)])
 def test_fp8_weights_compile_to_register_fragments_and_wgmma(n, k, mb, wgs, splitk, xs):
-    """e4m3 codes by TMA (one copy a stage), read as 32-bit words (four a row, rows g8 and g8 + 8), two shuffles in
-    the quad and a PRMT a word, converted exactly (e4m3.cuh's bit operations and the bf16 FMA by 2^120) into wgmma's
-    A fragments in registers: HGMMAs with a register A operand, four a stage (the loop unrolled twice where K has
-    more than one stage), nothing written back to shared memory for them, no local memory."""
+    """e4m3 codes by TMA (one copy a stage), read as 32-bit words (four a row, rows g8 and g8 + 8) and converted by the
+    hardware (e4m3x2 -> f16x2, exact) into wgmma's A fragments in registers: f16 HGMMAs with a register A operand,
+    four a stage (the loop unrolled twice where K has more than one stage), no shuffles; x rewritten once in f16 and
+    the fragment order (16-byte loads and stores of shared memory); no local memory."""
     from ingot.codegen.compile import compile_spec
     from ingot.codegen.sass import disassemble
 
     spec = skinny_spec(n, k, mb, H200, warpgroups=wgs, splitk=splitk, x_stream=xs, residual=True, wb=1)
     built = compile_spec(spec)
-    assert f"wgmma.mma_async.sync.aligned.m64n{mb}k16.f32.bf16.bf16" in built.ptx
-    assert "fma.rn.bf16x2" in built.ptx and not re.search(r"\.local\b", built.ptx)
+    assert f"wgmma.mma_async.sync.aligned.m64n{mb}k16.f32.f16.f16" in built.ptx and ".bf16.bf16" not in built.ptx
+    assert "cvt.rn.f16x2.e4m3x2" in built.ptx and "cvt.rn.f16x2.f32" in built.ptx
+    assert not re.search(r"\.local\b", built.ptx)
     sass = disassemble(built.cubin)
     ops = Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]*)", sass))
-    hgmma = re.findall(rf"HGMMA\.64x{mb}x16\.F32\.BF16 R\d+, (\S+), gdesc", sass)
+    hgmma = re.findall(rf"HGMMA\.64x{mb}x16\.F32 R\d+, (\S+), gdesc", sass)
     assert len(hgmma) == (8 if k // splitk > 64 else 4) and all(a.startswith("R") for a in hgmma), hgmma
-    assert ops["UTMALDG.2D"] >= 1 and ops["ACQBULK"] == 1 and ops["SHFL.IDX"] >= 16
-    assert ops["LDS"] >= 8 and ops["STS.128"] == 0  # (x by cp.async, split-K's partial tile by 32-bit stores)
+    assert ops["UTMALDG.2D"] >= 1 and ops["ACQBULK"] == 1 and ops["SHFL.IDX"] == 0
+    assert ops["F2FP.F16.E4M3.UNPACK_B"] >= 8 and ops["LDS"] >= 8 and ops["LDS.128"] >= 2 and ops["STS.128"] >= 2
     assert not any(o.startswith(("LDL", "STL")) for o in ops)
 
 

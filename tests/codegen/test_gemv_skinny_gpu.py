@@ -2,7 +2,8 @@
 sm_90a only). Fresh random inputs; N off the 128-row tiles (the last tile's rows past N arrive as zeros and are not
 written), more row tiles than SMs (the persistent loop), K from one 64-column stage to many (the stages' ring wraps
 across tiles), every token count at a bucket's edges; outputs poisoned before each launch and each launch done twice
-(the tensor map filled again for another weight buffer in between); bias and residual in the epilogue; x streamed."""
+(the tensor map filled again for another weight buffer in between); bias and residual in the epilogue; x streamed;
+e4m3 weights (weight-only FP8) over their whole range, and x from 2e-4 to 6e5 (staged in f16 with them)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,20 @@ def test_fp8_weights_match_numpy(gpu, n, k, mb, ms, wgs, splitk, xs, epi):
             ref = x.astype(np.float64) @ w.T
             _check(gpu, spec, r, ref, bias, f"launch {attempt}", x=xd, weight=cd[attempt], weight_scale=sd,
                    weight_scale_2=None, input_scale=None)
+
+
+@pytest.mark.parametrize("n,k,mb,splitk,xs", [
+    (16384, 2048, 32, 1, False), (3072, 2048, 16, 4, False), (2048, 8192, 64, 4, True), (16384, 2048, 64, 1, True)])
+def test_fp8_weights_x_range(gpu, n, k, mb, splitk, xs):
+    """x staged in f16 times 2^-4 (the template's header): tokens from 2e-4 to 6e5 in one launch, each within the
+    tolerance of its own reference (``test_gemv_fp8_gpu.check_x_range``, kernel.cu's F16 route's check), staged whole,
+    split-K and streamed."""
+    from tests.codegen.test_gemv_fp8_gpu import _fp8_weight, _op, check_x_range
+
+    if gpu.arch != "sm_90a":
+        pytest.skip(f"skinny.cu is sm_90a only (this GPU is {gpu.arch})")
+    r = rng()
+    spec = skinny_spec(n, k, mb, gpu_target(gpu), splitk=splitk, x_stream=xs, wb=1)
+    wq, bufs = _fp8_weight(gpu, r, n, k)
+    check_x_range(gpu, spec, r, bufs,
+                  lambda x: _op(k).ref(x, wq["weight"], wq["weight_scale"], None, None, None, None))

@@ -33,13 +33,16 @@
 // - FP8 weights (WB = ${WB} bytes a weight; 1: a weight-only ``quantized_linear``, e4m3 w[N, K] and an f32 scale per
 //   row, weight_scale[N]; skinny_rule's INGOT_GEMV_SKINNY_FP8): a stage is ROWS x 64 codes (64-byte rows, the TMA
 //   copy's 64-byte swizzle: 16-byte chunk c of row r at r * 64 + (c ^ (r / 2 % 4)) * 16), half a bf16 stage, so twice
-//   as many fit. The weights are wgmma's A from registers (no write back to shared memory, no consumer barrier):
+//   as many fit. The weights are wgmma's A from registers (no write back to shared memory, no consumer barrier), f16:
 //   lane (g8, t4) of a warp reads word t4 (codes 4 t4 .. 4 t4 + 3) of each 16-code group of its rows g8 and g8 + 8
-//   (conflict-free with the swizzle), releases the stage at once, and takes the codes its A fragment needs (2 t4,
-//   2 t4 + 1 and 2 t4 + 8, 2 t4 + 9: halves of the words of lanes t4 / 2 and t4 / 2 + 2 of its quad) by two shuffles
-//   and a PRMT, then e4m3 -> bf16 exactly (e4m3.cuh); x is the bf16 path's. The fragments of two stages live in two
+//   (conflict-free with the swizzle), releases the stage at once, and converts each word's halves by the hardware
+//   (cvt e4m3x2 -> f16x2, exact) into the fragment pairs of columns 2 t4 (+ 1) and 2 t4 + 8 (+ 9): so column slot
+//   2 t4 + e of a 16-column group holds code 4 t4 + e and slot 2 t4 + 8 + e code 4 t4 + 2 + e, and x is staged in that
+//   order (4-byte pair t + 4 h of the group holds x's pair 2 t + h) and in f16 times 2^-4 (exact for 2^-13 <= |x| <
+//   ~1e6, kernel.cu's F16 route): each consumer thread copies 32-byte blocks of x's rows by cp.async and, once they
+//   landed, rewrites its own blocks so, before the barrier that publishes x. The fragments of two stages live in two
 //   register sets (the wgmma of stage n reads its registers until the wait after stage n + 1 is issued). The epilogue
-//   multiplies by the row's scale before bias and residual (as kernel.cu's FP8 variants).
+//   multiplies by 16 times the row's scale before bias and residual (as kernel.cu's FP8 variants).
 // - programmatic dependent launch: only the consumers wait for the grid before (the wait is placed in their code);
 //   the producer's weight copies start at once.
 // - prologue (${PROLOGUE}; codegen/decode_fusion.py, as kernel.cu's): 1: rms_norm, x is the norm's input and
@@ -59,7 +62,7 @@ namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, WGS = ${WGS}, STAGES = ${STAGES}, PROLOGUE = ${PROLOGUE};
 constexpr int SPLITK = ${SPLITK}, KS = K / SPLITK;  // a CTA's K slice
 constexpr bool HAS_BIAS = ${HAS_BIAS}, HAS_RESIDUAL = ${HAS_RESIDUAL}, XS = ${XS};
-constexpr int WB = ${WB};  // bytes a weight: 2 (bf16) or 1 (e4m3 codes, converted in registers)
+constexpr int WB = ${WB};  // bytes a weight: 2 (bf16) or 1 (e4m3 codes, converted to f16 in registers)
 constexpr int ROWS = 64 * WGS, KSTEPS = KS / 64, TILES = (N + ROWS - 1) / ROWS, NT = 128 * (WGS + 1);
 // a stage (ROWS x 64 weights); x's slice, or with XS its ring of STAGES panels (MB x 64 bf16 each)
 constexpr unsigned WTILE = ROWS * 64 * WB, XPANEL = MB * 128, XBYTES = XS ? STAGES * XPANEL : MB * KS * 2;
@@ -95,6 +98,53 @@ __device__ __forceinline__ void sk_load_x_panel(unsigned dst, const bf16* __rest
   }
 }
 
+// WB 1: two landed 16-byte chunks of a token row's 16-column block at a0, a1 -> f16 times 2^-4 (exact for 2^-13 <=
+// |x| < ~1e6; the epilogue multiplies by 16), the block's 4-byte pairs reordered to the weights' fragment order
+// (slot t + 4 h holds pair 2 t + h: the header)
+__device__ __forceinline__ void sk_x_block_to_f16(unsigned a0, unsigned a1) {
+  unsigned w[8], f[8];
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(a0)
+               : "memory");
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w[4]), "=r"(w[5]), "=r"(w[6]), "=r"(w[7]) : "r"(a1)
+               : "memory");
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float lo = __uint_as_float(w[i] << 16) * 0.0625f, hi = __uint_as_float(w[i] & 0xFFFF0000u) * 0.0625f;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(f[i]) : "f"(hi), "f"(lo));
+  }
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a0), "r"(f[0]), "r"(f[2]), "r"(f[4]), "r"(f[6])
+               : "memory");
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a1), "r"(f[1]), "r"(f[3]), "r"(f[5]), "r"(f[7])
+               : "memory");
+}
+// WB 1: this thread's 16-column blocks of x's columns [col, col + COLS) (MB rows, zeros past M) in the swizzled
+// panels from base: copied (LOAD, cp.async), or once landed rewritten in f16 and the fragment order
+template <int COLS, bool LOAD>
+__device__ __forceinline__ void sk_x_blocks(unsigned base, const bf16* __restrict__ x, int M, int col, int ct) {
+  constexpr int BLOCKS = COLS / 16;  // a row's
+  for (int i = ct; i < MB * BLOCKS; i += 128 * WGS) {
+    const int r = i / BLOCKS, c = 2 * (i % BLOCKS);  // chunks c, c + 1 (one panel)
+    const unsigned panel = base + (c >> 3) * (MB * 128), a0 = panel + pw_off(r, c & 7, MB),
+                   a1 = panel + pw_off(r, (c + 1) & 7, MB);
+    if constexpr (LOAD) {
+      const bool ok = r < M;
+      const bf16* const src = x + (i64)r * K + col + c * 8;
+      att_cp16(a0, ok ? src : x, ok);
+      att_cp16(a1, ok ? src + 8 : x, ok);
+    } else {
+      sk_x_block_to_f16(a0, a1);
+    }
+  }
+}
+
+// XS: x's 64-column panel at column col into the ring slot at dst: copied (LOAD), or with WB 1 once landed rewritten
+// in f16 and the fragment order (nothing to do for bf16 weights)
+template <bool LOAD>
+__device__ __forceinline__ void sk_x_panel(unsigned dst, const bf16* __restrict__ x, int M, int col, int ct) {
+  if constexpr (WB == 1) sk_x_blocks<64, LOAD>(dst, x, M, col, ct);
+  else if constexpr (LOAD) sk_load_x_panel(dst, x, M, col, ct);
+}
+
 // the consumer warpgroups' barrier (named barrier 1, the producer warpgroup not in it)
 __device__ __forceinline__ void sk_consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory"); }
 // this thread's shared-memory writes made visible to the async proxy (wgmma), then the consumers' barrier: every
@@ -106,8 +156,8 @@ __device__ __forceinline__ void sk_publish() {
 
 // WB 1: the A fragments of this lane's rows (g8, g8 + 8 of its warp's 16) for one stage's four k16 steps, from the
 // stage's e4m3 codes at ``rows`` (row g8's first byte; the 64-byte swizzle) into a[4 j ..]: j's (row g8, 2 t4),
-// (g8 + 8, 2 t4), (g8, 2 t4 + 8), (g8 + 8, 2 t4 + 8) bf16 pairs. The words are read before the caller releases the
-// stage; the shuffles and conversions are register work.
+// (g8 + 8, 2 t4), (g8, 2 t4 + 8), (g8 + 8, 2 t4 + 8) f16 pairs (codes 4 t4 (+ 1) and 4 t4 + 2 (+ 3) of group j: x is
+// staged in that order). The words are read before the caller releases the stage; the conversion is register work.
 __device__ __forceinline__ void sk_load_codes(unsigned rows, int g8, int t4, unsigned (&w)[8]) {
   const int sw = (g8 >> 1) & 3;  // the swizzle of rows g8 and g8 + 8 (16 warp + g8: the same r / 2 % 4)
 #pragma unroll
@@ -117,20 +167,16 @@ __device__ __forceinline__ void sk_load_codes(unsigned rows, int g8, int t4, uns
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w[2 * j + 1]) : "r"(at + 8 * 64) : "memory");
   }
 }
-__device__ __forceinline__ void sk_codes_to_frags(const unsigned (&w)[8], int lane, unsigned (&a)[16]) {
-  const int t4 = lane & 3, lo = (lane & ~3) | (t4 >> 1), sel = (t4 & 1) ? 0x7632 : 0x5410;
+__device__ __forceinline__ void sk_codes_to_frags(const unsigned (&w)[8], unsigned (&a)[16]) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {  // word i: group i / 2, row g8 (+ 8 for odd i)
-    const unsigned p = __shfl_sync(0xffffffffu, w[i], lo), q = __shfl_sync(0xffffffffu, w[i], lo + 2);
-    const int j = i >> 1, r = i & 1;
-    qg_e4m3x4_bf16(__byte_perm(p, q, sel), a[4 * j + r], a[4 * j + 2 + r]);
-  }
+  for (int i = 0; i < 8; ++i)  // word i: group i / 2, row g8 (+ 8 for odd i); codes 4 t4 (+ 1), 4 t4 + 2 (+ 3)
+    qg_e4m3x4_f16(w[i], a[4 * (i >> 1) + (i & 1)], a[4 * (i >> 1) + 2 + (i & 1)]);
 }
 
 // y (f32, token t, row r) times the row's scale (WB 1), plus the bias and the residual where the variant has them
 __device__ __forceinline__ float sk_epilogue(float y, const float* __restrict__ w_scale, const bf16* __restrict__ bias,
                                              const bf16* __restrict__ residual, int t, int r) {
-  if (WB == 1) y *= w_scale[r];
+  if (WB == 1) y *= 16.0f * w_scale[r];  // x was staged times 2^-4
   if (HAS_BIAS) y += to_f32(bias[r]);
   if (HAS_RESIDUAL) y += gemv_ld_bf16_after_wait(residual + (i64)t * N + r);
   return y;
@@ -213,9 +259,14 @@ ${PDL_WAIT}
   const int xsteps = XS ? (TILES - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * KSTEPS : 0;
   if constexpr (XS) {
     for (int j = 0; j < XD; ++j) {
-      if (j < xsteps) sk_load_x_panel(sx + j * XPANEL, x, M, kslice * KS + 64 * (j % KSTEPS), ct);
+      if (j < xsteps) sk_x_panel<true>(sx + j * XPANEL, x, M, kslice * KS + 64 * (j % KSTEPS), ct);
       att_commit();
     }
+  } else if constexpr (WB == 1) {  // f16, in the fragment order (this thread's blocks, once landed)
+    sk_x_blocks<KS, true>(sx, x, M, kslice * KS, ct);
+    att_commit();
+    att_wait<0>();
+    sk_x_blocks<KS, false>(sx, x, M, 0, ct);
   } else {
     for (int i = ct; i < MB * CHUNKS; i += 128 * WGS) {
       const int r = i / CHUNKS, c = i % CHUNKS;
@@ -275,9 +326,10 @@ ${PDL_WAIT}
     auto x_panel = [&](int st) {
       if constexpr (XS) {
         if (n + XD < xsteps)
-          sk_load_x_panel(sx + (n + XD) % STAGES * XPANEL, x, M, kslice * KS + 64 * ((n + XD) % KSTEPS), ct);
+          sk_x_panel<true>(sx + (n + XD) % STAGES * XPANEL, x, M, kslice * KS + 64 * ((n + XD) % KSTEPS), ct);
         att_commit();
         att_wait<XD>();
+        sk_x_panel<false>(sx + st * XPANEL, x, M, 0, ct);  // WB 1: this thread's blocks -> f16 (else nothing)
         sk_publish();
       }
       return sx + (XS ? st * XPANEL : 0);
@@ -292,11 +344,12 @@ ${PDL_WAIT}
         unsigned w[8];
         sk_load_codes(sw + st * WTILE + (64 * wg + 16 * warp + g8) * 64, g8, t4, w);
         pw_mbar_arrive(bars + 8 * (STAGES + st));
-        sk_codes_to_frags(w, lane, a);
+        sk_codes_to_frags(w, a);
         pw_pin<MB / 2>(acc);
         pw_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) pw_rsk<MB>(acc, a + 4 * kk, pw_desc(xb + kk * 32, 16, 1024), ks > 0 || kk > 0);
+        for (int kk = 0; kk < 4; ++kk)
+          pw_rsk<MB, true>(acc, a + 4 * kk, pw_desc(xb + kk * 32, 16, 1024), ks > 0 || kk > 0);
         pw_commit();
         pw_wait<1>();
         pw_pin<MB / 2>(acc);
