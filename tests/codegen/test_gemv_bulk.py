@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ingot.codegen.kernel import PDL_MARKER
-from ingot.codegen.kernels.gemv import bulk_rule
+from ingot.codegen.kernels.gemv import bulk_rule, skinny_rule
 from ingot.codegen.kernels.gemv.bulk_rule import (
     SMEM_BUDGET,
     WORKSPACE_BUDGET,
@@ -220,9 +220,11 @@ def test_fp8_switch_picks_the_template(monkeypatch):
     op, ins = qtypes("fp8", 3072, 2048, residual=True)
     monkeypatch.delenv(bulk_rule.ENV, raising=False)
     monkeypatch.delenv("INGOT_GEMV_FP8", raising=False)  # the default: kernel.cu (tests/codegen/test_gemv_fp8.py)
-    assert {s.template for _, s in quant_variants(op, ins, h200)} == {"kernel.cu"}
+    monkeypatch.delenv(skinny_rule.FP8_ENV, raising=False)  # and the skinny GEMM from bucket 16 on
+    default = ["kernel.cu", "skinny.cu", "skinny.cu", "skinny.cu"]
+    assert [s.template for _, s in quant_variants(op, ins, h200)] == default
     monkeypatch.setenv(bulk_rule.ENV, "1")  # measured slower than quant.cu / kernel.cu: only on request
-    assert {s.template for _, s in quant_variants(op, ins, h200)} == {"kernel.cu"}
+    assert [s.template for _, s in quant_variants(op, ins, h200)] == default
     monkeypatch.setenv(bulk_rule.ENV, "all")
     found = quant_variants(op, ins, h200)
     assert [mb for mb, _ in found] == list(BUCKETS) and {s.template for _, s in found} == {"bulk.cu"}

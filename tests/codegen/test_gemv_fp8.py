@@ -18,7 +18,7 @@ import pytest
 
 from ingot.codegen import autotune as at
 from ingot.codegen import decode_fusion, quant_prefill
-from ingot.codegen.kernels.gemv import bulk_rule, quant_rule, tune
+from ingot.codegen.kernels.gemv import bulk_rule, quant_rule, skinny_rule, tune
 from ingot.codegen.kernels.gemv.rule import (
     BUCKETS,
     CLUSTER_ENV,
@@ -78,9 +78,11 @@ ckpt = test_lower_quant.ckpt
 @pytest.fixture(autouse=True)
 def _switches(monkeypatch):
     """The rule's defaults whatever the developer's environment: row groups on, no bulk copies, ``INGOT_GEMV_FP8``
-    unset (the tests that route set it themselves)."""
+    unset (the tests that route set it themselves); kernel.cu's FP8 variants at every bucket (the skinny GEMM's FP8
+    variants, the default from bucket 16 on sm_90a, are test_gemv_skinny.py's)."""
     for name in (KW_ENV, bulk_rule.ENV, quant_rule.FP8_ENV):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(skinny_rule.FP8_ENV, "0")
     # the workspace split-K and row groups these tests were written for (INGOT_GEMV_CLUSTER=0); the cluster
     # reduction, the default, has its own: test_gemv_cluster.py / test_gemv_cluster_gpu.py
     monkeypatch.setenv(CLUSTER_ENV, "0")
@@ -456,6 +458,7 @@ def lowered(request, ckpt, tmp_path_factory) -> Lowered:
         for other in FORMATS.values():
             mp.delenv(other.env, raising=False)
         mp.setenv(fmt.env, "kernel")
+        mp.setenv(skinny_rule.FP8_ENV, "0")  # kernel.cu at every bucket (the skinny FP8 variants: test_gemv_skinny.py)
         mp.setenv("INGOT_AUTOTUNE", "0")
         mp.setenv("INGOT_NO_CUTLASS", "1")
         mp.setenv(decode_fusion.ENV, "1")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ingot.codegen import autotune as at
-from ingot.codegen.kernels.gemv import bulk_rule, quant_rule, tune
+from ingot.codegen.kernels.gemv import bulk_rule, quant_rule, skinny_rule, tune
 from ingot.codegen.kernels.gemv.rule import (
     BUCKETS,
     CLUSTER_ENV,
@@ -70,6 +70,9 @@ def _switches(monkeypatch):
     rule's default, ``INGOT_GEMV_FP8`` and ``INGOT_GEMV_NVFP4`` unset (the tests that route set them themselves)."""
     for name in (KW_ENV, bulk_rule.ENV, quant_rule.FP8_ENV, quant_rule.NVFP4_ENV, WEIGHTS_FIRST_ENV):
         monkeypatch.delenv(name, raising=False)
+    # FP8 weight-only buckets all kernel.cu's (the skinny GEMM's FP8 variants, the default from bucket 16 on sm_90a,
+    # are test_gemv_skinny.py's)
+    monkeypatch.setenv(skinny_rule.FP8_ENV, "0")
     # the workspace split-K and row groups these tests were written for (INGOT_GEMV_CLUSTER=0); the cluster
     # reduction, the default, has its own: test_gemv_cluster.py / test_gemv_cluster_gpu.py
     monkeypatch.setenv(CLUSTER_ENV, "0")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ingot.codegen.kernel import GridDim
+from ingot.codegen.kernels.gemv import skinny_rule
 from ingot.codegen.kernels.gemv.quant_rule import (
     ANY_M_CHUNK,
     PARAMS,
@@ -212,8 +213,9 @@ def test_row_group_configs_are_checked():
     assert (c.kwarps, c.stage_steps, c.slice_k, c.splitk) == (4, 1, 256, 1)
 
 
-def test_variants_and_plan_for_quantized_linear():
+def test_variants_and_plan_for_quantized_linear(monkeypatch):
     h200 = get_target("h200")
+    monkeypatch.setenv(skinny_rule.FP8_ENV, "0")  # (FP8 weight-only on the skinny GEMM: test_gemv_skinny.py)
     for fmt, act, gran in FORMATS:
         op, ins = qtypes(fmt, 512, 1024, act, gran, bias=True, residual=True)
         found = variants(op, ins, h200)

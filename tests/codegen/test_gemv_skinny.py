@@ -226,8 +226,8 @@ def test_bias_and_residual_in_the_epilogue():
 def test_fp8_weights_variant(monkeypatch):
     """Weight-only FP8 (``wb=1``): the quantized linear's parameters by name, the bf16 variant's launch, stages of
     half the bytes (64-byte rows), so up to 16 of them where x leaves room; rows of K bytes for the map and the memory
-    plan; no prologue. The quant rule gives them only with INGOT_GEMV_SKINNY_FP8=1 (opt-in), the bf16 rule's
-    choices."""
+    plan; no prologue. The quant rule gives them by default (``INGOT_GEMV_SKINNY_FP8=0``: never), the bf16 rule's
+    choices but split-K with x streamed."""
     from ingot.codegen.kernels.gemv.quant_rule import quant_variants
     from ingot.codegen.kernels.gemv.skinny_rule import FP8_ENV, row_bytes
     from ingot.ir.ops.quantized import QuantizedLinear
@@ -249,27 +249,30 @@ def test_fp8_weights_variant(monkeypatch):
     with pytest.raises(ValueError, match="wb must be"):
         skinny_spec(16384, 2048, 8, H200, wb=0)
 
-    op = QuantizedLinear(weight_format="fp8", weight_granularity="channel", act_format="none", in_features=2048)
-
-    def templates(n: int) -> dict[int, str]:
-        inputs = [TensorType(DType.bf16, ("T", 2048)), TensorType(DType.f8e4m3fn, (n, 2048)),
-                  TensorType(DType.f32, (n,))]
+    def templates(n: int, k: int = 2048) -> dict[int, str]:
+        op = QuantizedLinear(weight_format="fp8", weight_granularity="channel", act_format="none", in_features=k)
+        inputs = [TensorType(DType.bf16, ("T", k)), TensorType(DType.f8e4m3fn, (n, k)), TensorType(DType.f32, (n,))]
         out = {}
         for mb, spec in quant_variants(op, inputs, H200):
             v = dict(spec.values)
             assert v["WB"] == 1, spec.entry
-            out[mb] = spec.template + (f"/sk{v['SPLITK']}" if is_skinny(spec) and v["SPLITK"] > 1 else "")
+            out[mb] = spec.template + (f"/sk{v['SPLITK']}" if is_skinny(spec) and v["SPLITK"] > 1 else "") + \
+                ("/xs" if is_skinny(spec) and v["XS"] else "")
         return out
 
     for var in (ENV, SPLITK_ENV, XS_ENV, FP8_ENV):
         monkeypatch.delenv(var, raising=False)
-    assert set(templates(3072).values()) == set(templates(16384).values()) == {"kernel.cu"}
-    monkeypatch.setenv(FP8_ENV, "1")
+    # the default: the bf16 rule's choices from bucket 16 on, but not split-K with x streamed (down at 64 tokens)
     assert templates(3072) == {8: "kernel.cu", 16: "skinny.cu/sk4", 32: "skinny.cu/sk4", 64: "skinny.cu/sk4"}
-    assert templates(16384) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu"}
+    assert templates(16384) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/xs"}
+    assert templates(2048, 8192) == {8: "kernel.cu", 16: "skinny.cu/sk4", 32: "skinny.cu/sk4", 64: "kernel.cu"}
+    monkeypatch.setenv(FP8_ENV, "1")
+    assert templates(16384) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/xs"}
     monkeypatch.setenv(ENV, "split8")  # bucket 8 stays kernel.cu's for FP8 weights (no prologue on their skinny form)
-    assert templates(16384) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu"}
+    assert templates(16384) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/xs"}
     monkeypatch.delenv(ENV)
+    monkeypatch.setenv(FP8_ENV, "0")
+    assert set(templates(3072).values()) == set(templates(16384).values()) == {"kernel.cu"}
     monkeypatch.setenv(FP8_ENV, "on")
     with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY_FP8='on': expected 0 or 1"):
         templates(3072)

@@ -440,15 +440,15 @@ def test_skinny_split_bucket_8_matches_cpu(gpu_target, tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_skinny_fp8_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
-    """Weight-only FP8 on the skinny GEMM (``INGOT_GEMV_SKINNY_FP8=1``, opt-in): the hidden-512 model quantized
-    ``fp8:wo``, its qkv, o, gate_up and down split-K over 4 CTAs at buckets 16-64 with e4m3 codes turned into bf16 in
-    shared memory (the lm_head stays bf16, persistent); decode steps of 40, 24, 12 and 3 sequences match the CPU
+    """Weight-only FP8 on the skinny GEMM (the default): the hidden-512 model quantized ``fp8:wo``, its qkv, o,
+    gate_up and down split-K over 4 CTAs at buckets 16-64 with e4m3 codes converted to f16 in registers and x staged
+    in f16 (the lm_head stays bf16, persistent); decode steps of 40, 24, 12 and 3 sequences match the CPU
     backend's emulation of the same quantized model within bf16 tolerance, the same bits with and without graphs."""
     if gpu_target != "h200":
         pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
-    for var in ("INGOT_GEMV_SKINNY", "INGOT_GEMV_SKINNY_SPLITK", "INGOT_GEMV_BULK", "INGOT_GEMV_FP8"):
+    for var in ("INGOT_GEMV_SKINNY", "INGOT_GEMV_SKINNY_SPLITK", "INGOT_GEMV_BULK", "INGOT_GEMV_FP8",
+                "INGOT_GEMV_SKINNY_FP8"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("INGOT_GEMV_SKINNY_FP8", "1")
     cfg = {**SMOLLM2_CONFIG, "num_hidden_layers": 2, "hidden_size": 512, "num_attention_heads": 8,
            "num_key_value_heads": 2}
     ckpt = write_checkpoint(tmp_path / "h512", cfg, random_weights(cfg, np.random.default_rng(4)))

@@ -345,7 +345,7 @@ def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) 
         if template == "kernel.cu":
             from . import skinny_rule
 
-            def fp8_variant(mb: int) -> KernelSpec:  # INGOT_GEMV_SKINNY_FP8=1: the skinny GEMM where it applies,
+            def fp8_variant(mb: int) -> KernelSpec:  # the skinny GEMM where it applies (INGOT_GEMV_SKINNY_FP8),
                 # from bucket 16 on (bucket 8 keeps kernel.cu and its decode fusions: no prologue on FP8 skinny)
                 skinny = (skinny_rule.rule_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)
                           if skinny_rule.fp8_on() and mb > 8 else None)

@@ -31,7 +31,7 @@
 //   (HAS_BIAS = ${HAS_BIAS}) and residual[token, row] (HAS_RESIDUAL = ${HAS_RESIDUAL}: read after the grid-dependency
 //   wait by a coherent load, as kernel.cu's) in f32, rounded once -> bf16 out[token, row].
 // - FP8 weights (WB = ${WB} bytes a weight; 1: a weight-only ``quantized_linear``, e4m3 w[N, K] and an f32 scale per
-//   row, weight_scale[N]; skinny_rule's INGOT_GEMV_SKINNY_FP8): a stage is ROWS x 64 codes (64-byte rows, the TMA
+//   row, weight_scale[N]; skinny_rule.rule_spec's wb = 1): a stage is ROWS x 64 codes (64-byte rows, the TMA
 //   copy's 64-byte swizzle: 16-byte chunk c of row r at r * 64 + (c ^ (r / 2 % 4)) * 16), half a bf16 stage, so twice
 //   as many fit. The weights are wgmma's A from registers (no write back to shared memory, no consumer barrier), f16:
 //   lane (g8, t4) of a warp reads word t4 (codes 4 t4 .. 4 t4 + 3) of each 16-code group of its rows g8 and g8 + 8

@@ -29,8 +29,12 @@ fusions). ``INGOT_GEMV_BULK``, an opt-in, takes precedence where it gives a buck
 ``INGOT_GEMV_SKINNY``: ``all``: bucket 8 of wide matrices too; ``force``: the persistent kernel at every bucket for
 any N (tests: small models' matrices); ``0``: never. ``INGOT_GEMV_SKINNY_SPLITK``: the split-K buckets (``0``: none,
 ``32,64``: those). ``INGOT_GEMV_SKINNY_XS=0``: x never streamed (what does not fit staged stays kernel.cu's).
-``INGOT_GEMV_SKINNY_FP8=1`` (opt-in, not yet run on a GPU): weight-only FP8 linears take the same variants, their
-e4m3 codes copied by TMA into half a stage and turned into bf16 in place by the consumers (``wb=1``).
+Weight-only FP8 linears take the same variants at buckets 16-64 (``wb=1``: the e4m3 codes by TMA, converted to f16
+in registers as wgmma's A operand, x staged in f16; the template's header), except split-K with x streamed (down at
+64 tokens: 0.61x cuBLAS bf16 against kernel.cu's 0.76x), which stays kernel.cu's. Measured on the H200
+(``bench_skinny.py --fp8``, docs/PERF.md "Weight-only FP8 on the skinny GEMM"): gate_up at 16 / 32 / 64 tokens 12.1 /
+15.5 / 24.1 us against kernel.cu's 14.3 / 17.4 / 28.6; end to end (FP8 1B) batch 16 +10.3%, 32 +17.6%, 64 +6.5%.
+``INGOT_GEMV_SKINNY_FP8=0`` keeps them on kernel.cu.
 ``rule.fused_spec`` makes a persistent variant's rms_norm prologue (decode fusion; ``fused_skinny_spec``), as
 kernel.cu's.
 
@@ -82,8 +86,8 @@ SPLITK_BUCKETS = (16, 32, 64)
 #: where it does not fit beside ``MIN_STAGES`` stages (64 tokens at K = 2048, 32 at K = 4096; a quarter of K = 8192
 #: at 64 tokens)
 XS_ENV = "INGOT_GEMV_SKINNY_XS"
-#: compile time: 1 gives weight-only FP8 ``quantized_linear``\ s the skinny variants ``choice`` makes for bf16 ones
-#: (e4m3 codes turned into bf16 in shared memory); unset or 0: kernel.cu's, as before (opt-in until run on a GPU)
+#: compile time: unset or 1 gives weight-only FP8 ``quantized_linear``\ s the skinny variants ``choice`` makes for bf16
+#: ones (``rule_spec``: not split-K with x streamed); 0: kernel.cu's at every bucket
 FP8_ENV = "INGOT_GEMV_SKINNY_FP8"
 #: compile time: at most this many weight stages in the rule's variants (default: as many as fit, ``max_stages``);
 #: fewer stages leave shared memory for the previous kernel's CTAs, so programmatic dependent launch can start this
@@ -209,11 +213,11 @@ def mode() -> str:
 
 
 def split8() -> bool:
-    """Whether bucket 8 of a wide matrix is split (``INGOT_GEMV_SKINNY=split8``, opt-in until measured end to
-    end): kernel.cu's variant for a single token (its decode fusions, the batch-1 step unchanged), the skinny kernel
-    with ``SPLIT8_STAGES`` stages for 2-8 tokens (``rule.variants`` puts a variant of max rows 1 before bucket 8's).
-    Measured on the H200 with the skinny kernel for all of bucket 8 (4 stages: docs/PERF.md, "Bucket 8 on the skinny
-    kernel with 4 stages"): batch 8 +3.0%, batch 1 -4.9%; this keeps the first and leaves batch 1 as it was."""
+    """Whether bucket 8 of a wide matrix is split (``INGOT_GEMV_SKINNY=split8``, opt-in): kernel.cu's variant for a
+    single token (its decode fusions, the batch-1 step unchanged), the skinny kernel with ``SPLIT8_STAGES`` stages for
+    2-8 tokens (``rule.variants`` puts a variant of max rows 1 before bucket 8's). Measured on the H200 (docs/PERF.md,
+    nineteenth session): batch 1 unchanged, batch 2 -10%, batch 4 -1%, batch 8 +2.5-3%; so not the default.
+    (With the skinny kernel for all of bucket 8, 4 stages: batch 8 +3.0%, batch 1 -4.9%.)"""
     return mode() == "split8"
 
 
@@ -237,8 +241,8 @@ def x_stream_on() -> bool:
 
 
 def fp8_on() -> bool:
-    """``INGOT_GEMV_SKINNY_FP8``: whether weight-only FP8 linears take skinny variants (1; unset or 0: no)."""
-    return env_choice(FP8_ENV, {"": False, "0": False, "1": True}, "0 or 1")
+    """``INGOT_GEMV_SKINNY_FP8``: whether weight-only FP8 linears take skinny variants (unset or 1; 0: no)."""
+    return env_choice(FP8_ENV, {"": True, "1": True, "0": False}, "0 or 1")
 
 
 def choice(n: int, k: int, mb: int, target: Target) -> tuple[int, bool] | None:
@@ -265,9 +269,10 @@ def choice(n: int, k: int, mb: int, target: Target) -> tuple[int, bool] | None:
 def rule_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, residual: bool = False,
               wb: int = 2) -> KernelSpec | None:
     """The rule's variant of this template for ``w[n, k]`` at ``M <= mb`` (``choice``, ``rule_stages``; ``wb``:
-    ``skinny_spec``'s), or None where the variant is another template's."""
+    ``skinny_spec``'s), or None where the variant is another template's (also e4m3 weights where ``choice`` splits K
+    with x streamed: slower than kernel.cu's FP8 variant, the module docstring)."""
     chosen = choice(n, k, mb, target)
-    if chosen is None:
+    if chosen is None or (wb == 1 and chosen[0] > 1 and chosen[1]):
         return None
     splitk, xs = chosen
     return skinny_spec(n, k, mb, target, stages=rule_stages(k, mb, target, splitk, xs), splitk=splitk, bias=bias,
