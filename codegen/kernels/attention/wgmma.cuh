@@ -1,8 +1,8 @@
 // Warpgroup MMA (wgmma, sm_90a) helpers for prefill_wgmma.cu (and gemv/skinny.cu): PTX wrappers for
 // wgmma.mma_async (m64n64k16 and m64n128k16, SS also m64n8/16/32k16; f32 += bf16 x bf16, also f16 x f16 for RS with
-// B K-major; SS: both operands through shared-memory descriptors, RS: A from registers), its fence / commit / wait, shared-memory matrix descriptors
-// (SWIZZLE_128B), operand pinning and mbarriers. The layouts they assume are described in prefill_wgmma.cu. Inlined by
-// the renderer.
+// B K-major; SS: both operands through shared-memory descriptors, RS: A from registers), its fence / commit / wait,
+// shared-memory matrix descriptors (SWIZZLE_128B), operand pinning and mbarriers. The layouts they assume are
+// described in prefill_wgmma.cu. Inlined by the renderer.
 
 __device__ __forceinline__ unsigned pw_pack(float lo, float hi) {  // bf16x2, lo in the low half, nearest even
   unsigned r;
@@ -151,87 +151,70 @@ template <int N> __device__ __forceinline__ void pw_rs(float* d, const unsigned*
 // D (+)= A B, A (bf16 or f16 pairs in the mma.sync m16n8k16 A layout per warp: rows g8 / g8 + 8, columns 2 t4
 // (+ 8)) from registers, B K-major from shared memory (a descriptor), the same type; m64nNk16 for N of 8 .. 64
 // (gemv/skinny.cu with e4m3 weights: the converted weights as A, N = its tokens)
-__device__ __forceinline__ void pw_rsk_n8_bf16(float* d, const unsigned* a, unsigned long long db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %9, 0; wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, %8, p, 1, 1, 0; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+template <bool F16>
+__device__ __forceinline__ void pw_rsk_n8(float* d, const unsigned* a, unsigned long long db, int acc) {
+#define PW_RSK(T) \
+  asm volatile( \
+      "{ .reg .pred p; setp.ne.b32 p, %9, 0; wgmma.mma_async.sync.aligned.m64n8k16.f32." T "." T " {" \
+      "%0, %1, %2, %3}, " \
+      "{%4, %5, %6, %7}, %8, p, 1, 1, 0; }" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc))
+  if constexpr (F16) PW_RSK("f16");
+  else PW_RSK("bf16");
+#undef PW_RSK
 }
-__device__ __forceinline__ void pw_rsk_n8_f16(float* d, const unsigned* a, unsigned long long db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %9, 0; wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {"
-      "%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, %8, p, 1, 1, 0; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+template <bool F16>
+__device__ __forceinline__ void pw_rsk_n16(float* d, const unsigned* a, unsigned long long db, int acc) {
+#define PW_RSK(T) \
+  asm volatile( \
+      "{ .reg .pred p; setp.ne.b32 p, %13, 0; wgmma.mma_async.sync.aligned.m64n16k16.f32." T "." T " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7}, " \
+      "{%8, %9, %10, %11}, %12, p, 1, 1, 0; }" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc))
+  if constexpr (F16) PW_RSK("f16");
+  else PW_RSK("bf16");
+#undef PW_RSK
 }
-__device__ __forceinline__ void pw_rsk_n16_bf16(float* d, const unsigned* a, unsigned long long db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %13, 0; wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7}, "
-      "{%8, %9, %10, %11}, %12, p, 1, 1, 0; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+template <bool F16>
+__device__ __forceinline__ void pw_rsk_n32(float* d, const unsigned* a, unsigned long long db, int acc) {
+#define PW_RSK(T) \
+  asm volatile( \
+      "{ .reg .pred p; setp.ne.b32 p, %21, 0; wgmma.mma_async.sync.aligned.m64n32k16.f32." T "." T " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0; }" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc))
+  if constexpr (F16) PW_RSK("f16");
+  else PW_RSK("bf16");
+#undef PW_RSK
 }
-__device__ __forceinline__ void pw_rsk_n16_f16(float* d, const unsigned* a, unsigned long long db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %13, 0; wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7}, "
-      "{%8, %9, %10, %11}, %12, p, 1, 1, 0; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
-__device__ __forceinline__ void pw_rsk_n32_bf16(float* d, const unsigned* a, unsigned long long db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %21, 0; wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "{%16, %17, %18, %19}, %20, p, 1, 1, 0; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
-__device__ __forceinline__ void pw_rsk_n32_f16(float* d, const unsigned* a, unsigned long long db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %21, 0; wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "{%16, %17, %18, %19}, %20, p, 1, 1, 0; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
-__device__ __forceinline__ void pw_rsk_n64_bf16(float* d, const unsigned* a, unsigned long long db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %37, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
-__device__ __forceinline__ void pw_rsk_n64_f16(float* d, const unsigned* a, unsigned long long db, int acc) {
-  asm volatile(
-      "{ .reg .pred p; setp.ne.b32 p, %37, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0; }"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+template <bool F16>
+__device__ __forceinline__ void pw_rsk_n64(float* d, const unsigned* a, unsigned long long db, int acc) {
+#define PW_RSK(T) \
+  asm volatile( \
+      "{ .reg .pred p; setp.ne.b32 p, %37, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0; }" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc))
+  if constexpr (F16) PW_RSK("f16");
+  else PW_RSK("bf16");
+#undef PW_RSK
 }
 template <int N, bool F16 = false>
 __device__ __forceinline__ void pw_rsk(float* d, const unsigned* a, unsigned long long db, int acc) {
   static_assert(N == 8 || N == 16 || N == 32 || N == 64, "wgmma RS, B K-major: N of 8, 16, 32 or 64");
-  if constexpr (N == 8) F16 ? pw_rsk_n8_f16(d, a, db, acc) : pw_rsk_n8_bf16(d, a, db, acc);
-  else if constexpr (N == 16) F16 ? pw_rsk_n16_f16(d, a, db, acc) : pw_rsk_n16_bf16(d, a, db, acc);
-  else if constexpr (N == 32) F16 ? pw_rsk_n32_f16(d, a, db, acc) : pw_rsk_n32_bf16(d, a, db, acc);
-  else F16 ? pw_rsk_n64_f16(d, a, db, acc) : pw_rsk_n64_bf16(d, a, db, acc);
+  if constexpr (N == 8) pw_rsk_n8<F16>(d, a, db, acc);
+  else if constexpr (N == 16) pw_rsk_n16<F16>(d, a, db, acc);
+  else if constexpr (N == 32) pw_rsk_n32<F16>(d, a, db, acc);
+  else pw_rsk_n64<F16>(d, a, db, acc);
 }
 // named barrier `id` (1 .. 15; 0 is __syncthreads) of `threads` threads: wait for all of them, or only count this
 // warp's arrival (prefill_wgmma.cu's PINGPONG turns: a consumer waits for its turn, gives the other theirs)
