@@ -238,29 +238,12 @@ __device__ __forceinline__ float gemv_global_scale(const float* __restrict__ wei
 __device__ __forceinline__ float gemv_wscale(float y, const float* __restrict__ w_scale, int n, float gs) {
   return WB == 2 ? y : W4 ? y * gs : (XH ? y * XF16_INV : y) * w_scale[n];
 }
-// d = a * b per f16 half (exact here: see gemv_e2m1x8_f16)
-__device__ __forceinline__ unsigned gemv_hmul2(unsigned a, unsigned b) {
-  unsigned d;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-// 8 e2m1 codes (nibbles n0..n7 of v: byte k holds n2k low, n2k+1 high) -> f16x2 (n0, n2), (n4, n6), (n1, n3),
-// (n5, n7) times the block scale sc (f16x2 {sf, sf}) times 2^-14. A code's f16 (its value times 2^-14, exactly; 0.5 an
-// f16 subnormal) is all in its high byte: the sign at bit 7, exponent and mantissa at bits 3..1 (f16 bits 11..9).
-// Those bytes are made for the even codes (e) and the odd ones (d) four at a time, spread into f16 halves by PRMT
-// (low bytes zero), then one multiply each, exact (e2m1 * sf * 2^-14 is a multiple of 2^-24 below 65504; f16
-// arithmetic keeps subnormals)
+// 8 e2m1 codes -> four f16x2 fragments times the block scale (e4m3.cuh's qg_e2m1x8_f16: (n0, n2), (n4, n6), (n1, n3),
+// (n5, n7))
 __device__ __forceinline__ u32x4 gemv_e2m1x8_f16(unsigned v, unsigned sc) {
-  const unsigned e = ((v << 1) & 0x0E0E0E0Eu) | ((v << 4) & 0x80808080u);  // n0 n2 n4 n6
-  const unsigned d = ((v >> 3) & 0x0E0E0E0Eu) | (v & 0x80808080u);         // n1 n3 n5 n7
-  return {gemv_hmul2(__byte_perm(e, 0u, 0x1404), sc), gemv_hmul2(__byte_perm(e, 0u, 0x3424), sc),
-          gemv_hmul2(__byte_perm(d, 0u, 0x1404), sc), gemv_hmul2(__byte_perm(d, 0u, 0x3424), sc)};
-}
-// two e4m3 block scales (bytes of s) -> {sf0, sf0} and {sf1, sf1} in f16 (exact)
-__device__ __forceinline__ void gemv_sf_f16(unsigned short s, unsigned& s0, unsigned& s1) {
-  unsigned h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(s));
-  s0 = __byte_perm(h, 0u, 0x1010), s1 = __byte_perm(h, 0u, 0x3232);
+  unsigned o[4];
+  qg_e2m1x8_f16(v, sc, o);
+  return {o[0], o[1], o[2], o[3]};
 }
 
 // a * sigmoid(alpha a) * b = a * b / (1 + 2^(SWIGLU_K a)); 2^+inf = inf gives 0
@@ -478,7 +461,7 @@ ${PDL_WAIT}
             wf[mt][h][0] = v;
           } else if (W4) {  // words 0, 1: the first scale block of the lane's 32 columns; 2, 3: the second
             unsigned s0, s1;
-            gemv_sf_f16(sbuf[s & 1][u][mt][h], s0, s1);
+            qg_sf_f16(sbuf[s & 1][u][mt][h], s0, s1);
             const unsigned words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int i = 0; i < SUB; ++i) wf[mt][h][i] = gemv_e2m1x8_f16(words[i], i < 2 ? s0 : s1);
