@@ -6,6 +6,7 @@
     python bench/bench_skinny.py --m 32 64 --xs        # x streamed beside the weight stages too (label -xs)
     python bench/bench_skinny.py --shapes "3072,2048" --m 64 --splitk 4 --warpgroups 1 2   # 64-row tiles (label -w1)
     python bench/bench_skinny.py --fp8 --m 16 32 64    # e4m3 weights (weight-only FP8): kernel.cu's and skinny wb=1
+    python bench/bench_skinny.py --nvfp4 --m 16 32     # NVFP4 weights: kernel.cu's and skinny wb=0
     python bench/bench_skinny.py --dry-run             # no GPU: compile every kernel the run would launch
 
 Each kernel is first checked against torch's f32 product of the same bf16 operands (output poisoned with NaN before),
@@ -58,6 +59,11 @@ def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | 
     return out
 
 
+def weight_code(a: argparse.Namespace) -> int:
+    """The kernels' ``WB``: 1 with ``--fp8``, 0 with ``--nvfp4``, 2 (bf16) otherwise."""
+    return 1 if a.fp8 else 0 if a.nvfp4 else 2
+
+
 def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
     import torch
 
@@ -68,8 +74,9 @@ def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
     ws = list(wall)
     x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     ref = (x.float() @ ws[0].float().t())
-    wb = 1 if a.fp8 else 2
-    row: dict = {"N": n, "K": k, "M": m, "weight_mb": n * k * wb / 2**20}
+    wb = weight_code(a)
+    wbytes = n * k // 2 + n * k // 16 if wb == 0 else n * k * wb  # NVFP4: codes and block scales
+    row: dict = {"N": n, "K": k, "M": m, "weight_mb": wbytes / 2**20}
     # the reference: cuBLAS on the bf16 weight (with --fp8 what the model would run without FP8 weights)
     t_cublas = time_graph(lambda i: torch.matmul(x, ws[i % copies].t()), a.launches, a.reps)
     row["cublas_us"] = t_cublas * 1e6
@@ -80,14 +87,32 @@ def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
                             for i in range(fcopies)])
         cs = list(call)
         ref = x.float() @ (cs[0].float() * scale[:, None]).t()
+    if a.nvfp4:  # NVFP4 codes and block scales of copy 0 (ir/quant/formats.py), repeated; the reference dequantized
+        import numpy as np
+
+        from ingot.ir.quant import formats as F
+        from ingot.ir.quant.packing import pack_e2m1
+
+        w0 = wall[0].float().cpu().numpy()
+        gs = F.nvfp4_global_scale(np.abs(w0).max())
+        q, sf = F.quantize_nvfp4(w0, gs)
+        deq = torch.from_numpy(F.dequantize_nvfp4(q, sf, gs).astype(np.float32)).cuda()
+        ref = x.float() @ deq.t()
+        ncopies = max(2, -(-400 * 2**20 // wbytes))
+        call = torch.from_numpy(pack_e2m1(q)).cuda().unsqueeze(0).repeat(ncopies, 1, 1)
+        cs = list(call)
+        scale = torch.from_numpy(np.ascontiguousarray(sf).view(np.uint8)).cuda()
+        gs_t = torch.tensor([float(gs)], device="cuda", dtype=torch.float32)
     for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), wb):
         outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-        if a.fp8:  # kernel.cu's FP8 variant and the skinny wb=1 ones take the quantized linear's inputs by name
+        if a.fp8 or a.nvfp4:  # kernel.cu's quantized variant and the skinny wb=1 / 0 ones take the quantized
+            # linear's inputs by name
             kern = SpecKernel(spec)
             kern.map_over(call)
+            s2 = gs_t if a.nvfp4 else None
 
-            def launch(i: int, kern=kern, outs=outs) -> None:
-                kern.launch(pdl=True, x=x, weight=cs[i % len(cs)], weight_scale=scale, weight_scale_2=None,
+            def launch(i: int, kern=kern, outs=outs, s2=s2) -> None:
+                kern.launch(pdl=True, x=x, weight=cs[i % len(cs)], weight_scale=scale, weight_scale_2=s2,
                             input_scale=None, bias=None, residual=None, out=outs[i % copies], M=m)
         elif spec.template == "skinny.cu":
             kern = SpecKernel(spec)
@@ -110,7 +135,7 @@ def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
             continue
         t = time_graph(launch, a.launches, a.reps)
         row[f"{label}_us"] = t * 1e6
-        row[f"{label}_tbs"] = n * k * wb / t / 1e12
+        row[f"{label}_tbs"] = wbytes / t / 1e12
         row[f"{label}_vs_cublas"] = t_cublas / t
     return row
 
@@ -127,18 +152,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="consumer warpgroups (64-row tiles a warpgroup)")
     ap.add_argument("--fp8", action="store_true", help="e4m3 weights with per-row scales (weight-only FP8), against "
                     "cuBLAS on the bf16 weight")
+    ap.add_argument("--nvfp4", action="store_true", help="NVFP4 weights (e2m1 codes, e4m3 block scales, a global "
+                    "scale: weight-only), kernel.cu's variant and the skinny wb=0 ones, against cuBLAS on the bf16 "
+                    "weight")
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--dry-run", action="store_true", help="no GPU: compile the kernels a run would launch")
     a = ap.parse_args(argv)
+    if a.fp8 and a.nvfp4:
+        ap.error("--fp8 and --nvfp4 are two weight formats: one at a time")
     shapes = [tuple(int(v) for v in s.split(",")) for s in a.shapes.split(";") if s]
     if a.dry_run:
         from ingot.codegen.compile import compile_spec
 
         for n, k in shapes:
             for m in a.m:
-                for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), 2 - a.fp8):
+                for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), weight_code(a)):
                     print(f"{n}x{k} M={m} {label}: {spec.entry}, smem {spec.smem}, "
                           f"cubin {len(compile_spec(spec).cubin)} bytes", flush=True)
         return 0
@@ -151,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             r = bench(n, k, m, a)
             rows.append(r)
             wb = n * k * 2  # the reference's bytes (cuBLAS on the bf16 weight)
-            for label, _ in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), 2 - a.fp8):
+            for label, _ in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), weight_code(a)):
                 if f"{label}_us" in r:
                     print(f"| {n}x{k} | {m} | {r['cublas_us']:.2f} ({wb / r['cublas_us'] / 1e6:.2f}) | {label} | "
                           f"{r[label + '_us']:.2f} | {r[label + '_tbs']:.2f} | {r[label + '_tbs'] / HBM_TBS:.1%} | "

@@ -63,18 +63,18 @@ def kv_region_rows(base: int, nbytes: int, head_dim: int, kv_heads: int) -> int:
 
 
 def _encode_tiled(base: int, dims: list[int], strides: list[int], box: list[int], what: str,
-                 codes: bool = False) -> bytes:
+                 codes: int = 0) -> bytes:
     """The 128-byte CUtensorMap of a tensor at ``base`` (``dims`` innermost first, byte ``strides`` of the outer ones):
-    bf16, tiles of ``box`` elements landing with the 128-byte swizzle, or with ``codes`` bytes (e4m3 codes; rows of
-    64 in a box) landing with the 64-byte swizzle; zeros out of bounds."""
+    bf16, tiles of ``box`` elements landing with the 128-byte swizzle, or bytes (``codes``: the box's row bytes, 64
+    for e4m3 codes landing with the 64-byte swizzle, 32 for NVFP4 ones landing densely); zeros out of bounds."""
     from .cuda_driver import check, driver
 
     cu = driver()
     u64, u32 = cu.cuuint64_t, cu.cuuint32_t
     dtype = cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8 if codes else \
         cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-    swizzle = cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B if codes else \
-        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
+    swizzle = {0: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, 64: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+               32: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE}[codes]
     tmap = check(cu.cuTensorMapEncodeTiled(
         dtype, len(dims), base, [u64(d) for d in dims],
         [u64(s) for s in strides], [u32(b) for b in box], [u32(1)] * len(dims),
@@ -100,11 +100,15 @@ def fill_w_tma(module: Any, spec: Any, base: int, nbytes: int) -> None:
     """Write ``ingot_w_tma`` of the loaded ``module`` for ``gemv/skinny.cu`` (``spec``: its ``K``, ``WGS`` and ``WB``)
     over the region ``[base, base + nbytes)`` holding its weight, viewed as rows of K bf16: dims ``{K, rows}``, a box
     of ``64 x (64 x WGS)`` with the 128-byte swizzle, zeros past the rows; with ``WB`` 1 as rows of K e4m3 codes, the
-    box's 64-byte rows landing with the 64-byte swizzle (the kernel's lanes read them without bank conflicts)."""
+    box's 64-byte rows landing with the 64-byte swizzle (the kernel's lanes read them without bank conflicts); with
+    ``WB`` 0 as rows of K / 2 bytes of NVFP4 codes, boxes of 32-byte rows landing densely."""
     v = dict(spec.values)
     k, box_rows, wb = int(v["K"]), 64 * int(v["WGS"]), int(v.get("WB", 2))
-    rows = _region_rows(base, nbytes, k * wb, f"weight (K {k}, {'bf16' if wb == 2 else 'e4m3'})")
-    tmap = _encode_tiled(base, [k, rows], [k * wb], [64, box_rows], "weight", codes=wb == 1)
+    pitch = k // 2 if wb == 0 else k * wb
+    rows = _region_rows(base, nbytes, pitch, f"weight (K {k}, {({2: 'bf16', 1: 'e4m3', 0: 'nvfp4'})[wb]})")
+    box = 32 if wb == 0 else 64
+    tmap = _encode_tiled(base, [pitch if wb != 2 else k, rows], [pitch], [box, box_rows], "weight",
+                         codes=0 if wb == 2 else box)
     _write_global(module, W_SYMBOL, spec, tmap + struct.pack("<2Q", base, nbytes))
 
 

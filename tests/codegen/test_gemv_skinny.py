@@ -244,10 +244,10 @@ def test_fp8_weights_variant(monkeypatch):
     with pytest.raises(ValueError, match="17 stages"):
         skinny_spec(300, 1024, 16, H200, stages=17, wb=1)
     assert row_bytes(fp8.values) == 2048 and row_bytes(bf.values) == 4096 and "e4m3 weights" in fp8.doc
-    with pytest.raises(ValueError, match="wb must be 2 .* or 1 .*no prologue"):
+    with pytest.raises(ValueError, match=r"wb must be 2 .*, 1 .* or 0 .*without a prologue"):
         skinny_spec(16384, 2048, 8, H200, wb=1, prologue=gemv.Prologue("rms_norm", 1e-5))
     with pytest.raises(ValueError, match="wb must be"):
-        skinny_spec(16384, 2048, 8, H200, wb=0)
+        skinny_spec(16384, 2048, 8, H200, wb=3)
 
     def templates(n: int, k: int = 2048) -> dict[int, str]:
         op = QuantizedLinear(weight_format="fp8", weight_granularity="channel", act_format="none", in_features=k)
@@ -276,6 +276,72 @@ def test_fp8_weights_variant(monkeypatch):
     monkeypatch.setenv(FP8_ENV, "on")
     with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY_FP8='on': expected 0 or 1"):
         templates(3072)
+
+
+def test_nvfp4_weights_variant(monkeypatch):
+    """Weight-only NVFP4 (``wb=0``): the quantized linear's parameters, rows of K / 2 bytes, stages of 32-byte rows (up
+    to 32), x staged whole and K slices of whole 256-column scale groups (else not supported: kernel.cu's); the quant
+    rule gives them only with INGOT_GEMV_SKINNY_NVFP4=1 (opt-in), the bf16 rule's choices where supported."""
+    from ingot.codegen.kernels.gemv.quant_rule import quant_variants
+    from ingot.codegen.kernels.gemv.skinny_rule import NVFP4_ENV, row_bytes, stage_limit, supported
+    from ingot.ir.ops.quantized import QuantizedLinear
+
+    spec = skinny_spec(3072, 2048, 32, H200, splitk=4, residual=True, wb=0)
+    assert [p.name for p in spec.params] == [n for n, _ in gemv.QUANT_PARAMS]
+    assert spec.entry.startswith("skinny_nvfp4w_") and "NVFP4 weights" in spec.doc and row_bytes(spec.values) == 1024
+    assert stage_limit(0) == 32 and dict(spec.values)["STAGES"] == 32  # x: 32 tokens x 512 columns; 4 KB stages
+    assert spec.smem == smem_bytes(2048, 32, 2, 32, 4, wb=0) == smem_bytes(2048, 32, 2, 8, 4) + 24 * 16
+    assert not supported(16384, 2048, 64, H200, x_stream=True, wb=0)  # x streamed: not with NVFP4
+    assert not supported(2048, 1536, 16, H200, splitk=4, wb=0)  # K slices of 384 columns
+    assert supported(2048, 1536, 16, H200, wb=0) and supported(2048, 1024, 16, H200, splitk=4, wb=0)
+    with pytest.raises(ValueError, match="NVFP4: x staged whole, K slices a multiple of 256"):
+        skinny_spec(16384, 2048, 64, H200, x_stream=True, wb=0)
+
+    def templates(n: int, k: int = 2048) -> dict[int, str]:
+        op = QuantizedLinear(weight_format="nvfp4", weight_granularity="block", act_format="none", in_features=k)
+        inputs = [TensorType(DType.bf16, ("T", k)), TensorType(DType.u8, (n, k // 2)),
+                  TensorType(DType.u8, (n, k // 16)), TensorType(DType.f32, ())]
+        out = {}
+        for mb, spec in quant_variants(op, inputs, H200):
+            v = dict(spec.values)
+            assert v["WB"] == 0, spec.entry
+            out[mb] = spec.template + (f"/sk{v['SPLITK']}" if is_skinny(spec) and v["SPLITK"] > 1 else "")
+        return out
+
+    for var in (ENV, SPLITK_ENV, XS_ENV, NVFP4_ENV, "INGOT_GEMV_NVFP4"):
+        monkeypatch.delenv(var, raising=False)
+    assert set(templates(3072).values()) == set(templates(16384).values()) == {"kernel.cu"}
+    monkeypatch.setenv(NVFP4_ENV, "1")
+    assert templates(3072) == {8: "kernel.cu", 16: "skinny.cu/sk4", 32: "skinny.cu/sk4", 64: "skinny.cu/sk4"}
+    # gate_up at 64 tokens would stream x: kernel.cu's
+    assert templates(16384) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "kernel.cu"}
+    monkeypatch.setenv(NVFP4_ENV, "yes")
+    with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY_NVFP4='yes': expected 0 or 1"):
+        templates(3072)
+
+
+@needs_compiler
+@pytest.mark.parametrize("n,k,mb,wgs,splitk", [(16384, 2048, 32, 2, 1), (3072, 2048, 16, 2, 4), (300, 1024, 16, 1, 1)])
+def test_nvfp4_weights_compile_to_register_fragments_and_wgmma(n, k, mb, wgs, splitk):
+    """NVFP4 codes by TMA, 8 bytes a row a lane (LDS.64), turned into f16 fragments times their block scale (the
+    scale bytes by 16-byte global loads a 4-stage group, converted by the hardware) and multiplied as wgmma's register
+    A: four f16 HGMMAs a stage, the loop unrolled over a group of 4 stages; x rewritten once in f16; no local
+    memory."""
+    from ingot.codegen.compile import compile_spec
+    from ingot.codegen.sass import disassemble
+
+    spec = skinny_spec(n, k, mb, H200, warpgroups=wgs, splitk=splitk, bias=True, residual=True, wb=0)
+    built = compile_spec(spec)
+    assert f"wgmma.mma_async.sync.aligned.m64n{mb}k16.f32.f16.f16" in built.ptx and ".bf16.bf16" not in built.ptx
+    assert "cvt.rn.f16x2.e4m3x2" in built.ptx and "mul.rn.f16x2" in built.ptx
+    assert not re.search(r"\.local\b", built.ptx)
+    sass = disassemble(built.cubin)
+    ops = Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]*)", sass))
+    hgmma = re.findall(rf"HGMMA\.64x{mb}x16\.F32 R\d+, (\S+), gdesc", sass)
+    assert len(hgmma) == 16 and all(a.startswith("R") for a in hgmma), hgmma
+    assert ops["LDS.64"] == 8 and ops["HMUL2"] == 64 and ops["UTMALDG.2D"] >= 1 and ops["SHFL.IDX"] == 0
+    assert ops["LDG.E.128.CONSTANT"] >= 2 and ops["LDS.128"] >= 8 and ops["STS.128"] >= 8
+    assert not any(o.startswith(("LDL", "STL")) for o in ops)
 
 
 def test_spec_launch_and_stages():

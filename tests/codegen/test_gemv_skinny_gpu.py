@@ -140,3 +140,44 @@ def test_fp8_weights_x_range(gpu, n, k, mb, splitk, xs):
     wq, bufs = _fp8_weight(gpu, r, n, k)
     check_x_range(gpu, spec, r, bufs,
                   lambda x: _op(k).ref(x, wq["weight"], wq["weight_scale"], None, None, None, None))
+
+
+@pytest.mark.parametrize("n,k,mb,ms,wgs,splitk,epi", [
+    (16384, 2048, 32, (1, 17, 32), 2, 1, False), (128 * 140, 256, 16, (16,), 2, 1, True),
+    (3072, 2048, 32, (5, 32), 2, 4, False), (2048, 8192, 32, (1, 32), 2, 4, True),
+    (2048, 2048, 64, (1, 40, 64), 2, 4, True), (300, 1024, 16, (3,), 1, 1, True),
+])
+def test_nvfp4_weights_match_numpy(gpu, n, k, mb, ms, wgs, splitk, epi):
+    """Weight-only NVFP4 (``wb=0``, opt-in ``INGOT_GEMV_SKINNY_NVFP4``): ``quantized_weight``'s codes and block scales
+    (saturated, subnormal-scaled and all-zero blocks) against ``QuantizedLinear.ref``, bias and residual, split-K,
+    more row tiles than SMs (the scale groups prefetched across a CTA's tiles), one warpgroup; launched twice."""
+    from ingot.ir.ops.quantized import QuantizedLinear
+    from tests.codegen.test_gemv_quant_gpu import activations, quantized_weight, run_case
+
+    if gpu.arch != "sm_90a":
+        pytest.skip(f"skinny.cu is sm_90a only (this GPU is {gpu.arch})")
+    r = rng()
+    spec = skinny_spec(n, k, mb, gpu_target(gpu), warpgroups=wgs, splitk=splitk, bias=epi, residual=epi, wb=0)
+    op = QuantizedLinear(weight_format="nvfp4", weight_granularity="channel", act_format="none",
+                         act_granularity="token", in_features=k)
+    wq = quantized_weight(r, "nvfp4", n, k)
+    bias = (r.standard_normal(n) * 0.1).astype(BF16) if epi else None
+    for m in ms:
+        x = activations(r, m, k)
+        res = r.standard_normal((m, n)).astype(BF16) if epi else None
+        run_case(gpu, spec, op, wq, x, bias, res, None, n)
+
+
+@pytest.mark.parametrize("n,k,mb,splitk", [(16384, 2048, 32, 1), (3072, 2048, 16, 4)])
+def test_nvfp4_weights_x_range(gpu, n, k, mb, splitk):
+    """x staged in f16 times 2^-4 in the NVFP4 fragments' order: tokens from 2e-4 to 6e5 in one launch
+    (``check_x_range``)."""
+    from tests.codegen.test_gemv_fp8_gpu import check_x_range
+    from tests.codegen.test_gemv_nvfp4_gpu import _nvfp4_weight, _ref
+
+    if gpu.arch != "sm_90a":
+        pytest.skip(f"skinny.cu is sm_90a only (this GPU is {gpu.arch})")
+    r = rng()
+    spec = skinny_spec(n, k, mb, gpu_target(gpu), splitk=splitk, wb=0)
+    wq, bufs = _nvfp4_weight(gpu, r, n, k)
+    check_x_range(gpu, spec, r, bufs, lambda x: _ref(k, wq, x))

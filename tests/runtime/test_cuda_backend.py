@@ -467,6 +467,35 @@ def test_skinny_fp8_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_skinny_nvfp4_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
+    """Weight-only NVFP4 on the skinny GEMM (``INGOT_GEMV_SKINNY_NVFP4=1``, opt-in): a hidden-1024 model (K slices of
+    whole 256-column scale groups) quantized ``nvfp4:wo``, its qkv, o, gate_up and down split-K over 4 CTAs at buckets
+    16-64 with e2m1 codes and block scales converted to f16 in registers (the lm_head stays bf16); decode steps of 40,
+    24, 12 and 3 sequences match the CPU backend's emulation of the same quantized model, with and without graphs."""
+    if gpu_target != "h200":
+        pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
+    for var in ("INGOT_GEMV_SKINNY", "INGOT_GEMV_SKINNY_SPLITK", "INGOT_GEMV_BULK", "INGOT_GEMV_NVFP4"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("INGOT_GEMV_SKINNY_NVFP4", "1")
+    cfg = {**SMOLLM2_CONFIG, "num_hidden_layers": 2, "hidden_size": 1024, "intermediate_size": 2048,
+           "num_attention_heads": 16, "num_key_value_heads": 4}
+    ckpt = write_checkpoint(tmp_path / "h1024", cfg, random_weights(cfg, np.random.default_rng(6)))
+    quant = {"quant_config": {"default": "nvfp4:wo"}}
+    gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot", **quant)
+    monkeypatch.delenv("INGOT_GEMV_SKINNY_NVFP4")
+    cuda = load_graph(gpu)[1]["cuda"]
+    wb = Counter()
+    for ln in cuda["launches"]:
+        for v in ln.get("variants", ()):
+            spec = cuda["variant_kernels"][v["kernel"]]["spec"]
+            if spec["template"] == "skinny.cu":
+                wb[(v["max_rows"], int(dict(spec["values"])["WB"]))] += 1
+    assert wb == {(mb, 0): 8 for mb in (16, 32, 64)} | {(mb, 2): 1 for mb in (16, 32, 64)}, wb
+    REPORT["skinny_nvfp4"] = _steps_match_cpu(ckpt, gpu, tmp_path, 10, cfg["vocab_size"], lambda s: 2 + s % 4,
+                                              (40, 40, 24, 12, 3), **quant)
+
+
+@pytest.mark.gpu
 def test_graph_mode_model_matches_cpu(gpu_target, tmp_path):
     from ingot.passes import PassContext
     from tests.codegen.test_lower import mlp_onnx

@@ -106,3 +106,10 @@ def test_maps_encode_the_layouts_the_kernels_read(monkeypatch):
     assert f[8] == "CU_TENSOR_MAP_SWIZZLE_64B" and fake.copies[-1][1][-16:] == struct.pack("<2Q", base, 16384 * 2048)
     with pytest.raises(ValueError, match=r"weight \(K 2048, e4m3\) tensor map"):
         fill_w_tma("module", skinny_spec(16384, 2048, 32, H200, wb=1), base, 16384 * 2048 + 1000)
+    # NVFP4 weights: rows of K / 2 bytes, boxes of 32-byte rows landing densely
+    fill_w_tma("module", skinny_spec(16384, 2048, 32, H200, wb=0), base, 16384 * 1024)
+    f = fake.encodes[-1]
+    assert f[:7] == ("CU_TENSOR_MAP_DATA_TYPE_UINT8", 2, base, [1024, 16384], [1024], [32, 128], [1, 1])
+    assert f[8] == "CU_TENSOR_MAP_SWIZZLE_NONE" and fake.copies[-1][1][-16:] == struct.pack("<2Q", base, 16384 * 1024)
+    with pytest.raises(ValueError, match=r"weight \(K 2048, nvfp4\) tensor map"):
+        fill_w_tma("module", skinny_spec(16384, 2048, 32, H200, wb=0), base, 16384 * 1024 + 100)

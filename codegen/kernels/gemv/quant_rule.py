@@ -353,7 +353,15 @@ def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) 
 
             return [(mb, fp8_variant(mb)) for mb in BUCKETS]
     if a.weight_format == "nvfp4" and nvfp4_template() == "kernel.cu":  # weight-only NVFP4 (quant_applies)
-        return [(mb, gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=WB_NVFP4)) for mb in BUCKETS]
+        from . import skinny_rule
+
+        def nvfp4_variant(mb: int) -> KernelSpec:  # INGOT_GEMV_SKINNY_NVFP4=1 (opt-in): the skinny GEMM where it
+            # applies, from bucket 16 on (as FP8's)
+            skinny = (skinny_rule.rule_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=0)
+                      if skinny_rule.nvfp4_on() and mb > 8 else None)
+            return skinny or gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=WB_NVFP4)
+
+        return [(mb, nvfp4_variant(mb)) for mb in BUCKETS]
     return [(mb, quant_gemv_spec(a.n, a.k, mb, target, a.weight_format, a.act, a.act_granularity, a.bias,
                                  a.residual)) for mb in BUCKETS]
 

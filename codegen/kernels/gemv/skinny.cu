@@ -43,6 +43,18 @@
 //   landed, rewrites its own blocks so, before the barrier that publishes x. The fragments of two stages live in two
 //   register sets (the wgmma of stage n reads its registers until the wait after stage n + 1 is issued). The epilogue
 //   multiplies by 16 times the row's scale before bias and residual (as kernel.cu's FP8 variants).
+// - NVFP4 weights (WB = 0: e2m1 codes u8[N, K/2], element 2j in the low nibble, an e4m3 scale per 16 columns
+//   sf u8[N, K/16], the f32 global scale weight_scale_2[1]; skinny_rule's INGOT_GEMV_SKINNY_NVFP4, opt-in; x staged
+//   whole, K slices of whole 256 columns): a stage is ROWS x 32 bytes (no swizzle: a half warp's 8-byte reads of 4
+//   rows are 128 contiguous bytes). Lane (g8, t4) reads bytes 8 t4 .. 8 t4 + 7 of rows g8 and g8 + 8: codes
+//   16 t4 .. 16 t4 + 15, one scale block, so one scale byte a row a stage; e4m3.cuh's qg_e2m1x8_f16 turns each word
+//   (8 codes) times the block scale into f16 pairs (n0, n2), (n4, n6), (n1, n3), (n5, n7) (exact; value * 2^-14),
+//   pair q of a row (word q / 4, pair q % 4) the fragment of k16 step q / 2, half q % 2 (columns 2 t4 + 8 (q % 2)),
+//   and x is staged in that order: column slot 16 j + 8 h + 2 t4 + e of a 64-column panel holds x's column
+//   16 t4 + 8 (j / 2) + {0, 4, 1, 5}[2 (j % 2) + h] + 2 e (each consumer thread rewrites whole panel rows of x in f16
+//   times 2^-4, element by element). The scale bytes of 4 stages are one 16-byte load a row (bytes 4 u + t4: stage u),
+//   loaded a group ahead (the next row tile's first group at a tile's last). Epilogue: times the global scale, 2^14
+//   and 16 (kernel.cu's NVFP4 order).
 // - programmatic dependent launch: only the consumers wait for the grid before (the wait is placed in their code);
 //   the producer's weight copies start at once.
 // - prologue (${PROLOGUE}; codegen/decode_fusion.py, as kernel.cu's): 1: rms_norm, x is the norm's input and
@@ -62,10 +74,14 @@ namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, WGS = ${WGS}, STAGES = ${STAGES}, PROLOGUE = ${PROLOGUE};
 constexpr int SPLITK = ${SPLITK}, KS = K / SPLITK;  // a CTA's K slice
 constexpr bool HAS_BIAS = ${HAS_BIAS}, HAS_RESIDUAL = ${HAS_RESIDUAL}, XS = ${XS};
-constexpr int WB = ${WB};  // bytes a weight: 2 (bf16) or 1 (e4m3 codes, converted to f16 in registers)
+constexpr int WB = ${WB};  // bytes a weight: 2 (bf16), 1 (e4m3 codes) or 0 (NVFP4: half a byte), those two
+                           // converted to f16 in registers
+constexpr bool W4 = WB == 0;
+constexpr int CODEB = W4 ? 32 : 64 * WB;          // bytes of a weight row a stage (64 columns)
+constexpr long long RB = W4 ? K / 2 : (long long)K * WB;  // bytes of a weight row (the tensor map's pitch)
 constexpr int ROWS = 64 * WGS, KSTEPS = KS / 64, TILES = (N + ROWS - 1) / ROWS, NT = 128 * (WGS + 1);
 // a stage (ROWS x 64 weights); x's slice, or with XS its ring of STAGES panels (MB x 64 bf16 each)
-constexpr unsigned WTILE = ROWS * 64 * WB, XPANEL = MB * 128, XBYTES = XS ? STAGES * XPANEL : MB * KS * 2;
+constexpr unsigned WTILE = ROWS * CODEB, XPANEL = MB * 128, XBYTES = XS ? STAGES * XPANEL : MB * KS * 2;
 constexpr int XD = STAGES - 3;  // XS: panels in flight ahead of the stage being multiplied
 static_assert(PROLOGUE == 0 || PROLOGUE == 1, "no prologue or rms_norm");
 static_assert(SPLITK == 1 || SPLITK == 2 || SPLITK == 4 || SPLITK == 8, "split-K over 1, 2, 4 or 8 CTAs");
@@ -75,11 +91,17 @@ static_assert(MB == 8 || MB == 16 || MB == 32 || MB == 64, "8, 16, 32 or 64 toke
 static_assert(WGS == 1 || WGS == 2, "one or two consumer warpgroups");
 static_assert(XBYTES % 1024 == 0, "x's panels keep the stages 1024-aligned");
 static_assert(!XS || (PROLOGUE == 0 && STAGES >= 4), "streamed x: no prologue, at least 4 stages");
-static_assert(WB == 2 || (WB == 1 && PROLOGUE == 0), "bf16 weights, or e4m3 ones without a prologue");
-#if ${WB} == 1
-typedef unsigned char sk_weight_t;  // e4m3 codes
+static_assert(WB == 2 || ((WB == 1 || WB == 0) && PROLOGUE == 0), "bf16 weights, or quantized ones without a prologue");
+static_assert(!W4 || (!XS && KS % 256 == 0), "NVFP4: x staged whole, K slices of whole 16-byte scale groups");
+#if ${WB} != 2
+typedef unsigned char sk_weight_t;  // e4m3 codes, or two e2m1 codes a byte
 #else
 typedef bf16 sk_weight_t;
+#endif
+#if ${WB} == 0
+typedef unsigned char sk_scale_t;  // NVFP4: e4m3 block scales sf[N, K/16]
+#else
+typedef float sk_scale_t;  // FP8: the row's scale (bf16 weights: unused)
 #endif
 }  // namespace
 
@@ -145,6 +167,53 @@ __device__ __forceinline__ void sk_x_panel(unsigned dst, const bf16* __restrict_
   else if constexpr (LOAD) sk_load_x_panel(dst, x, M, col, ct);
 }
 
+// WB 0: token row r's 64 columns in the panel at base (landed) -> f16 times 2^-4 in the NVFP4 fragments' order (the
+// header: slot pair s2 holds x's columns c and c + 2, c = 16 t4 + 8 (j / 2) + {0, 4, 1, 5}[2 (j % 2) + h])
+__device__ __forceinline__ void sk_x_row_nvfp4(unsigned base, int r) {
+  unsigned w[32], o[32];
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[4 * c]), "=r"(w[4 * c + 1]), "=r"(w[4 * c + 2]), "=r"(w[4 * c + 3])
+                 : "r"(base + pw_off(r, c, MB)) : "memory");
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const float lo = __uint_as_float(w[i] << 16) * 0.0625f, hi = __uint_as_float(w[i] & 0xFFFF0000u) * 0.0625f;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(hi), "f"(lo));
+  }
+#pragma unroll
+  for (int s2 = 0; s2 < 32; ++s2) {
+    const int j = s2 >> 3, h = (s2 >> 2) & 1, t4 = s2 & 3;
+    const int c = 16 * t4 + 8 * (j >> 1) + (0x5140 >> (4 * (2 * (j & 1) + h)) & 15);  // and c + 2
+    o[s2] = __byte_perm(w[c >> 1], w[(c >> 1) + 1], (c & 1) ? 0x7632 : 0x5410);
+  }
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(base + pw_off(r, c, MB)), "r"(o[4 * c]),
+                 "r"(o[4 * c + 1]), "r"(o[4 * c + 2]), "r"(o[4 * c + 3]) : "memory");
+}
+// WB 0: a lane's 8 code bytes of rows g8 (at rows) and g8 + 8 (256 bytes on) of a stage, as words c[0..1], c[2..3]
+__device__ __forceinline__ void sk_nvfp4_codes(unsigned rows, unsigned (&c)[4]) {
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(c[0]), "=r"(c[1]) : "r"(rows) : "memory");
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(c[2]), "=r"(c[3]) : "r"(rows + 8 * 32) : "memory");
+}
+// WB 0: those codes times their block scales (byte t4 of the rows' scale words sc0, sc1: sel) -> the stage's A
+// fragments (pair q of a row: k16 step q / 2, half q % 2; the header)
+__device__ __forceinline__ void sk_nvfp4_frags(const unsigned (&c)[4], unsigned sc0, unsigned sc1, unsigned sel,
+                                               unsigned (&a)[16]) {
+  unsigned s0, s1, o[4];
+  qg_sf_f16((unsigned short)__byte_perm(sc0, sc1, sel), s0, s1);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // word i: row g8 (+ 8 for i >= 2), pairs q = 4 (i % 2) .. + 3
+    qg_e2m1x8_f16(c[i], i < 2 ? s0 : s1, o);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int q = 4 * (i & 1) + p;
+      a[4 * (q >> 1) + 2 * (q & 1) + (i >> 1)] = o[p];
+    }
+  }
+}
+
 // the consumer warpgroups' barrier (named barrier 1, the producer warpgroup not in it)
 __device__ __forceinline__ void sk_consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(128 * WGS) : "memory"); }
 // this thread's shared-memory writes made visible to the async proxy (wgmma), then the consumers' barrier: every
@@ -173,10 +242,13 @@ __device__ __forceinline__ void sk_codes_to_frags(const unsigned (&w)[8], unsign
     qg_e4m3x4_f16(w[i], a[4 * (i >> 1) + (i & 1)], a[4 * (i >> 1) + 2 + (i & 1)]);
 }
 
-// y (f32, token t, row r) times the row's scale (WB 1), plus the bias and the residual where the variant has them
-__device__ __forceinline__ float sk_epilogue(float y, const float* __restrict__ w_scale, const bf16* __restrict__ bias,
-                                             const bf16* __restrict__ residual, int t, int r) {
-  if (WB == 1) y *= 16.0f * w_scale[r];  // x was staged times 2^-4
+// y (f32, token t, row r) times the row's scale (WB 1) or gs (WB 0: the global scale times 2^14 and 16), plus the
+// bias and the residual where the variant has them
+__device__ __forceinline__ float sk_epilogue(float y, const sk_scale_t* __restrict__ w_scale, float gs,
+                                             const bf16* __restrict__ bias, const bf16* __restrict__ residual, int t,
+                                             int r) {
+  if constexpr (WB == 1) y *= 16.0f * w_scale[r];  // x was staged times 2^-4
+  if constexpr (W4) y *= gs;
   if (HAS_BIAS) y += to_f32(bias[r]);
   if (HAS_RESIDUAL) y += gemv_ld_bf16_after_wait(residual + (i64)t * N + r);
   return y;
@@ -189,17 +261,22 @@ __device__ __forceinline__ float sk_epilogue(float y, const float* __restrict__ 
 #endif
 extern "C" __global__ void SKINNY_CLUSTER_DIMS __launch_bounds__(NT, 1)
     ${KERNEL}(const bf16* __restrict__ x, const sk_weight_t* __restrict__ weight,
-              const float* __restrict__ weight_scale,
-#if ${WB} == 1
-              const float* __restrict__ weight_scale_2, const float* __restrict__ input_scale,  // (unused)
+              const sk_scale_t* __restrict__ weight_scale,
+#if ${WB} != 2
+              const float* __restrict__ weight_scale_2, const float* __restrict__ input_scale,  // (input_scale unused)
 #endif
               const bf16* __restrict__ bias, const bf16* __restrict__ residual, bf16* __restrict__ out, i64 rows
 #if ${PROLOGUE} == 1
               , const bf16* __restrict__ norm_weight
 #endif
     ) {
-#if ${WB} == 1
-  (void)weight_scale_2, (void)input_scale;  // a weight-only FP8 quantized_linear's inputs, unused
+#if ${WB} != 2
+  (void)input_scale;  // a weight-only quantized_linear's input, unused (weight_scale_2: NVFP4's global scale)
+#endif
+#if ${WB} == 0
+  const float gs = weight_scale_2[0] * (16384.0f * 16.0f);  // the epilogue's factor (2^14: the codes' f16 offset)
+#else
+  const float gs = 1.0f;
 #endif
 #if ${PROLOGUE} != 1
   const bf16* const norm_weight = nullptr;  // only the rms_norm prologue has this parameter
@@ -228,8 +305,8 @@ extern "C" __global__ void SKINNY_CLUSTER_DIMS __launch_bounds__(NT, 1)
       const unsigned long long map = reinterpret_cast<unsigned long long>(ingot_w_tma);
       const unsigned long long base = ingot_w_tma[16], bytes = ingot_w_tma[17];
       const unsigned long long at = reinterpret_cast<unsigned long long>(weight);
-      if (at < base || at + (unsigned long long)N * K * WB > base + bytes) __trap();  // the map was not filled for it
-      const int row0 = (int)((at - base) / (K * WB));
+      if (at < base || at + (unsigned long long)N * RB > base + bytes) __trap();  // the map was not filled for it
+      const int row0 = (int)((at - base) / RB);
       asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
       int n = 0;
       for (int tile = blockIdx.x; tile < TILES; tile += gridDim.x)
@@ -237,7 +314,7 @@ extern "C" __global__ void SKINNY_CLUSTER_DIMS __launch_bounds__(NT, 1)
           const int st = n % STAGES;
           pw_mbar_wait(bars + 8 * (STAGES + st), ((n / STAGES) & 1) ^ 1);  // fresh barriers: passes at once
           pw_mbar_expect_tx(bars + 8 * st, WTILE);
-          pw_tma_2d(sw + st * WTILE, map, kslice * KS + 64 * ks, row0 + tile * ROWS, bars + 8 * st);
+          pw_tma_2d(sw + st * WTILE, map, (kslice * KS + 64 * ks) / (W4 ? 2 : 1), row0 + tile * ROWS, bars + 8 * st);
         }
     }
     if (SPLITK > 1) {  // the cluster's two barriers (the consumers': partial tiles written; peers' read)
@@ -248,6 +325,26 @@ extern "C" __global__ void SKINNY_CLUSTER_DIMS __launch_bounds__(NT, 1)
   }
   if (WGS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
   const int ct = tid - 128, wg = ct >> 7, warp = (ct >> 5) & 3, lane = tid & 31, g8 = lane >> 2, t4 = lane & 3;
+  // WB 0: the scale words of a 4-stage group of row tile tl from stage k0 (16 bytes a row: rows g8, g8 + 8; zeros
+  // past N), loaded a group ahead; sel picks byte t4 of each (the lane's block)
+  [[maybe_unused]] const unsigned sel = t4 | ((4 + t4) << 4);
+  [[maybe_unused]] auto load_scales = [&](int tl, int k0, unsigned (&w)[2][4]) {
+    if constexpr (W4) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = tl * ROWS + 64 * wg + 16 * warp + g8 + 8 * h;
+        const unsigned char* const at =
+            reinterpret_cast<const unsigned char*>(weight_scale) + (i64)r * (K / 16) + (kslice * KS) / 16 + 4 * k0;
+        if (tl < TILES && r < N)
+          asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(w[h][0]), "=r"(w[h][1]), "=r"(w[h][2]), "=r"(w[h][3]) : "l"(at));
+        else
+          w[h][0] = w[h][1] = w[h][2] = w[h][3] = 0u;
+      }
+    }
+  };
+  unsigned scw[2][4];  // WB 0: the current group's scale words (weights: loaded before the grid-dependency wait)
+  load_scales(blockIdx.x, 0, scw);
   // programmatic dependent launch: the producer streams the first stages of weights without waiting for the grid
   // before this one (they do not depend on it); the consumers wait here, before they read x (its output)
 ${PDL_WAIT}
@@ -262,6 +359,17 @@ ${PDL_WAIT}
       if (j < xsteps) sk_x_panel<true>(sx + j * XPANEL, x, M, kslice * KS + 64 * (j % KSTEPS), ct);
       att_commit();
     }
+  } else if constexpr (W4) {  // f16, in the NVFP4 fragments' order (this thread's panel rows, once landed)
+    for (int i = ct; i < MB * KSTEPS; i += 128 * WGS) {
+      const int r = i / KSTEPS, p = i % KSTEPS;
+      const bool ok = r < M;
+      const bf16* const src = x + (i64)r * K + kslice * KS + 64 * p;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) att_cp16(sx + p * XPANEL + pw_off(r, c, MB), ok ? src + 8 * c : x, ok);
+    }
+    att_commit();
+    att_wait<0>();
+    for (int i = ct; i < MB * KSTEPS; i += 128 * WGS) sk_x_row_nvfp4(sx + (i % KSTEPS) * XPANEL, i / KSTEPS);
   } else if constexpr (WB == 1) {  // f16, in the fragment order (this thread's blocks, once landed)
     sk_x_blocks<KS, true>(sx, x, M, kslice * KS, ct);
     att_commit();
@@ -334,7 +442,46 @@ ${PDL_WAIT}
       }
       return sx + (XS ? st * XPANEL : 0);
     };
-    if constexpr (WB == 1) {
+    if constexpr (W4) {
+      // one stage (u of its 4-stage group): its codes -> registers (the stage released), fragments a with the
+      // group's scales, the four wgmma; prev kept live until the wait that completes its wgmma (as WB 1's)
+      auto stage = [&](unsigned (&a)[16], unsigned (&prev)[16], int ks, int u) {
+        const int st = n % STAGES;
+        const unsigned xb = sx + ks * XPANEL;
+        pw_mbar_wait(bars + 8 * st, (n / STAGES) & 1);
+        unsigned c[4];
+        sk_nvfp4_codes(sw + st * WTILE + (64 * wg + 16 * warp + g8) * 32 + 8 * t4, c);
+        pw_mbar_arrive(bars + 8 * (STAGES + st));
+        sk_nvfp4_frags(c, scw[0][u], scw[1][u], sel, a);
+        pw_pin<MB / 2>(acc);
+        pw_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          pw_rsk<MB, true>(acc, a + 4 * kk, pw_desc(xb + kk * 32, 16, 1024), ks > 0 || kk > 0);
+        pw_commit();
+        pw_wait<1>();
+        pw_pin<MB / 2>(acc);
+        pw_pin<16>(prev);
+        ++n;
+      };
+      unsigned fa[16], fb[16];
+      for (int ks = 0; ks < KSTEPS; ks += 4) {  // KSTEPS a multiple of 4 (static_assert)
+        unsigned nxt[2][4];  // the next group's scales: this tile's, or the CTA's next tile's first
+        if (ks + 4 < KSTEPS) load_scales(tile, ks + 4, nxt);
+        else load_scales(tile + (int)gridDim.x, 0, nxt);
+        stage(fa, fb, ks, 0);
+        stage(fb, fa, ks + 1, 1);
+        stage(fa, fb, ks + 2, 2);
+        stage(fb, fa, ks + 3, 3);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int u = 0; u < 4; ++u) scw[h][u] = nxt[h][u];
+      }
+      pw_wait<0>();
+      pw_pin<16>(fa);
+      pw_pin<16>(fb);
+    } else if constexpr (WB == 1) {
       // one stage: its codes -> registers (the stage released), fragments a, the four wgmma; prev (the stage
       // before's fragments) kept live until the wait that completes its wgmma
       auto stage = [&](unsigned (&a)[16], unsigned (&prev)[16], int ks) {
@@ -395,7 +542,7 @@ ${PDL_WAIT}
           const int t = 8 * i + 2 * t4 + (e & 1), r = row + 8 * (e >> 1);
           if (t < M && r < N)
             out[(i64)t * N + r] = from_f32<bf16>(sk_epilogue(acc[4 * i + e] * (PROLOGUE == 1 ? inv_rms[t] : 1.0f),
-                                                             weight_scale, bias, residual, t, r));
+                                                             weight_scale, gs, bias, residual, t, r));
         }
     } else {  // the partial tile to shared memory; after the barrier, this CTA's row slice of the cluster's sum
       float* const pt = reinterpret_cast<float*>(sk_shared + (part - att_smem(sk_shared)));
@@ -413,7 +560,7 @@ ${PDL_WAIT}
 #pragma unroll
         for (int k = 0; k < SPLITK; ++k) sum += gemv_ld_cluster(gemv_mapa(part + 4 * (t * ROWS + r), k));
         out[(i64)t * N + tile * ROWS + r] =
-            from_f32<bf16>(sk_epilogue(sum, weight_scale, bias, residual, t, tile * ROWS + r));
+            from_f32<bf16>(sk_epilogue(sum, weight_scale, gs, bias, residual, t, tile * ROWS + r));
       }
       gemv_cluster_sync();
     }

@@ -34,7 +34,10 @@ in registers as wgmma's A operand, x staged in f16; the template's header), exce
 64 tokens: 0.61x cuBLAS bf16 against kernel.cu's 0.76x), which stays kernel.cu's. Measured on the H200
 (``bench_skinny.py --fp8``, docs/PERF.md "Weight-only FP8 on the skinny GEMM"): gate_up at 16 / 32 / 64 tokens 12.1 /
 15.5 / 24.1 us against kernel.cu's 14.3 / 17.4 / 28.6; end to end (FP8 1B) batch 16 +10.3%, 32 +17.6%, 64 +6.5%.
-``INGOT_GEMV_SKINNY_FP8=0`` keeps them on kernel.cu.
+``INGOT_GEMV_SKINNY_FP8=0`` keeps them on kernel.cu. Weight-only NVFP4 linears likewise with
+``INGOT_GEMV_SKINNY_NVFP4=1`` (opt-in, written without a GPU to run it: ``wb=0``, the e2m1 codes and their block
+scales converted to f16 in registers as kernel.cu's NVFP4 variant does, x staged whole in their order), where x fits
+whole and K slices are whole 256-column groups of scales (else kernel.cu's).
 ``rule.fused_spec`` makes a persistent variant's rms_norm prologue (decode fusion; ``fused_skinny_spec``), as
 kernel.cu's.
 
@@ -89,6 +92,10 @@ XS_ENV = "INGOT_GEMV_SKINNY_XS"
 #: compile time: unset or 1 gives weight-only FP8 ``quantized_linear``\ s the skinny variants ``choice`` makes for bf16
 #: ones (``rule_spec``: not split-K with x streamed); 0: kernel.cu's at every bucket
 FP8_ENV = "INGOT_GEMV_SKINNY_FP8"
+#: compile time: 1 gives weight-only NVFP4 ``quantized_linear``\ s the skinny variants ``choice`` makes for bf16 ones
+#: where x fits whole and K slices are whole 256-column scale groups (``wb=0``); unset or 0: kernel.cu's (opt-in until
+#: run on a GPU)
+NVFP4_ENV = "INGOT_GEMV_SKINNY_NVFP4"
 #: compile time: at most this many weight stages in the rule's variants (default: as many as fit, ``max_stages``);
 #: fewer stages leave shared memory for the previous kernel's CTAs, so programmatic dependent launch can start this
 #: one's weight stream beside them (an experiment for bucket 8: docs/PERF.md, "The skinny wgmma GEMM")
@@ -104,23 +111,32 @@ MIN_STAGES = 4
 #: weight stages of bucket 8's skinny variant with ``split8``: fewer leave shared memory for the previous kernel's
 #: CTAs, so programmatic dependent launch overlaps more (batch 8: 4 stages +3.0%, 6-8 stages +1.4%; docs/PERF.md)
 SPLIT8_STAGES = 4
+#: the kernel's weight formats by ``WB``: entry-name part and doc
+WB_NAMES = {2: "bf16", 1: "fp8w", 0: "nvfp4w"}
+WB_DOCS = {2: "", 1: ", e4m3 weights", 0: ", NVFP4 weights"}
 
 
 def smem_bytes(k: int, mb: int, warpgroups: int = 2, stages: int = 4, splitk: int = 1, x_stream: bool = False,
                wb: int = 2) -> int:
     """x (mb x k / splitk bf16; with ``x_stream`` a ring of ``stages`` 64-column panels), the weight stages (64 x
-    warpgroups rows x 64 weights of ``wb`` bytes each), their full / empty mbarriers, the rms_norm prologue's sums
+    warpgroups rows x ``stage_row_bytes(wb)`` each), their full / empty mbarriers, the rms_norm prologue's sums
     (f32 per token and consumer warp, then per token; reserved either way), with split-K the f32 partial tile
     (16-byte aligned), and 1 KB to align the swizzled panels."""
     part = (15 + 64 * warpgroups * mb * 4) if splitk > 1 else 0
     x = stages * mb * 128 if x_stream else mb * (k // splitk) * 2
-    return 1024 + x + stages * 64 * warpgroups * 64 * wb + 16 * stages + mb * (4 * warpgroups + 1) * 4 + part
+    w = stages * 64 * warpgroups * stage_row_bytes(wb)
+    return 1024 + x + w + 16 * stages + mb * (4 * warpgroups + 1) * 4 + part
+
+
+def stage_row_bytes(wb: int = 2) -> int:
+    """Bytes of a weight row in a stage (64 columns): 128 bf16, 64 e4m3 codes, 32 NVFP4 (``wb`` 0) bytes."""
+    return 32 if wb == 0 else 64 * wb
 
 
 def stage_limit(wb: int = 2) -> int:
-    """The most weight stages a variant takes: 8 of bf16 (16 KB each at 128 rows), 16 of e4m3 codes (8 KB each):
-    the same bytes in flight."""
-    return 16 if wb == 1 else 8
+    """The most weight stages a variant takes: 8 of bf16 (16 KB each at 128 rows), 16 of e4m3 codes (8 KB each),
+    32 of NVFP4 codes (4 KB each): the same bytes in flight."""
+    return {2: 8, 1: 16, 0: 32}[wb]
 
 
 def max_stages(k: int, mb: int, target: Target, warpgroups: int = 2, splitk: int = 1, x_stream: bool = False,
@@ -137,7 +153,7 @@ def supported(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stag
     ring) and the stages (2 .. ``stage_limit``) within shared memory; a streamed x takes at least 4 stages."""
     return (target.arch == "sm_90a" and target.wgmma and n > 0 and k > 0 and splitk in SPLITS
             and k % (64 * splitk) == 0 and mb in BUCKETS and warpgroups in (1, 2) and 2 <= stages <= stage_limit(wb)
-            and (not x_stream or stages >= 4)
+            and (not x_stream or stages >= 4) and (wb != 0 or (not x_stream and k % (256 * splitk) == 0))
             and smem_bytes(k, mb, warpgroups, stages, splitk, x_stream, wb) <= target.smem_per_block)
 
 
@@ -154,9 +170,9 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
     prologue). ``wb=1``: a weight-only FP8 ``quantized_linear`` (e4m3 ``w[n, k]``, f32 ``weight_scale[n]``; its
     inputs by name, ``rule.QUANT_PARAMS``), the codes turned into bf16 in shared memory (no prologue)."""
     pro = prologue or Prologue()
-    if wb not in (1, 2) or (wb == 1 and pro.kind != "none"):
-        raise ValueError(f"skinny wgmma GEMM: wb must be 2 (bf16 weights) or 1 (e4m3, no prologue), got {wb} with a "
-                         f"{pro.kind} prologue")
+    if wb not in (0, 1, 2) or (wb != 2 and pro.kind != "none"):
+        raise ValueError(f"skinny wgmma GEMM: wb must be 2 (bf16 weights), 1 (e4m3) or 0 (NVFP4; those two without a "
+                         f"prologue), got {wb} with a {pro.kind} prologue")
     if pro.kind not in ("none", "rms_norm"):
         raise ValueError(f"skinny wgmma GEMM: no {pro.kind} prologue (rms_norm only)")
     if pro.kind != "none" and (splitk > 1 or x_stream):
@@ -167,7 +183,8 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
                          f"{stages} stages and split-K {splitk} on {target.name} (sm_90a, K / split-K a multiple of "
                          f"64, buckets {BUCKETS}, splits {SPLITS}, shared memory "
                          f"{smem_bytes(k, mb, warpgroups, stages, splitk, x_stream, wb)} of {target.smem_per_block} "
-                         f"bytes{', x streamed: at least 4 stages' if x_stream else ''})")
+                         f"bytes{', x streamed: at least 4 stages' if x_stream else ''}"
+                         f"{'; NVFP4: x staged whole, K slices a multiple of 256' if wb == 0 else ''})")
     rows = 64 * warpgroups
     tiles = -(-n // rows)
     norm = pro.kind == "rms_norm"
@@ -177,15 +194,15 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
     grid = ([GridDim(const=tiles), GridDim(const=splitk)] if splitk > 1
             else [GridDim(const=min(tiles, target.num_sms))])
     return KernelSpec.make("gemv", "skinny.cu",
-                           f"skinny_{'bf16' if wb == 2 else 'fp8w'}_n{n}_k{k}_m{mb}_wg{warpgroups}_s{stages}"
+                           f"skinny_{WB_NAMES[wb]}_n{n}_k{k}_m{mb}_wg{warpgroups}_s{stages}"
                            + ("_rms_norm" if norm else "")
                            + (f"_sk{splitk}" if splitk > 1 else "") + ("_xs" if x_stream else "")
                            + ("_b" if bias else "") + ("_r" if residual else ""),
                            target.arch or "", values,
-                           QUANT_PARAMS if wb == 1 else PARAMS + [("norm_weight", "ptr")] if norm else PARAMS,
+                           QUANT_PARAMS if wb != 2 else PARAMS + [("norm_weight", "ptr")] if norm else PARAMS,
                            128 * (warpgroups + 1), grid,
                            smem=smem_bytes(k, mb, warpgroups, stages, splitk, x_stream, wb),
-                           doc=f"skinny wgmma GEMM{', e4m3 weights' if wb == 1 else ''}, M <= {mb}, {rows}-row tiles "
+                           doc=f"skinny wgmma GEMM{WB_DOCS[wb]}, M <= {mb}, {rows}-row tiles "
                                f"by TMA, {stages} stages, "
                                + (f"split-K {splitk} in a cluster" if splitk > 1 else "persistent")
                                + (", x streamed" if x_stream else "") + (", rms_norm prologue" if norm else "")
@@ -245,6 +262,11 @@ def fp8_on() -> bool:
     return env_choice(FP8_ENV, {"": True, "1": True, "0": False}, "0 or 1")
 
 
+def nvfp4_on() -> bool:
+    """``INGOT_GEMV_SKINNY_NVFP4``: whether weight-only NVFP4 linears take skinny variants (1; unset or 0: no)."""
+    return env_choice(NVFP4_ENV, {"": False, "0": False, "1": True}, "0 or 1")
+
+
 def choice(n: int, k: int, mb: int, target: Target) -> tuple[int, bool] | None:
     """(split-K width, x streamed) of this template's variant for the bf16 ``linear`` ``w[n, k]`` at ``M <= mb``
     (split-K 1: the persistent kernel), or None where the variant is another template's (``mode``,
@@ -275,6 +297,8 @@ def rule_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
     if chosen is None or (wb == 1 and chosen[0] > 1 and chosen[1]):
         return None
     splitk, xs = chosen
+    if not supported(n, k, mb, target, splitk=splitk, x_stream=xs, wb=wb):  # NVFP4: x whole, K slices of 256
+        return None
     return skinny_spec(n, k, mb, target, stages=rule_stages(k, mb, target, splitk, xs), splitk=splitk, bias=bias,
                        residual=residual, x_stream=xs, wb=wb)
 
@@ -295,9 +319,11 @@ def rule_stages(k: int, mb: int, target: Target, splitk: int = 1, x_stream: bool
 
 
 def row_bytes(values: Any) -> int:
-    """A weight row's bytes for the variant of these spec ``values`` (pairs or a mapping): ``K x WB``."""
+    """A weight row's bytes for the variant of these spec ``values`` (pairs or a mapping): ``K x WB`` (``K / 2``
+    with NVFP4 codes, ``WB`` 0)."""
     v = dict(values)
-    return int(v["K"]) * int(v.get("WB", 2))
+    wb = int(v.get("WB", 2))
+    return int(v["K"]) // 2 if wb == 0 else int(v["K"]) * wb
 
 
 def is_skinny(spec: KernelSpec) -> bool:
