@@ -327,21 +327,11 @@ def test_nvfp4_weights_compile_to_register_fragments_and_wgmma(n, k, mb, wgs, sp
     scale bytes by 16-byte global loads a 4-stage group, converted by the hardware) and multiplied as wgmma's register
     A: four f16 HGMMAs a stage, the loop unrolled over a group of 4 stages; x rewritten once in f16; no local
     memory."""
-    from ingot.codegen.compile import compile_spec
-    from ingot.codegen.sass import disassemble
-
     spec = skinny_spec(n, k, mb, H200, warpgroups=wgs, splitk=splitk, bias=True, residual=True, wb=0)
-    built = compile_spec(spec)
-    assert f"wgmma.mma_async.sync.aligned.m64n{mb}k16.f32.f16.f16" in built.ptx and ".bf16.bf16" not in built.ptx
-    assert "cvt.rn.f16x2.e4m3x2" in built.ptx and "mul.rn.f16x2" in built.ptx
-    assert not re.search(r"\.local\b", built.ptx)
-    sass = disassemble(built.cubin)
-    ops = Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]*)", sass))
-    hgmma = re.findall(rf"HGMMA\.64x{mb}x16\.F32 R\d+, (\S+), gdesc", sass)
-    assert len(hgmma) == 16 and all(a.startswith("R") for a in hgmma), hgmma
+    ops, hgmma = _compiled_rs(spec, mb, "mul.rn.f16x2")
+    assert len(hgmma) == 16, hgmma
     assert ops["LDS.64"] == 8 and ops["HMUL2"] == 64 and ops["UTMALDG.2D"] >= 1 and ops["SHFL.IDX"] == 0
     assert ops["LDG.E.128.CONSTANT"] >= 2 and ops["LDS.128"] >= 8 and ops["STS.128"] >= 8
-    assert not any(o.startswith(("LDL", "STL")) for o in ops)
 
 
 def test_spec_launch_and_stages():
@@ -378,6 +368,26 @@ def test_the_rms_norm_prologue_variant():
         gemv.fused_spec(fused, gemv.Prologue("rms_norm", eps=1e-5), H200)
 
 
+def _compiled_rs(spec, mb: int, *ptx: str) -> tuple[Counter, list[str]]:
+    """Compile a quantized-weight skinny variant: f16 wgmma (no bf16 one), e4m3 -> f16 conversions, x's f32 -> f16
+    rewrite and ``ptx``'s instructions in the PTX, no local memory; its SASS opcode counts and the A operands of its
+    HGMMAs (all registers)."""
+    from ingot.codegen.compile import compile_spec
+    from ingot.codegen.sass import disassemble
+
+    built = compile_spec(spec)
+    assert f"wgmma.mma_async.sync.aligned.m64n{mb}k16.f32.f16.f16" in built.ptx and ".bf16.bf16" not in built.ptx
+    for instr in ("cvt.rn.f16x2.e4m3x2", "cvt.rn.f16x2.f32", *ptx):
+        assert instr in built.ptx, instr
+    assert not re.search(r"\.local\b", built.ptx)
+    sass = disassemble(built.cubin)
+    ops = Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]*)", sass))
+    assert not any(o.startswith(("LDL", "STL")) for o in ops)
+    hgmma = re.findall(rf"HGMMA\.64x{mb}x16\.F32 R\d+, (\S+), gdesc", sass)
+    assert hgmma and all(a.startswith("R") for a in hgmma), hgmma
+    return ops, hgmma
+
+
 @needs_compiler
 @pytest.mark.parametrize("n,k,mb,wgs,splitk,xs", [
     (16384, 2048, 32, 2, 1, False), (3072, 2048, 16, 2, 4, False), (2048, 8192, 64, 2, 4, True),
@@ -387,21 +397,11 @@ def test_fp8_weights_compile_to_register_fragments_and_wgmma(n, k, mb, wgs, spli
     hardware (e4m3x2 -> f16x2, exact) into wgmma's A fragments in registers: f16 HGMMAs with a register A operand,
     four a stage (the loop unrolled twice where K has more than one stage), no shuffles; x rewritten once in f16 and
     the fragment order (16-byte loads and stores of shared memory); no local memory."""
-    from ingot.codegen.compile import compile_spec
-    from ingot.codegen.sass import disassemble
-
     spec = skinny_spec(n, k, mb, H200, warpgroups=wgs, splitk=splitk, x_stream=xs, residual=True, wb=1)
-    built = compile_spec(spec)
-    assert f"wgmma.mma_async.sync.aligned.m64n{mb}k16.f32.f16.f16" in built.ptx and ".bf16.bf16" not in built.ptx
-    assert "cvt.rn.f16x2.e4m3x2" in built.ptx and "cvt.rn.f16x2.f32" in built.ptx
-    assert not re.search(r"\.local\b", built.ptx)
-    sass = disassemble(built.cubin)
-    ops = Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]*)", sass))
-    hgmma = re.findall(rf"HGMMA\.64x{mb}x16\.F32 R\d+, (\S+), gdesc", sass)
-    assert len(hgmma) == (8 if k // splitk > 64 else 4) and all(a.startswith("R") for a in hgmma), hgmma
+    ops, hgmma = _compiled_rs(spec, mb)
+    assert len(hgmma) == (8 if k // splitk > 64 else 4), hgmma
     assert ops["UTMALDG.2D"] >= 1 and ops["ACQBULK"] == 1 and ops["SHFL.IDX"] == 0
     assert ops["F2FP.F16.E4M3.UNPACK_B"] >= 8 and ops["LDS"] >= 8 and ops["LDS.128"] >= 2 and ops["STS.128"] >= 2
-    assert not any(o.startswith(("LDL", "STL")) for o in ops)
 
 
 @needs_compiler

@@ -438,6 +438,18 @@ def test_skinny_split_bucket_8_matches_cpu(gpu_target, tmp_path, monkeypatch):
                                                (8, 8, 3, 3, 1, 1))
 
 
+def _skinny_formats(artifact: Path) -> Counter:
+    """(max rows, WB) -> how many decode variants of the artifact are the skinny GEMM's with that weight format."""
+    cuda = load_graph(artifact)[1]["cuda"]
+    wb: Counter = Counter()
+    for ln in cuda["launches"]:
+        for v in ln.get("variants", ()):
+            spec = cuda["variant_kernels"][v["kernel"]]["spec"]
+            if spec["template"] == "skinny.cu":
+                wb[(v["max_rows"], int(dict(spec["values"])["WB"]))] += 1
+    return wb
+
+
 @pytest.mark.gpu
 def test_skinny_fp8_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
     """Weight-only FP8 on the skinny GEMM (the default): the hidden-512 model quantized ``fp8:wo``, its qkv, o,
@@ -454,13 +466,7 @@ def test_skinny_fp8_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
     ckpt = write_checkpoint(tmp_path / "h512", cfg, random_weights(cfg, np.random.default_rng(4)))
     quant = {"quant_config": {"default": "fp8:wo"}}
     gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot", **quant)
-    cuda = load_graph(gpu)[1]["cuda"]
-    wb = Counter()
-    for ln in cuda["launches"]:
-        for v in ln.get("variants", ()):
-            spec = cuda["variant_kernels"][v["kernel"]]["spec"]
-            if spec["template"] == "skinny.cu":
-                wb[(v["max_rows"], int(dict(spec["values"])["WB"]))] += 1
+    wb = _skinny_formats(gpu)
     assert wb == {(mb, 1): 8 for mb in (16, 32, 64)} | {(mb, 2): 1 for mb in (16, 32, 64)}, wb
     REPORT["skinny_fp8"] = _steps_match_cpu(ckpt, gpu, tmp_path, 9, cfg["vocab_size"], lambda s: 2 + s % 4,
                                             (40, 40, 24, 12, 3), **quant)
@@ -483,13 +489,7 @@ def test_skinny_nvfp4_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
     quant = {"quant_config": {"default": "nvfp4:wo"}}
     gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot", **quant)
     monkeypatch.delenv("INGOT_GEMV_SKINNY_NVFP4")
-    cuda = load_graph(gpu)[1]["cuda"]
-    wb = Counter()
-    for ln in cuda["launches"]:
-        for v in ln.get("variants", ()):
-            spec = cuda["variant_kernels"][v["kernel"]]["spec"]
-            if spec["template"] == "skinny.cu":
-                wb[(v["max_rows"], int(dict(spec["values"])["WB"]))] += 1
+    wb = _skinny_formats(gpu)
     assert wb == {(mb, 0): 8 for mb in (16, 32, 64)} | {(mb, 2): 1 for mb in (16, 32, 64)}, wb
     REPORT["skinny_nvfp4"] = _steps_match_cpu(ckpt, gpu, tmp_path, 10, cfg["vocab_size"], lambda s: 2 + s % 4,
                                               (40, 40, 24, 12, 3), **quant)

@@ -442,6 +442,20 @@ ${PDL_WAIT}
       }
       return sx + (XS ? st * XPANEL : 0);
     };
+    // WB 0 / 1: a stage's four wgmma from its register fragments a (x's panel at xb), then the wait that completes
+    // the stage before's, whose fragments prev are kept live until then
+    [[maybe_unused]] auto rs_mma = [&](unsigned (&a)[16], unsigned (&prev)[16], unsigned xb, int ks) {
+      pw_pin<MB / 2>(acc);
+      pw_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        pw_rsk<MB, true>(acc, a + 4 * kk, pw_desc(xb + kk * 32, 16, 1024), ks > 0 || kk > 0);
+      pw_commit();
+      pw_wait<1>();
+      pw_pin<MB / 2>(acc);
+      pw_pin<16>(prev);
+      ++n;
+    };
     if constexpr (W4) {
       // one stage (u of its 4-stage group): its codes -> registers (the stage released), fragments a with the
       // group's scales, the four wgmma; prev kept live until the wait that completes its wgmma (as WB 1's)
@@ -453,16 +467,7 @@ ${PDL_WAIT}
         sk_nvfp4_codes(sw + st * WTILE + (64 * wg + 16 * warp + g8) * 32 + 8 * t4, c);
         pw_mbar_arrive(bars + 8 * (STAGES + st));
         sk_nvfp4_frags(c, scw[0][u], scw[1][u], sel, a);
-        pw_pin<MB / 2>(acc);
-        pw_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          pw_rsk<MB, true>(acc, a + 4 * kk, pw_desc(xb + kk * 32, 16, 1024), ks > 0 || kk > 0);
-        pw_commit();
-        pw_wait<1>();
-        pw_pin<MB / 2>(acc);
-        pw_pin<16>(prev);
-        ++n;
+        rs_mma(a, prev, xb, ks);
       };
       unsigned fa[16], fb[16];
       for (int ks = 0; ks < KSTEPS; ks += 4) {  // KSTEPS a multiple of 4 (static_assert)
@@ -492,16 +497,7 @@ ${PDL_WAIT}
         sk_load_codes(sw + st * WTILE + (64 * wg + 16 * warp + g8) * 64, g8, t4, w);
         pw_mbar_arrive(bars + 8 * (STAGES + st));
         sk_codes_to_frags(w, a);
-        pw_pin<MB / 2>(acc);
-        pw_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          pw_rsk<MB, true>(acc, a + 4 * kk, pw_desc(xb + kk * 32, 16, 1024), ks > 0 || kk > 0);
-        pw_commit();
-        pw_wait<1>();
-        pw_pin<MB / 2>(acc);
-        pw_pin<16>(prev);
-        ++n;
+        rs_mma(a, prev, xb, ks);
       };
       unsigned fa[16], fb[16];
       int ks = 0;
