@@ -88,8 +88,9 @@ def _plan(g):
 
 
 def test_split_bucket_8_fuses_both_of_its_variants(tmp_path, monkeypatch):
-    """``INGOT_GEMV_SKINNY=split8``: a wide matrix's bucket 8 is two variants, kernel.cu's for one token and the skinny
-    kernel's (4 stages) for 2-8; decode fusion gives both the rms_norm prologue and skips the norm up to 8 tokens."""
+    """``INGOT_GEMV_SKINNY=split8``: a wide matrix's bucket 8 is two variants, kernel.cu's up to 4 tokens and the
+    skinny kernel's (4 stages) for 5-8; decode fusion gives both the rms_norm prologue and skips the norm up to 8
+    tokens."""
     monkeypatch.setenv("INGOT_GEMV_SKINNY", "split8")
     g = _lowered(tmp_path)
     launches, fusion = _plan(g)
@@ -97,7 +98,8 @@ def test_split_bucket_8_fuses_both_of_its_variants(tmp_path, monkeypatch):
     j = by_output["layers.0.mlp_norm"]  # before gate_up (16384 rows: wide)
     assert fusion.skips[j][1] == 8
     (one, f1, own1), (eight, f8, own8), *rest = fusion.variants[fusion.into[j]]
-    assert (one, eight) == (1, 8) and is_plain(fusion.made_from[f1.key]) and is_skinny(f8)
+    assert (one, eight) == (skinny_rule.SPLIT8_ROWS, 8) == (4, 8)
+    assert is_plain(fusion.made_from[f1.key]) and is_skinny(f8)
     assert f1.value("PROLOGUE") == f8.value("PROLOGUE") == 1 and f8.value("STAGES") == skinny_rule.SPLIT8_STAGES
     assert own1 == own8 and "norm_weight" in own1
     assert [mr for mr, _, _ in rest] == [16, 32, 64] and all(a is None for _, _, a in rest)

@@ -109,10 +109,10 @@ def test_rule_persistent_on_wide_matrices_split_k_on_narrow_ones(monkeypatch):
     assert _variants(3072, 2048) == {8: "skinny.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/xs"}
     monkeypatch.setenv(ENV, "0")
     assert set(_variants(16384, 2048).values()) == set(_variants(3072, 2048).values()) == {"kernel.cu"}
-    monkeypatch.setenv(ENV, "split8")  # bucket 8 of wide matrices: kernel.cu for one token, skinny for 2-8
+    monkeypatch.setenv(ENV, "split8")  # bucket 8 of wide matrices: kernel.cu up to 4 tokens, skinny for 5-8
     x, w = TensorType(DType.bf16, ("T", 2048)), TensorType(DType.bf16, (16384, 2048))
     split = gemv.variants(Linear(), [x, w], H200)
-    assert [(mr, s.template) for mr, s in split[:2]] == [(1, "kernel.cu"), (8, "skinny.cu")]
+    assert [(mr, s.template) for mr, s in split[:2]] == [(4, "kernel.cu"), (8, "skinny.cu")]
     assert split[0][1] == gemv.gemv_spec(16384, 2048, 8, H200) and dict(split[1][1].values)["STAGES"] == 4
     assert [(mr, s) for mr, s in split[2:]] == [(mb, s) for mb, s in gemv.variants(Linear(), [x, w], H200)[2:]]
     assert _variants(3072, 2048) == narrow  # narrow matrices: as by default

@@ -568,8 +568,8 @@ def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> lis
         return skinny_rule.rule_spec(n, k, mb, target, bias, residual) or gemv_spec(n, k, mb, target, bias, residual)
 
     out = [(mb, variant(mb)) for mb in BUCKETS]
-    if skinny_rule.split8() and skinny_rule.is_skinny(out[0][1]):  # M = 1 stays kernel.cu's (skinny_rule.split8)
-        out.insert(0, (1, gemv_spec(n, k, BUCKETS[0], target, bias, residual)))
+    if skinny_rule.split8() and skinny_rule.is_skinny(out[0][1]):  # up to 4 tokens stay kernel.cu's (split8)
+        out.insert(0, (skinny_rule.SPLIT8_ROWS, gemv_spec(n, k, BUCKETS[0], target, bias, residual)))
     return out
 
 

@@ -111,6 +111,9 @@ MIN_STAGES = 4
 #: weight stages of bucket 8's skinny variant with ``split8``: fewer leave shared memory for the previous kernel's
 #: CTAs, so programmatic dependent launch overlaps more (batch 8: 4 stages +3.0%, 6-8 stages +1.4%; docs/PERF.md)
 SPLIT8_STAGES = 4
+#: with ``split8``, the most tokens kernel.cu's bucket-8 variant keeps (measured with 1: batch 2 -10%, batch 4 -1%,
+#: batch 8 +2.5-3% on the skinny kernel, so it keeps up to 4; the skinny one takes 5-8)
+SPLIT8_ROWS = 4
 #: the kernel's weight formats by ``WB``: entry-name part and doc
 WB_NAMES = {2: "bf16", 1: "fp8w", 0: "nvfp4w"}
 WB_DOCS = {2: "", 1: ", e4m3 weights", 0: ", NVFP4 weights"}
@@ -223,17 +226,18 @@ def fused_skinny_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> 
 
 def mode() -> str:
     """``INGOT_GEMV_SKINNY``: ``on`` (unset or 1: buckets ``DEFAULT_BUCKETS`` on wide matrices), ``all`` (bucket 8
-    too), ``split8`` (bucket 8 too with ``SPLIT8_STAGES`` stages, M = 1 kept on kernel.cu: ``split8``), ``force``
-    (every bucket, any N: for tests on small models) or ``off`` (0)."""
+    too), ``split8`` (bucket 8 too with ``SPLIT8_STAGES`` stages, M <= ``SPLIT8_ROWS`` kept on kernel.cu:
+    ``split8``), ``force`` (every bucket, any N: for tests on small models) or ``off`` (0)."""
     return env_choice(ENV, {"": "on", "1": "on", "0": "off", "all": "all", "split8": "split8", "force": "force"},
                       "0, 1, all, split8 or force")
 
 
 def split8() -> bool:
-    """Whether bucket 8 of a wide matrix is split (``INGOT_GEMV_SKINNY=split8``, opt-in): kernel.cu's variant for a
-    single token (its decode fusions, the batch-1 step unchanged), the skinny kernel with ``SPLIT8_STAGES`` stages for
-    2-8 tokens (``rule.variants`` puts a variant of max rows 1 before bucket 8's). Measured on the H200 (docs/PERF.md,
-    nineteenth session): batch 1 unchanged, batch 2 -10%, batch 4 -1%, batch 8 +2.5-3%; so not the default.
+    """Whether bucket 8 of a wide matrix is split (``INGOT_GEMV_SKINNY=split8``, opt-in): kernel.cu's variant for up
+    to ``SPLIT8_ROWS`` tokens (its decode fusions, batches 1-4 unchanged), the skinny kernel with ``SPLIT8_STAGES``
+    stages for the rest of bucket 8 (``rule.variants`` puts a variant of max rows ``SPLIT8_ROWS`` before bucket 8's).
+    Measured on the H200 with kernel.cu for one token only (docs/PERF.md, nineteenth session): batch 1 unchanged,
+    batch 2 -10%, batch 4 -1%, batch 8 +2.5-3%; the split at 4 tokens is not yet measured, so not the default.
     (With the skinny kernel for all of bucket 8, 4 stages: batch 8 +3.0%, batch 1 -4.9%.)"""
     return mode() == "split8"
 
