@@ -1,4 +1,5 @@
-"""The wgmma skinny GEMM (``skinny.cu``): decode steps of 9-64 tokens on bf16 matrices on sm_90a.
+"""The wgmma skinny GEMM (``skinny.cu``): decode steps of 9-64 tokens on bf16 (and FP8 / NVFP4 weight-only) matrices
+on sm_90a.
 
 ``skinny.cu`` streams the weight through shared memory by TMA (a producer warp, ``stages`` stages of ``64 x
 warpgroups`` rows by 64 columns) and multiplies on the tensor cores with ``wgmma m64nMBk16`` (weights as A, the
@@ -33,7 +34,7 @@ Weight-only FP8 linears take the same variants at buckets 16-64 (``wb=1``: the e
 in registers as wgmma's A operand, x staged in f16; the template's header), except split-K with x streamed (down at
 64 tokens: 0.61x cuBLAS bf16 against kernel.cu's 0.76x), which stays kernel.cu's. Measured on the H200
 (``bench_skinny.py --fp8``, docs/PERF.md "Weight-only FP8 on the skinny GEMM"): gate_up at 16 / 32 / 64 tokens 12.1 /
-15.5 / 24.1 us against kernel.cu's 14.3 / 17.4 / 28.6; end to end (FP8 1B) batch 16 +10.3%, 32 +17.6%, 64 +6.5%.
+15.5 / 24.1 us against kernel.cu's 14.3 / 17.4 / 28.6; end to end (FP8 1B) batch 16 +10.3%, 32 +17.4%, 64 +7.3%.
 ``INGOT_GEMV_SKINNY_FP8=0`` keeps them on kernel.cu. Weight-only NVFP4 linears likewise with
 ``INGOT_GEMV_SKINNY_NVFP4=1`` (opt-in, written without a GPU to run it: ``wb=0``, the e2m1 codes and their block
 scales converted to f16 in registers as kernel.cu's NVFP4 variant does, x staged whole in their order), where x fits
@@ -52,7 +53,7 @@ any K fit; x is then read once per row tile (from L2) instead of once per CTA. `
 **The weight's tensor map** (``ingot_w_tma`` in the module; ``runtime/kv_tma.fill_w_tma``): one map per module views a
 region of device memory as rows of K weights and the kernel addresses its ``weight`` argument's rows from the
 region's base, so every weight the module is launched on must start a whole number of rows (``row_bytes``: ``K x 2``
-bytes, ``K`` with e4m3 codes) from it:
+bytes, ``K`` with e4m3 codes, ``K / 2`` with NVFP4 ones) from it:
 ``weight_pitches`` names those weights for the memory plan, which aligns their offsets so (``plan_memory``'s
 ``weight_align``), and ``CudaExecutor`` fills each such module's map over the whole weights region at load (the
 tests and benchmarks over the launch's own weight buffer).
