@@ -102,13 +102,17 @@ def fill_w_tma(module: Any, spec: Any, base: int, nbytes: int) -> None:
     of ``64 x (64 x WGS)`` with the 128-byte swizzle, zeros past the rows; with ``WB`` 1 as rows of K e4m3 codes, the
     box's 64-byte rows landing with the 64-byte swizzle (the kernel's lanes read them without bank conflicts); with
     ``WB`` 0 as rows of K / 2 bytes of NVFP4 codes, boxes of 32-byte rows landing densely."""
+    from ..codegen.kernels.gemv.skinny_rule import row_bytes, stage_row_bytes
+
     v = dict(spec.values)
     k, box_rows, wb = int(v["K"]), 64 * int(v["WGS"]), int(v.get("WB", 2))
-    pitch = k // 2 if wb == 0 else k * wb
+    pitch = row_bytes(v)
     rows = _region_rows(base, nbytes, pitch, f"weight (K {k}, {({2: 'bf16', 1: 'e4m3', 0: 'nvfp4'})[wb]})")
-    box = 32 if wb == 0 else 64
-    tmap = _encode_tiled(base, [pitch if wb != 2 else k, rows], [pitch], [box, box_rows], "weight",
-                         codes=0 if wb == 2 else box)
+    if wb == 2:  # bf16 elements
+        tmap = _encode_tiled(base, [k, rows], [pitch], [64, box_rows], "weight")
+    else:  # code bytes
+        box = stage_row_bytes(wb)
+        tmap = _encode_tiled(base, [pitch, rows], [pitch], [box, box_rows], "weight", codes=box)
     _write_global(module, W_SYMBOL, spec, tmap + struct.pack("<2Q", base, nbytes))
 
 

@@ -326,6 +326,20 @@ def quant_applies(op: Op, inputs: Sequence[TensorType | None], target: Target) -
     return QuantLinearShape(n, k, fmt, act, agran, bias is not None, res is not None)
 
 
+def _weight_only_variants(a: QuantLinearShape, target: Target, wb: int, skinny: bool) -> list[tuple[int, KernelSpec]]:
+    """kernel.cu's weight-only variants of ``a`` (``quant_applies``) with weights of ``wb`` (1: e4m3, ``WB_NVFP4``)
+    per bucket, the skinny GEMM's from bucket 16 on where it applies and ``skinny`` (``INGOT_GEMV_SKINNY_FP8`` /
+    ``INGOT_GEMV_SKINNY_NVFP4``; bucket 8 keeps kernel.cu and its decode fusions: no prologue on the quantized skinny
+    forms)."""
+    from . import skinny_rule
+
+    def variant(mb: int) -> KernelSpec:
+        spec = skinny_rule.rule_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=wb) if skinny and mb > 8 else None
+        return spec or gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=wb)
+
+    return [(mb, variant(mb)) for mb in BUCKETS]
+
+
 def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[tuple[int, KernelSpec]]:
     """(max rows, spec) per token bucket, smallest first; empty when ``quant.cu`` does not apply. FP8 weight-only
     buckets are ``kernel.cu``'s with ``INGOT_GEMV_FP8=kernel`` (``fp8_template``); with ``INGOT_GEMV_BULK=all``
@@ -334,7 +348,7 @@ def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) 
     a = quant_applies(op, inputs, target)
     if a is None:
         return []
-    from . import bulk_rule
+    from . import bulk_rule, skinny_rule
 
     if a.weight_format == "fp8" and a.act == "none":  # weight-only FP8: bulk.cu on request, else INGOT_GEMV_FP8's
         template = fp8_template()  # read (and checked) either way
@@ -343,25 +357,9 @@ def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) 
                      or quant_gemv_spec(a.n, a.k, mb, target, "fp8", "none", a.act_granularity, a.bias, a.residual))
                     for mb in BUCKETS]
         if template == "kernel.cu":
-            from . import skinny_rule
-
-            def fp8_variant(mb: int) -> KernelSpec:  # the skinny GEMM where it applies (INGOT_GEMV_SKINNY_FP8),
-                # from bucket 16 on (bucket 8 keeps kernel.cu and its decode fusions: no prologue on FP8 skinny)
-                skinny = (skinny_rule.rule_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)
-                          if skinny_rule.fp8_on() and mb > 8 else None)
-                return skinny or gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=1)
-
-            return [(mb, fp8_variant(mb)) for mb in BUCKETS]
+            return _weight_only_variants(a, target, 1, skinny_rule.fp8_on())
     if a.weight_format == "nvfp4" and nvfp4_template() == "kernel.cu":  # weight-only NVFP4 (quant_applies)
-        from . import skinny_rule
-
-        def nvfp4_variant(mb: int) -> KernelSpec:  # INGOT_GEMV_SKINNY_NVFP4=1 (opt-in): the skinny GEMM where it
-            # applies, from bucket 16 on (as FP8's)
-            skinny = (skinny_rule.rule_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=0)
-                      if skinny_rule.nvfp4_on() and mb > 8 else None)
-            return skinny or gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=WB_NVFP4)
-
-        return [(mb, nvfp4_variant(mb)) for mb in BUCKETS]
+        return _weight_only_variants(a, target, WB_NVFP4, skinny_rule.nvfp4_on())
     return [(mb, quant_gemv_spec(a.n, a.k, mb, target, a.weight_format, a.act, a.act_granularity, a.bias,
                                  a.residual)) for mb in BUCKETS]
 

@@ -120,6 +120,14 @@ __device__ __forceinline__ void sk_load_x_panel(unsigned dst, const bf16* __rest
   }
 }
 
+// WB 0 / 1: two bf16 values of x (a bf16x2 word) -> f16x2 times 2^-4, as x is staged for the f16 fragments (exact for
+// 2^-13 <= |x| < ~1e6; the epilogue multiplies by 16)
+__device__ __forceinline__ unsigned sk_x_f16(unsigned w) {
+  const float lo = __uint_as_float(w << 16) * 0.0625f, hi = __uint_as_float(w & 0xFFFF0000u) * 0.0625f;
+  unsigned f;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(f) : "f"(hi), "f"(lo));
+  return f;
+}
 // WB 1: two landed 16-byte chunks of a token row's 16-column block at a0, a1 -> f16 times 2^-4 (exact for 2^-13 <=
 // |x| < ~1e6; the epilogue multiplies by 16), the block's 4-byte pairs reordered to the weights' fragment order
 // (slot t + 4 h holds pair 2 t + h: the header)
@@ -130,10 +138,7 @@ __device__ __forceinline__ void sk_x_block_to_f16(unsigned a0, unsigned a1) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w[4]), "=r"(w[5]), "=r"(w[6]), "=r"(w[7]) : "r"(a1)
                : "memory");
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float lo = __uint_as_float(w[i] << 16) * 0.0625f, hi = __uint_as_float(w[i] & 0xFFFF0000u) * 0.0625f;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(f[i]) : "f"(hi), "f"(lo));
-  }
+  for (int i = 0; i < 8; ++i) f[i] = sk_x_f16(w[i]);
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a0), "r"(f[0]), "r"(f[2]), "r"(f[4]), "r"(f[6])
                : "memory");
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a1), "r"(f[1]), "r"(f[3]), "r"(f[5]), "r"(f[7])
@@ -177,10 +182,7 @@ __device__ __forceinline__ void sk_x_row_nvfp4(unsigned base, int r) {
                  : "=r"(w[4 * c]), "=r"(w[4 * c + 1]), "=r"(w[4 * c + 2]), "=r"(w[4 * c + 3])
                  : "r"(base + pw_off(r, c, MB)) : "memory");
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const float lo = __uint_as_float(w[i] << 16) * 0.0625f, hi = __uint_as_float(w[i] & 0xFFFF0000u) * 0.0625f;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(hi), "f"(lo));
-  }
+  for (int i = 0; i < 32; ++i) w[i] = sk_x_f16(w[i]);
 #pragma unroll
   for (int s2 = 0; s2 < 32; ++s2) {
     const int j = s2 >> 3, h = (s2 >> 2) & 1, t4 = s2 & 3;
@@ -359,16 +361,11 @@ ${PDL_WAIT}
       if (j < xsteps) sk_x_panel<true>(sx + j * XPANEL, x, M, kslice * KS + 64 * (j % KSTEPS), ct);
       att_commit();
     }
-  } else if constexpr (W4) {  // f16, in the NVFP4 fragments' order (this thread's panel rows, once landed)
-    for (int i = ct; i < MB * KSTEPS; i += 128 * WGS) {
-      const int r = i / KSTEPS, p = i % KSTEPS;
-      const bool ok = r < M;
-      const bf16* const src = x + (i64)r * K + kslice * KS + 64 * p;
-#pragma unroll
-      for (int c = 0; c < 8; ++c) att_cp16(sx + p * XPANEL + pw_off(r, c, MB), ok ? src + 8 * c : x, ok);
-    }
+  } else if constexpr (W4) {  // f16, in the NVFP4 fragments' order (whole panel rows, once everyone's copies landed)
+    for (int p = 0; p < KSTEPS; ++p) sk_load_x_panel(sx + p * XPANEL, x, M, kslice * KS + 64 * p, ct);
     att_commit();
     att_wait<0>();
+    sk_consumers_sync();
     for (int i = ct; i < MB * KSTEPS; i += 128 * WGS) sk_x_row_nvfp4(sx + (i % KSTEPS) * XPANEL, i / KSTEPS);
   } else if constexpr (WB == 1) {  // f16, in the fragment order (this thread's blocks, once landed)
     sk_x_blocks<KS, true>(sx, x, M, kslice * KS, ct);
@@ -561,6 +558,6 @@ ${PDL_WAIT}
       gemv_cluster_sync();
     }
   }
-  // the last stage read: released for symmetry (the producer is done; every phase completes; WB 1 released each)
+  // the last stage read: released for symmetry (the producer is done; every phase completes; WB 0 / 1 released each stage once read)
   if (WB == 2 && n > 0) pw_mbar_arrive(bars + 8 * (STAGES + (n + STAGES - 1) % STAGES));
 }

@@ -172,7 +172,9 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
     (``[M, n]``): added in the epilogue. ``x_stream``: x's 64-column panels streamed through a ring beside the
     weight stages (read once per row tile, from L2) instead of staged whole: 64 tokens without split-K (no
     prologue). ``wb=1``: a weight-only FP8 ``quantized_linear`` (e4m3 ``w[n, k]``, f32 ``weight_scale[n]``; its
-    inputs by name, ``rule.QUANT_PARAMS``), the codes turned into bf16 in shared memory (no prologue)."""
+    inputs by name, ``rule.QUANT_PARAMS``), ``wb=0`` a weight-only NVFP4 one (e2m1 codes ``u8[n, k / 2]``, e4m3 block
+    scales, the global scale; x staged whole, K slices of whole 256 columns): the codes turned into f16 A fragments in
+    registers, x staged in f16 in their order (no prologue; the template's header)."""
     pro = prologue or Prologue()
     if wb not in (0, 1, 2) or (wb != 2 and pro.kind != "none"):
         raise ValueError(f"skinny wgmma GEMM: wb must be 2 (bf16 weights), 1 (e4m3) or 0 (NVFP4; those two without a "
@@ -327,8 +329,7 @@ def row_bytes(values: Any) -> int:
     """A weight row's bytes for the variant of these spec ``values`` (pairs or a mapping): ``K x WB`` (``K / 2``
     with NVFP4 codes, ``WB`` 0)."""
     v = dict(values)
-    wb = int(v.get("WB", 2))
-    return int(v["K"]) // 2 if wb == 0 else int(v["K"]) * wb
+    return int(v["K"]) // 64 * stage_row_bytes(int(v.get("WB", 2)))
 
 
 def is_skinny(spec: KernelSpec) -> bool:
