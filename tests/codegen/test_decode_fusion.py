@@ -88,10 +88,10 @@ def _plan(g):
 
 
 def test_split_bucket_8_fuses_both_of_its_variants(tmp_path, monkeypatch):
-    """``INGOT_GEMV_SKINNY=split8``: a wide matrix's bucket 8 is two variants, kernel.cu's up to 4 tokens and the
-    skinny kernel's (4 stages) for 5-8; decode fusion gives both the rms_norm prologue and skips the norm up to 8
-    tokens."""
-    monkeypatch.setenv("INGOT_GEMV_SKINNY", "split8")
+    """By default (``INGOT_GEMV_SKINNY`` unset: ``split8``) a wide matrix's bucket 8 is two variants, kernel.cu's up to
+    4 tokens and the skinny kernel's (4 stages) for 5-8; decode fusion gives both the rms_norm prologue and skips the
+    norm up to 8 tokens."""
+    monkeypatch.delenv("INGOT_GEMV_SKINNY", raising=False)
     g = _lowered(tmp_path)
     launches, fusion = _plan(g)
     by_output = {launches[j][1].outputs[0].name: j for j in fusion.skips}
@@ -108,7 +108,9 @@ def test_split_bucket_8_fuses_both_of_its_variants(tmp_path, monkeypatch):
         assert fusion.skips[j][1] == 8 and [mr for mr, _, _ in fusion.variants[fusion.into[j]]] == list(BUCKETS)
 
 
-def test_a_llama_layer_fuses_both_norms_the_swiglu_and_the_final_norm(tmp_path):
+def test_a_llama_layer_fuses_both_norms_the_swiglu_and_the_final_norm(tmp_path, monkeypatch):
+    # bucket 8 whole on kernel.cu (the split bucket 8 of wide matrices: test_split_bucket_8_fuses_both_of_its_variants)
+    monkeypatch.setenv("INGOT_GEMV_SKINNY", "from16")
     g = _lowered(tmp_path)
     launches, fusion = _plan(g)
     plans = gemv_variant_plans(launches, H200)

@@ -72,8 +72,9 @@ def test_rule_persistent_on_wide_matrices_split_k_on_narrow_ones(monkeypatch):
     for var in (ENV, SPLITK_ENV, XS_ENV):
         monkeypatch.delenv(var, raising=False)
     # the 1B model's gate_up (128 row tiles on 132 SMs) and lm_head: the persistent kernel at buckets 16-64, x
-    # streamed at 64 (256 KB do not fit whole); bucket 8 keeps kernel.cu (its decode fusions)
-    wide = {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/xs"}
+    # streamed at 64 (256 KB do not fit whole); bucket 8 split: kernel.cu up to 4 tokens (its decode fusions), the
+    # persistent kernel for 5-8
+    wide = {4: "kernel.cu", 8: "skinny.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/xs"}
     for n in (16384, 128256):
         assert _variants(n, 2048) == wide
     assert _variants(16384, 2048, bias=True) == wide  # bias and residual in the epilogue
@@ -85,9 +86,9 @@ def test_rule_persistent_on_wide_matrices_split_k_on_narrow_ones(monkeypatch):
     assert set(_variants(3072, 2112).values()) == {"kernel.cu"}  # K (33 x 64) not a multiple of 4 x 64
     assert set(_variants(16384, 2048, target=B200).values()) == {"kernel.cu"}  # wgmma: sm_90a
     # K 4096: x of 32 tokens (256 KB) does not fit whole, 16 tokens does
-    assert _variants(16384, 4096) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu/xs", 64: "skinny.cu/xs"}
+    assert _variants(16384, 4096) == {**wide, 32: "skinny.cu/xs"}
     monkeypatch.setenv(XS_ENV, "0")  # x never streamed: what does not fit whole stays kernel.cu's
-    assert _variants(16384, 4096) == {8: "kernel.cu", 16: "skinny.cu", 32: "kernel.cu", 64: "kernel.cu"}
+    assert _variants(16384, 4096) == {**wide, 32: "kernel.cu", 64: "kernel.cu"}
     assert _variants(2048, 8192) == {**narrow, 64: "kernel.cu"} and _variants(16384, 2048) == {**wide, 64: "kernel.cu"}
     monkeypatch.setenv(XS_ENV, "yes")
     with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY_XS='yes': expected 0 or 1"):
@@ -102,14 +103,19 @@ def test_rule_persistent_on_wide_matrices_split_k_on_narrow_ones(monkeypatch):
     with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY_SPLITK='32,48': expected 0, 1 or buckets of"):
         _variants(3072, 2048)
     monkeypatch.delenv(SPLITK_ENV)
+    monkeypatch.setenv(ENV, "from16")  # bucket 8 all kernel.cu's
+    from16 = {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/xs"}
+    assert _variants(16384, 2048) == from16 and _variants(3072, 2048) == narrow
     monkeypatch.setenv(ENV, "all")
-    assert _variants(16384, 2048) == {**wide, 8: "skinny.cu"}
+    assert _variants(16384, 2048) == {**from16, 8: "skinny.cu"}
     assert _variants(3072, 2048) == narrow
     monkeypatch.setenv(ENV, "force")  # tests: the persistent kernel for any N at every bucket
     assert _variants(3072, 2048) == {8: "skinny.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/xs"}
     monkeypatch.setenv(ENV, "0")
     assert set(_variants(16384, 2048).values()) == set(_variants(3072, 2048).values()) == {"kernel.cu"}
-    monkeypatch.setenv(ENV, "split8")  # bucket 8 of wide matrices: kernel.cu up to 4 tokens, skinny for 5-8
+    for split8 in ("split8", "1"):  # (the default) bucket 8 of wide matrices: kernel.cu up to 4 tokens, skinny 5-8
+        monkeypatch.setenv(ENV, split8)
+        assert _variants(16384, 2048) == wide
     x, w = TensorType(DType.bf16, ("T", 2048)), TensorType(DType.bf16, (16384, 2048))
     split = gemv.variants(Linear(), [x, w], H200)
     assert [(mr, s.template) for mr, s in split[:2]] == [(4, "kernel.cu"), (8, "skinny.cu")]
@@ -117,7 +123,7 @@ def test_rule_persistent_on_wide_matrices_split_k_on_narrow_ones(monkeypatch):
     assert [(mr, s) for mr, s in split[2:]] == [(mb, s) for mb, s in gemv.variants(Linear(), [x, w], H200)[2:]]
     assert _variants(3072, 2048) == narrow  # narrow matrices: as by default
     monkeypatch.setenv(ENV, "wide")
-    with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY='wide': expected 0, 1, all, split8 or force"):
+    with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY='wide': expected 0, 1, split8, from16, all or force"):
         _variants(16384, 2048)
 
 
@@ -130,13 +136,14 @@ def test_stage_cap(monkeypatch):
         return {mb: dict(s.values)["STAGES"] for mb, s in gemv.variants(Linear(), [x, w], H200) if is_skinny(s)}
 
     monkeypatch.delenv(STAGES_ENV, raising=False)
-    assert stages() == {16: 8, 32: 6, 64: 8}  # 64: x streamed, 24 KB a stage
+    # 64: x streamed, 24 KB a stage; 8 (5-8 tokens of the split bucket): SPLIT8_STAGES
+    assert stages() == {8: 4, 16: 8, 32: 6, 64: 8}
     monkeypatch.setenv(STAGES_ENV, "4")
-    assert stages() == {16: 4, 32: 4, 64: 4}
+    assert stages() == {8: 4, 16: 4, 32: 4, 64: 4}
     monkeypatch.setenv(STAGES_ENV, "8")
-    assert stages() == {16: 8, 32: 6, 64: 8}  # no more than fit
+    assert stages() == {8: 4, 16: 8, 32: 6, 64: 8}  # no more than fit
     monkeypatch.setenv(STAGES_ENV, "12")  # e4m3 stages are half as large: up to 16
-    assert stages() == {16: 8, 32: 6, 64: 8}
+    assert stages() == {8: 4, 16: 8, 32: 6, 64: 8}
     for bad in ("1", "17", "four"):
         monkeypatch.setenv(STAGES_ENV, bad)
         with pytest.raises(ValueError, match=f"INGOT_GEMV_SKINNY_STAGES='{bad}': expected an integer from 2 to 16"):
@@ -268,7 +275,7 @@ def test_fp8_weights_variant(monkeypatch):
     assert templates(2048, 8192) == {8: "kernel.cu", 16: "skinny.cu/sk4", 32: "skinny.cu/sk4", 64: "kernel.cu"}
     monkeypatch.setenv(FP8_ENV, "1")
     assert templates(16384) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/xs"}
-    monkeypatch.setenv(ENV, "split8")  # bucket 8 stays kernel.cu's for FP8 weights (no prologue on their skinny form)
+    monkeypatch.setenv(ENV, "all")  # bucket 8 stays kernel.cu's for FP8 weights (no prologue on their skinny form)
     assert templates(16384) == {8: "kernel.cu", 16: "skinny.cu", 32: "skinny.cu", 64: "skinny.cu/xs"}
     monkeypatch.delenv(ENV)
     monkeypatch.setenv(FP8_ENV, "0")

@@ -417,9 +417,9 @@ def test_skinny_split_k_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_skinny_split_bucket_8_matches_cpu(gpu_target, tmp_path, monkeypatch):
-    """``INGOT_GEMV_SKINNY=split8`` (opt-in): the hidden-512 model's wide lm_head has kernel.cu's variant up to 4 tokens
-    and the skinny kernel's (4 stages, the final norm fused into both) for 5-8; steps of 8 to 1 sequences match the
-    CPU backend, the same bits with and without CUDA graphs."""
+    """``INGOT_GEMV_SKINNY=split8`` (the default, set here all the same): the hidden-512 model's wide lm_head has
+    kernel.cu's variant up to 4 tokens and the skinny kernel's (4 stages, the final norm fused into both) for 5-8;
+    steps of 8 to 1 sequences match the CPU backend, the same bits with and without CUDA graphs."""
     if gpu_target != "h200":
         pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
     for var in ("INGOT_GEMV_SKINNY_SPLITK", "INGOT_GEMV_BULK", "INGOT_GEMV_SKINNY_STAGES"):

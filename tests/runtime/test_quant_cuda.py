@@ -10,11 +10,13 @@ Steps over 3 sequences exercise every kernel path: a 310-token batched prefill (
 chunks, the one-split attention), mixed prefill/decode, then decode (the GEMV variants, split-KV attention with
 2 splits for the 300-token context), as plain launches and as CUDA graphs. The logits match relative to each
 step's largest logit (as ``tests/runtime/test_cuda_backend.py`` compares): weight-only formats within twice the
-bf16 rtol of ``tests/helpers.TOLERANCES``; with FP8 activations (and FP8 KV) within half an e4m3 ulp (2^-4),
-because a one-ulp bf16 difference in an activation (f32 summation order) moves its e4m3 code by a whole FP8
-step: on the CPU alone, only accumulating the matmuls in f64 moves the FP8 W8A8 logits by up to 2.4e-2 (the
-weight-only ones by 5e-3). Greedy tokens of 3 prompts equal the CPU's, a divergence accepted only where the
-CPU's top-2 logits are closer than the logits may differ.
+bf16 rtol of ``tests/helpers.TOLERANCES``; with FP8 activations (and FP8 KV) within one e4m3 ulp (2^-3),
+because a one-ulp bf16 difference in an activation (f32 summation order, where a kernel rounds) moves its e4m3 code
+by a whole FP8 step: on the CPU alone, accumulating the matmuls in f64 moves the FP8 W8A8 logits by up to 2.4e-2
+(the weight-only ones by 5e-3), and moving two thirds of the activations by one bf16 ulp before their quantizers
+moves them by 0.049-0.094 (8 input seeds, 3 draws each). The GPU measured 0.042-0.063 over the same 8 seeds (the
+twentieth session; half an e4m3 ulp, the bound before, failed one of them). Greedy tokens of 3 prompts equal the
+CPU's, a divergence accepted only where the CPU's top-2 logits are closer than the logits may differ.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from tests.helpers import TOLERANCES, rng
 from tests.runtime.serving_models import drive_steps
 
 #: the normalized logits error allowed, max |gpu - cpu| / max |cpu| (module docstring): weight-only formats (the
-#: bf16 bound test_cuda_backend uses), and with FP8 activations (half an e4m3 ulp, relative)
+#: bf16 bound test_cuda_backend uses), and with FP8 activations (an e4m3 ulp, relative: what one-ulp bf16 differences
+#: of the activations make on the CPU alone; layout or scale mistakes give errors of the logits' own size)
 TOL = 2 * TOLERANCES["bfloat16"][0]
-TOL_FP8_ACTIVATIONS = 2.0**-4
-#: W4A4 (b200): the same argument with E2M1 activation codes (one mantissa bit): half an e2m1 ulp, relative. A guess
+TOL_FP8_ACTIVATIONS = 2.0**-3
+#: W4A4 (b200), E2M1 activation codes (one mantissa bit): half an e2m1 ulp, relative. A guess
 #: until the first B200 run measures it; layout or scale mistakes give errors of the logits' own size
 TOL_FP4_ACTIVATIONS = 2.0**-2
 GPU_CASES = {**CASES, "fp8-wo": {"default": "fp8:wo"}}

@@ -1,4 +1,4 @@
-"""The wgmma skinny GEMM (``skinny.cu``): decode steps of 9-64 tokens on bf16 (and FP8 / NVFP4 weight-only) matrices
+"""The wgmma skinny GEMM (``skinny.cu``): decode steps of 5-64 tokens on bf16 (and FP8 / NVFP4 weight-only) matrices
 on sm_90a.
 
 ``skinny.cu`` streams the weight through shared memory by TMA (a producer warp, ``stages`` stages of ``64 x
@@ -24,11 +24,14 @@ compile time): ``rule.variants`` makes a ``linear``'s variant of a token bucket 
   0.65x), down 2048 x 8192 at 32 0.92x (0.82x); at 16 tokens 1.02-1.23x, about kernel.cu's. End to end (BF16 1B)
   against ``INGOT_GEMV_SKINNY_SPLITK=0``: batch 16 +5.5%, 32 +19.4%, 64 +4.9%.
 
-Bias and residual are added in the epilogue (o and down carry the residual stream). Bucket 8 stays kernel.cu's
-(measured: with the rms_norm prologue here too, batch 1 3% slower, batch 8 1.4% faster; docs/PERF.md; its decode
-fusions). ``INGOT_GEMV_BULK``, an opt-in, takes precedence where it gives a bucket ``bulk.cu``.
-``INGOT_GEMV_SKINNY``: ``all``: bucket 8 of wide matrices too; ``force``: the persistent kernel at every bucket for
-any N (tests: small models' matrices); ``0``: never. ``INGOT_GEMV_SKINNY_SPLITK``: the split-K buckets (``0``: none,
+Bias and residual are added in the epilogue (o and down carry the residual stream). Bucket 8 of a wide matrix is
+split (``split8``): up to ``SPLIT8_ROWS`` (4) tokens keep kernel.cu's variant and its decode fusions, 5-8 tokens take
+this template's with ``SPLIT8_STAGES`` (4) stages, which leave shared memory for the previous kernel's CTAs so
+programmatic dependent launch overlaps them (measured: batch 6 / 8 +2.5-3%, batches 1-4 unchanged; all of bucket 8
+here, with the rms_norm prologue, made batch 1 3-5% slower). ``INGOT_GEMV_BULK``, an opt-in, takes precedence where
+it gives a bucket ``bulk.cu``. ``INGOT_GEMV_SKINNY``: ``from16``: bucket 8 all kernel.cu's; ``all``: all of bucket 8
+of wide matrices here; ``force``: the persistent kernel at every bucket for any N (tests: small models' matrices);
+``0``: never. ``INGOT_GEMV_SKINNY_SPLITK``: the split-K buckets (``0``: none,
 ``32,64``: those). ``INGOT_GEMV_SKINNY_XS=0``: x never streamed (what does not fit staged stays kernel.cu's).
 Weight-only FP8 linears take the same variants at buckets 16-64 (``wb=1``: the e4m3 codes by TMA, converted to f16
 in registers as wgmma's A operand, x staged in f16; the template's header), except split-K with x streamed (down at
@@ -36,9 +39,11 @@ in registers as wgmma's A operand, x staged in f16; the template's header), exce
 (``bench_skinny.py --fp8``, docs/PERF.md "Weight-only FP8 on the skinny GEMM"): gate_up at 16 / 32 / 64 tokens 12.1 /
 15.5 / 24.1 us against kernel.cu's 14.3 / 17.4 / 28.6; end to end (FP8 1B) batch 16 +10.3%, 32 +17.4%, 64 +7.3%.
 ``INGOT_GEMV_SKINNY_FP8=0`` keeps them on kernel.cu. Weight-only NVFP4 linears likewise with
-``INGOT_GEMV_SKINNY_NVFP4=1`` (opt-in, written without a GPU to run it: ``wb=0``, the e2m1 codes and their block
-scales converted to f16 in registers as kernel.cu's NVFP4 variant does, x staged whole in their order), where x fits
-whole and K slices are whole 256-column groups of scales (else kernel.cu's).
+``INGOT_GEMV_SKINNY_NVFP4=1`` (opt-in: ``wb=0``, the e2m1 codes and their block scales converted to f16 in registers
+as kernel.cu's NVFP4 variant does, x staged whole in their order), where x fits whole and K slices are whole
+256-column groups of scales (else kernel.cu's). Correct on the H200 but slower than kernel.cu's NVFP4 variants on
+every 1B shape at 16-64 tokens (``bench_skinny.py --nvfp4``: 0.30-1.20x cuBLAS bf16 against kernel.cu's 0.44-1.38x;
+the e2m1 conversion, about 120 instructions a 4 KB stage, bounds it), so not the default.
 ``rule.fused_spec`` makes a persistent variant's rms_norm prologue (decode fusion; ``fused_skinny_spec``), as
 kernel.cu's.
 
@@ -112,8 +117,8 @@ MIN_STAGES = 4
 #: weight stages of bucket 8's skinny variant with ``split8``: fewer leave shared memory for the previous kernel's
 #: CTAs, so programmatic dependent launch overlaps more (batch 8: 4 stages +3.0%, 6-8 stages +1.4%; docs/PERF.md)
 SPLIT8_STAGES = 4
-#: with ``split8``, the most tokens kernel.cu's bucket-8 variant keeps (measured with 1: batch 2 -10%, batch 4 -1%,
-#: batch 8 +2.5-3% on the skinny kernel, so it keeps up to 4; the skinny one takes 5-8)
+#: with ``split8``, the most tokens kernel.cu's bucket-8 variant keeps (measured with 1: batch 2 -10%, batch 4 -1% on
+#: the skinny kernel; with 4: batch 1 and 4 unchanged, 6 and 8 +2.5-3%)
 SPLIT8_ROWS = 4
 #: the kernel's weight formats by ``WB``: entry-name part and doc
 WB_NAMES = {2: "bf16", 1: "fp8w", 0: "nvfp4w"}
@@ -228,20 +233,22 @@ def fused_skinny_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> 
 
 
 def mode() -> str:
-    """``INGOT_GEMV_SKINNY``: ``on`` (unset or 1: buckets ``DEFAULT_BUCKETS`` on wide matrices), ``all`` (bucket 8
-    too), ``split8`` (bucket 8 too with ``SPLIT8_STAGES`` stages, M <= ``SPLIT8_ROWS`` kept on kernel.cu:
-    ``split8``), ``force`` (every bucket, any N: for tests on small models) or ``off`` (0)."""
-    return env_choice(ENV, {"": "on", "1": "on", "0": "off", "all": "all", "split8": "split8", "force": "force"},
-                      "0, 1, all, split8 or force")
+    """``INGOT_GEMV_SKINNY``: ``split8`` (unset, 1 or ``split8``: buckets ``DEFAULT_BUCKETS`` on wide matrices, and
+    bucket 8 of wide matrices split: kernel.cu's variant up to ``SPLIT8_ROWS`` tokens, this template's with
+    ``SPLIT8_STAGES`` stages for the rest), ``on`` (``from16``: buckets ``DEFAULT_BUCKETS`` only), ``all`` (bucket 8
+    whole too), ``force`` (every bucket, any N: for tests on small models) or ``off`` (0)."""
+    return env_choice(ENV, {"": "split8", "1": "split8", "split8": "split8", "from16": "on", "0": "off", "all": "all",
+                            "force": "force"}, "0, 1, split8, from16, all or force")
 
 
 def split8() -> bool:
-    """Whether bucket 8 of a wide matrix is split (``INGOT_GEMV_SKINNY=split8``, opt-in): kernel.cu's variant for up
-    to ``SPLIT8_ROWS`` tokens (its decode fusions, batches 1-4 unchanged), the skinny kernel with ``SPLIT8_STAGES``
-    stages for the rest of bucket 8 (``rule.variants`` puts a variant of max rows ``SPLIT8_ROWS`` before bucket 8's).
-    Measured on the H200 with kernel.cu for one token only (docs/PERF.md, nineteenth session): batch 1 unchanged,
-    batch 2 -10%, batch 4 -1%, batch 8 +2.5-3%; the split at 4 tokens is not yet measured, so not the default.
-    (With the skinny kernel for all of bucket 8, 4 stages: batch 8 +3.0%, batch 1 -4.9%.)"""
+    """Whether bucket 8 of a wide matrix is split (the default; ``INGOT_GEMV_SKINNY=from16`` keeps all of it on
+    kernel.cu): kernel.cu's variant for up to ``SPLIT8_ROWS`` tokens (its decode fusions; batches 1-4 unchanged), the
+    skinny kernel with ``SPLIT8_STAGES`` stages for the rest of bucket 8 (``rule.variants`` puts a variant of max rows
+    ``SPLIT8_ROWS`` before bucket 8's). Measured on the H200 (docs/PERF.md, twentieth session): batch 1 and 4
+    unchanged, batch 6 +2.5%, batch 8 +2.5-3.0%; at 8 tokens gate_up 1.06x and lm_head 1.03x cuBLAS (kernel.cu 0.92x /
+    0.97x). (With kernel.cu for one token only: batch 2 -10%; with the skinny kernel for all of bucket 8: batch 1
+    -4.9%.)"""
     return mode() == "split8"
 
 
@@ -270,7 +277,8 @@ def fp8_on() -> bool:
 
 
 def nvfp4_on() -> bool:
-    """``INGOT_GEMV_SKINNY_NVFP4``: whether weight-only NVFP4 linears take skinny variants (1; unset or 0: no)."""
+    """``INGOT_GEMV_SKINNY_NVFP4``: whether weight-only NVFP4 linears take skinny variants (1; unset or 0: no; slower
+    than kernel.cu's on the H200, the module docstring)."""
     return env_choice(NVFP4_ENV, {"": False, "0": False, "1": True}, "0 or 1")
 
 
