@@ -388,8 +388,8 @@ def test_skinny_split_k_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
     """The skinny GEMM's split-K variants as the default rule makes them (``skinny_rule.choice``): a 2-layer model of
     hidden 512 (K a multiple of 4 x 64), whose qkv, o, gate_up and down are narrow (split-K over 4 CTAs at buckets
     16-64; o and down add the residual stream in the epilogue) and whose lm_head is wide (the persistent kernel at
-    16-64). Decode steps of 40, 24, 12 and 3 sequences (buckets 64, 32, 16, 8) match the CPU backend within bf16
-    tolerance, the same bits with and without CUDA graphs."""
+    16-64, and for 5-8 tokens of the split bucket 8). Decode steps of 40, 24, 12 and 3 sequences (buckets 64, 32, 16,
+    8) match the CPU backend within bf16 tolerance, the same bits with and without CUDA graphs."""
 
     if gpu_target != "h200":
         pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
@@ -409,8 +409,9 @@ def test_skinny_split_k_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
                 split[v["max_rows"]] += 1
                 residual[v["max_rows"]] += bool(values[v["kernel"]]["HAS_RESIDUAL"])
     assert split == {16: 8, 32: 8, 64: 8} and residual == {16: 4, 32: 4, 64: 4}, (split, residual)
-    # the lm_head's (x of 64 tokens at K = 512 fits whole)
-    assert sorted((v["MB"], v["XS"]) for v in values.values() if v["SPLITK"] == 1) == [(16, 0), (32, 0), (64, 0)]
+    # the lm_head's (x of 64 tokens at K = 512 fits whole; bucket 8's for 5-8 tokens, the split bucket 8)
+    lm_head = sorted((v["MB"], v["XS"]) for v in values.values() if v["SPLITK"] == 1)
+    assert lm_head == [(mb, 0) for mb in (8, 16, 32, 64)], lm_head
     REPORT["skinny_split_k"] = _steps_match_cpu(ckpt, gpu, tmp_path, 7, cfg["vocab_size"], lambda s: 2 + s % 4,
                                                 (40, 40, 24, 12, 3))
 
@@ -454,8 +455,9 @@ def _skinny_formats(artifact: Path) -> Counter:
 def test_skinny_fp8_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
     """Weight-only FP8 on the skinny GEMM (the default): the hidden-512 model quantized ``fp8:wo``, its qkv, o,
     gate_up and down split-K over 4 CTAs at buckets 16-64 with e4m3 codes converted to f16 in registers and x staged
-    in f16 (the lm_head stays bf16, persistent); decode steps of 40, 24, 12 and 3 sequences match the CPU
-    backend's emulation of the same quantized model within bf16 tolerance, the same bits with and without graphs."""
+    in f16 (the lm_head stays bf16, persistent, from 5 tokens: the split bucket 8); decode steps of 40, 24, 12 and 3
+    sequences match the CPU backend's emulation of the same quantized model within bf16 tolerance, the same bits with
+    and without graphs."""
     if gpu_target != "h200":
         pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
     for var in ("INGOT_GEMV_SKINNY", "INGOT_GEMV_SKINNY_SPLITK", "INGOT_GEMV_BULK", "INGOT_GEMV_FP8",
@@ -467,7 +469,7 @@ def test_skinny_fp8_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
     quant = {"quant_config": {"default": "fp8:wo"}}
     gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot", **quant)
     wb = _skinny_formats(gpu)
-    assert wb == {(mb, 1): 8 for mb in (16, 32, 64)} | {(mb, 2): 1 for mb in (16, 32, 64)}, wb
+    assert wb == {(mb, 1): 8 for mb in (16, 32, 64)} | {(mb, 2): 1 for mb in (8, 16, 32, 64)}, wb
     REPORT["skinny_fp8"] = _steps_match_cpu(ckpt, gpu, tmp_path, 9, cfg["vocab_size"], lambda s: 2 + s % 4,
                                             (40, 40, 24, 12, 3), **quant)
 
@@ -476,8 +478,9 @@ def test_skinny_fp8_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
 def test_skinny_nvfp4_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
     """Weight-only NVFP4 on the skinny GEMM (``INGOT_GEMV_SKINNY_NVFP4=1``, opt-in): a hidden-1024 model (K slices of
     whole 256-column scale groups) quantized ``nvfp4:wo``, its qkv, o, gate_up and down split-K over 4 CTAs at buckets
-    16-64 with e2m1 codes and block scales converted to f16 in registers (the lm_head stays bf16); decode steps of 40,
-    24, 12 and 3 sequences match the CPU backend's emulation of the same quantized model, with and without graphs."""
+    16-64 with e2m1 codes and block scales converted to f16 in registers (the lm_head stays bf16, on the bf16 skinny
+    GEMM from 5 tokens); decode steps of 40, 24, 12 and 3 sequences match the CPU backend's emulation of the same
+    quantized model, with and without graphs."""
     if gpu_target != "h200":
         pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
     for var in ("INGOT_GEMV_SKINNY", "INGOT_GEMV_SKINNY_SPLITK", "INGOT_GEMV_BULK", "INGOT_GEMV_NVFP4"):
@@ -490,7 +493,7 @@ def test_skinny_nvfp4_weights_match_cpu(gpu_target, tmp_path, monkeypatch):
     gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot", **quant)
     monkeypatch.delenv("INGOT_GEMV_SKINNY_NVFP4")
     wb = _skinny_formats(gpu)
-    assert wb == {(mb, 0): 8 for mb in (16, 32, 64)} | {(mb, 2): 1 for mb in (16, 32, 64)}, wb
+    assert wb == {(mb, 0): 8 for mb in (16, 32, 64)} | {(mb, 2): 1 for mb in (8, 16, 32, 64)}, wb
     REPORT["skinny_nvfp4"] = _steps_match_cpu(ckpt, gpu, tmp_path, 10, cfg["vocab_size"], lambda s: 2 + s % 4,
                                               (40, 40, 24, 12, 3), **quant)
 
