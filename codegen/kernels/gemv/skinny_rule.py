@@ -41,9 +41,10 @@ in registers as wgmma's A operand, x staged in f16; the template's header), exce
 ``INGOT_GEMV_SKINNY_FP8=0`` keeps them on kernel.cu. Weight-only NVFP4 linears likewise with
 ``INGOT_GEMV_SKINNY_NVFP4=1`` (opt-in: ``wb=0``, the e2m1 codes and their block scales converted to f16 in registers
 as kernel.cu's NVFP4 variant does, x staged whole in their order), where x fits whole and K slices are whole
-256-column groups of scales (else kernel.cu's). Correct on the H200 but slower than kernel.cu's NVFP4 variants on
-every 1B shape at 16-64 tokens (``bench_skinny.py --nvfp4``: 0.30-1.20x cuBLAS bf16 against kernel.cu's 0.44-1.38x;
-the e2m1 conversion, about 120 instructions a 4 KB stage, bounds it), so not the default.
+256-column groups of scales (else kernel.cu's). Correct on the H200 but bound by the e2m1 conversion (about 120
+instructions a 4 KB stage): gate_up and down 1.4-2x slower than kernel.cu's NVFP4 variants, split-K on qkv / o 4-23%
+faster at 32 / 64 tokens, still 0.55-0.79x cuBLAS bf16 (``bench_skinny.py --nvfp4``, docs/PERF.md twentieth
+session), so not the default.
 ``rule.fused_spec`` makes a persistent variant's rms_norm prologue (decode fusion; ``fused_skinny_spec``), as
 kernel.cu's.
 
@@ -246,8 +247,8 @@ def split8() -> bool:
     kernel.cu): kernel.cu's variant for up to ``SPLIT8_ROWS`` tokens (its decode fusions; batches 1-4 unchanged), the
     skinny kernel with ``SPLIT8_STAGES`` stages for the rest of bucket 8 (``rule.variants`` puts a variant of max rows
     ``SPLIT8_ROWS`` before bucket 8's). Measured on the H200 (docs/PERF.md, twentieth session): batch 1 and 4
-    unchanged, batch 6 +2.5%, batch 8 +2.5-3.0%; at 8 tokens gate_up 1.06x and lm_head 1.03x cuBLAS (kernel.cu 0.92x /
-    0.97x). (With kernel.cu for one token only: batch 2 -10%; with the skinny kernel for all of bucket 8: batch 1
+    unchanged, batch 6 +2.5%, batch 8 +2.5-3.0%; at 8 tokens gate_up 1.00x and lm_head 1.02x cuBLAS with 4 stages
+    (1.06x / 1.03x with as many as fit; kernel.cu 0.92x / 0.97x). (With kernel.cu for one token only: batch 2 -10%; with the skinny kernel for all of bucket 8: batch 1
     -4.9%.)"""
     return mode() == "split8"
 
