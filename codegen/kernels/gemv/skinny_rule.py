@@ -248,8 +248,8 @@ def split8() -> bool:
     skinny kernel with ``SPLIT8_STAGES`` stages for the rest of bucket 8 (``rule.variants`` puts a variant of max rows
     ``SPLIT8_ROWS`` before bucket 8's). Measured on the H200 (docs/PERF.md, twentieth session): batch 1 and 4
     unchanged, batch 6 +2.5%, batch 8 +2.5-3.0%; at 8 tokens gate_up 1.00x and lm_head 1.02x cuBLAS with 4 stages
-    (1.06x / 1.03x with as many as fit; kernel.cu 0.92x / 0.97x). (With kernel.cu for one token only: batch 2 -10%; with the skinny kernel for all of bucket 8: batch 1
-    -4.9%.)"""
+    (1.06x / 1.03x with as many as fit; kernel.cu 0.92x / 0.97x). (With kernel.cu for one token only: batch 2 -10%;
+    with the skinny kernel for all of bucket 8: batch 1 -4.9%.)"""
     return mode() == "split8"
 
 
