@@ -10,6 +10,9 @@
                                                            # quant.cu's row groups (opt-in) beside kw1 rows
     python bench/bench_gemv_quant.py --sweep-kw --shapes "3072,2048;2048,2048" --m 1 8
                                                            # also other row-group configurations (kwarps)
+    python bench/bench_gemv_quant.py --kernel --sweep-kernel --formats nvfp4-w4a16 --m 16 32
+                                                           # also kernel.cu's other shapes and split-Ks
+                                                           # (warps x steps x splits, cluster where it fits)
     python bench/bench_gemv_quant.py --dry-run --m 1 8     # CPU: print and compile the configurations, no GPU
 
 Formats: ``fp8-w8a16`` (FP8 weights, per-channel scales, bf16 activations), ``fp8-w8a8`` (plus per-token
@@ -140,6 +143,40 @@ def dequant(fmt: str, wq: dict, k: int):
     return v.reshape(b.shape[0], k) * wq["weight_scale_2"]
 
 
+#: --sweep-kernel: kernel.cu's (warps, steps a stage) shapes, each with these split-K counts, reduced in a cluster
+#: where that fits and through the workspace
+KERNEL_SWEEP_SHAPES = ((4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4))
+KERNEL_SWEEP_SPLITS = (1, 2, 4, 8, 16)
+
+
+def kernel_configs(n: int, k: int, mb: int, wb: int) -> list:
+    """(name, GemvConfig) of kernel.cu for ``--sweep-kernel``: the rule's, then ``KERNEL_SWEEP_SHAPES`` x
+    ``KERNEL_SWEEP_SPLITS`` without row groups, each reduced in a cluster (where ``cluster_fits``) and through the
+    workspace; duplicates and grids of fewer than 32 or more than 8 CTAs an SM skipped."""
+    import dataclasses
+
+    from ingot.codegen.kernels.gemv.rule import cluster_fits, gemv_config
+
+    base = gemv_config(n, k, mb, 132, wb=wb)
+    out, seen = [("kernel", base)], {base}
+    for warps, u in KERNEL_SWEEP_SHAPES:
+        for sk in KERNEL_SWEEP_SPLITS:
+            try:
+                c = gemv_config(n, k, mb, 132, warps=warps, tiles=1, stage_steps=u, splitk=sk, kwarps=1, wb=wb,
+                                cluster=False)
+            except ValueError:
+                continue
+            ctas = -(-n // (16 * warps)) * c.splitk
+            if c.splitk != sk or not 32 <= ctas <= 8 * 132:
+                continue
+            for cl in ((True, False) if cluster_fits(mb, c, wb) else (False,)):
+                v = dataclasses.replace(c, cluster=cl)
+                if v not in seen:
+                    seen.add(v)
+                    out.append((f"kernel w{warps} u{u} sk{v.splitk}" + (" cl" if cl else ""), v))
+    return out
+
+
 #: --sweep-kw: (warps, tiles, steps a stage, warps a row group), each with split-K 1 and 2
 KW_SWEEP = ((4, 1, 8, 4), (4, 1, 8, 2), (4, 1, 4, 4), (8, 1, 4, 8), (8, 1, 4, 4), (8, 2, 2, 8))
 
@@ -168,7 +205,8 @@ def configs(n: int, k: int, mb: int, wfmt: str, act: str, sweep_kw: bool = False
     return out
 
 
-def dry_run(shapes, ms: list[int], fmts: list[str], tgt, sweep_kw: bool, kernel: bool = False) -> None:
+def dry_run(shapes, ms: list[int], fmts: list[str], tgt, sweep_kw: bool, kernel: bool = False,
+            sweep_kernel: bool = False) -> None:
     """CPU: each configuration the bench would time, its spec built and compiled (no GPU, no torch)."""
     from ingot.codegen.compile import compile_spec
     from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec
@@ -182,7 +220,9 @@ def dry_run(shapes, ms: list[int], fmts: list[str], tgt, sweep_kw: bool, kernel:
                 todo = [(cname, quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token", config=cfg))
                         for cname, cfg in configs(n, k, mb, wfmt, act, sweep_kw)]
                 if kernel and label in KERNEL_WB:
-                    todo.append(("kernel", gemv_spec(n, k, mb, tgt, wb=KERNEL_WB[label])))
+                    todo += ([(cname, gemv_spec(n, k, mb, tgt, config=cfg, wb=KERNEL_WB[label]))
+                              for cname, cfg in kernel_configs(n, k, mb, KERNEL_WB[label])] if sweep_kernel
+                             else [("kernel", gemv_spec(n, k, mb, tgt, wb=KERNEL_WB[label]))])
                 for cname, spec in todo:
                     compile_spec(spec)
                     print(f"{name:>8} {n:>6}x{k:<5} M={m:<3} {label:<12} {cname:<22} {spec.doc} "
@@ -201,7 +241,7 @@ def quantize_x(x):
 
 def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launches: int, reps: int, gen, tgt,
                 emit, pdl: bool = True, bulk: bool = False, sweep_kw: bool = False,
-                kernel: bool = False) -> list[dict]:
+                kernel: bool = False, sweep_kernel: bool = False) -> list[dict]:
     import torch
 
     from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec, weight_bytes_per_row
@@ -245,8 +285,13 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
             if kernel and label in KERNEL_WB:
                 from ingot.codegen.kernels.gemv.rule import gemv_spec
 
-                kspec = gemv_spec(n, k, mb, tgt, wb=KERNEL_WB[label])
-                todo.append((label + "-kernel", "kernel", kspec.value("KW"), kspec))
+                if sweep_kernel:
+                    for cname, cfg in kernel_configs(n, k, mb, KERNEL_WB[label]):
+                        kspec = gemv_spec(n, k, mb, tgt, config=cfg, wb=KERNEL_WB[label])
+                        todo.append((f"{label}-{cname}".replace(" ", "-"), cname, kspec.value("KW"), kspec))
+                else:
+                    kspec = gemv_spec(n, k, mb, tgt, wb=KERNEL_WB[label])
+                    todo.append((label + "-kernel", "kernel", kspec.value("KW"), kspec))
             for variant, cname, kw, spec in todo:
                 kern = SpecKernel(spec)
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -308,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="plain launches only (default: programmatic dependent launch as the runtime, plain beside)")
     ap.add_argument("--sweep-kw", action="store_true",
                     help="also other row-group configurations (warps sharing a CTA's rows, splitting its K slice)")
+    ap.add_argument("--sweep-kernel", action="store_true",
+                    help="with --kernel: kernel.cu's variants over warps / stage / split-K / cluster configurations "
+                         "(KERNEL_SWEEP_SHAPES x KERNEL_SWEEP_SPLITS) instead of the rule's alone")
     ap.add_argument("--dry-run", action="store_true",
                     help="print and compile each configuration that would be timed (no GPU, no torch), then exit")
     a = ap.parse_args(argv)
@@ -316,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     tgt = get_target("h200")
     shapes = ([(*(int(v) for v in s.split(",")), s) for s in a.shapes.split(";")] if a.shapes else SHAPES)
     if a.dry_run:
-        dry_run(shapes, a.m, a.formats, tgt, a.sweep_kw, a.kernel)
+        dry_run(shapes, a.m, a.formats, tgt, a.sweep_kw, a.kernel, a.sweep_kernel)
         return 0
     import torch
 
@@ -329,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for n, k, name in shapes:
         rows += bench_shape(n, k, name, a.m, a.formats, a.launches, a.reps, gen, tgt, emit, a.pdl, a.bulk,
-                            a.sweep_kw, a.kernel)
+                            a.sweep_kw, a.kernel, a.sweep_kernel)
         torch.cuda.empty_cache()
     print("\nsummary: ingot TB/s of weight bytes (fraction of 4.19) | _scaled_mm fp8 TB/s | bf16 matmul TB/s")
     for r in rows:

@@ -15,11 +15,14 @@ from ingot.codegen.kernels.gemv.rule import (
     CLUSTER_ENV,
     CLUSTER_MAX,
     CLUSTER_SHAPE,
+    CLUSTER_SHAPE_ENV,
+    CLUSTER_SHAPE_NVFP4,
     CLUSTER_SMEM,
     KW_ENV,
     SHAPE_BY_BUCKET,
     WB_NAMES,
     WB_NVFP4,
+    WB_STEP_COLS,
     GemvConfig,
     Prologue,
     RopeEpilogue,
@@ -91,6 +94,44 @@ def test_cluster_shape_at_32_tokens():
     for shape in (DOWN, GATE_UP, LM_HEAD):
         cfg = gemv_config(*shape, 32, H200.num_sms)
         assert not cfg.cluster and (cfg.warps, cfg.stage_steps) != (warps, steps), (shape, cfg)
+
+
+@pytest.mark.parametrize("mb, qkv_split, o_split", [(16, 8, 8), (32, 4, 8), (64, 8, 8)])
+def test_nvfp4_cluster_shape(mb, qkv_split, o_split):
+    """NVFP4 qkv and o at 16-64 tokens (``CLUSTER_SHAPE_NVFP4``): 128-row CTAs of 2-step (256-column) stages, split-K
+    doubled while the grid has fewer than ``per_sm`` CTAs an SM, down to one stage a slice (at 32 tokens qkv 24 row
+    blocks x 4 slices of 512, o 16 x 8 of 256), in clusters; the bucket's own shape split them 2 x 1024 at 32. gate_up
+    and the lm_head, which need no split for the CTAs, keep the bucket's configuration (at 64 tokens they split for x's
+    shared memory alone); down keeps it where its cluster would be too large (32 and 64 tokens)."""
+    warps, tiles, steps, per_sm = CLUSTER_SHAPE_NVFP4[mb]
+    stage = WB_STEP_COLS[WB_NVFP4] * steps
+    for shape, splitk in ((QKV, qkv_split), (O, o_split)):
+        cfg = gemv_config(*shape, mb, H200.num_sms, wb=WB_NVFP4)
+        assert (cfg.warps, cfg.tiles, cfg.stage_steps, cfg.splitk, cfg.cluster) == \
+            (warps, tiles, steps, splitk, True), (shape, cfg)
+        blocks = -(-shape[0] // cfg.rows)
+        # the fewest slices that reach per_sm CTAs an SM (half as many would not), or the most a cluster takes
+        assert blocks * splitk >= per_sm * H200.num_sms > blocks * splitk // 2 or splitk == CLUSTER_MAX
+        assert cfg.slice_k == shape[1] // splitk and cfg.slice_k % stage == 0
+        assert cluster_fits(mb, cfg, WB_NVFP4)
+    for shape in (GATE_UP, LM_HEAD) + ((DOWN,) if mb > 16 else ()):
+        cfg = gemv_config(*shape, mb, H200.num_sms, wb=WB_NVFP4)
+        assert (cfg.warps, cfg.stage_steps) != (warps, steps) or cfg.tiles != tiles, (shape, cfg)
+    # bucket 8 keeps its shape (row groups)
+    assert gemv_config(*QKV, 8, H200.num_sms, wb=WB_NVFP4).kwarps > 1
+
+
+def test_cluster_shape_switch(monkeypatch):
+    """``INGOT_GEMV_CLUSTER_SHAPE=0``: the bucket's own shape (still in a cluster where it splits), for bf16 and NVFP4
+    weights alike; an unknown value is an error that names the variable."""
+    on = {wb: gemv_config(*QKV, 32, H200.num_sms, wb=wb) for wb in (2, WB_NVFP4)}
+    monkeypatch.setenv(CLUSTER_SHAPE_ENV, "0")
+    for wb in (2, WB_NVFP4):
+        off = gemv_config(*QKV, 32, H200.num_sms, wb=wb)
+        assert off != on[wb] and (off.warps, off.stage_steps) == SHAPE_BY_BUCKET[32][::2] and off.cluster, off
+    monkeypatch.setenv(CLUSTER_SHAPE_ENV, "no")
+    with pytest.raises(ValueError, match=CLUSTER_SHAPE_ENV):
+        gemv_config(*QKV, 32, H200.num_sms)
 
 
 def test_off_is_the_workspace_rule_with_row_groups(monkeypatch):

@@ -30,9 +30,10 @@ their partial tiles through distributed shared memory, in slice order (bit for b
 instead of a global workspace, a fence, an atomic counter and the last CTA reading every slice's partials from L2.
 The rule takes it where ``cluster_fits`` and the cluster's x slices take at most ``CLUSTER_SMEM`` together (8 CTAs of
 67 KB and more measured slower: a cluster's CTAs are placed in one GPC at once); with it the row groups go (but for
-NVFP4 weights) and the small matrices at 32 tokens take ``CLUSTER_SHAPE``. Measured on the H200 (docs/PERF.md,
-"Split-K in a cluster"): the 1B model's qkv at M = 1 5.59 -> 4.82 us (62% of 4.19 TB/s), the BF16 batch-1 step 2.7%
-shorter, batch 64 11-15% faster. ``INGOT_GEMV_CLUSTER=0`` gives the workspace and the row groups as before.
+NVFP4 weights) and the small matrices at 32 tokens take ``CLUSTER_SHAPE`` (bf16) or ``CLUSTER_SHAPE_NVFP4``.
+Measured on the H200 (docs/PERF.md, "Split-K in a cluster"): the 1B model's qkv at M = 1 5.59 -> 4.82 us (62% of 4.19
+TB/s), the BF16 batch-1 step 2.7% shorter, batch 64 11-15% faster. ``INGOT_GEMV_CLUSTER=0`` gives the workspace and
+the row groups as before; ``INGOT_GEMV_CLUSTER_SHAPE=0`` keeps the clusters but not the two shapes (A/B runs).
 
 **Prologues** (``Prologue``, ``fused_spec``): a variant may compute its x from the output's producer's input while
 staging it (the template's ``PROLOGUE``): ``rms_norm`` (x is the norm's input; an extra ``norm_weight`` parameter;
@@ -177,6 +178,24 @@ CLUSTER_SMEM = 384 * 1024
 #: 8.90 -> 7.75 us (0.75x -> 0.86x cuBLAS), o 7.19 -> 6.26 (0.88x -> 1.01x); down, whose clusters the rule does not
 #: take at 32 (CLUSTER_SMEM), was slower with the shape alone (22.1 against 17.1 us): it applies where a cluster results
 CLUSTER_SHAPE = {32: (4, 1, 8, 1.5)}
+#: NVFP4 weights: the same, with splits of whole stages down to one stage (256 columns with 2 steps of 128), not
+#: ``MIN_SLICE``'s 1024 NVFP4 columns (the e2m1 conversion, not the bytes, bounds these GEMVs: more CTAs convert). Swept
+#: on the H200 (``bench_gemv_quant.py --kernel --sweep-kernel``, docs/PERF.md twenty-first session), against the
+#: bucket's own shape: at 32 tokens qkv 9.72 -> 7.02 us (8 warps, 2 steps, 4 slices in a cluster; 0.66x -> 0.91x
+#: cuBLAS bf16), o 9.52 -> 6.48 (8 slices; 0.66x -> 1.00x); at 16 tokens qkv 6.77 -> 4.85, o 6.07 -> 4.74 (8 slices
+#: each); at 64 qkv 14.92 -> 10.42, o 15.09 -> 10.10. Fewer CTAs an SM at 32: qkv in 8 slices took 8.02 us there
+CLUSTER_SHAPE_NVFP4 = {16: (8, 1, 2, 0.9), 32: (8, 1, 2, 0.7), 64: (8, 1, 2, 0.9)}
+#: compile time: ``0`` leaves ``CLUSTER_SHAPE`` / ``CLUSTER_SHAPE_NVFP4`` out of the rule (the bucket's own shape, still
+#: reduced in a cluster where it splits); unset or ``1``: they apply
+CLUSTER_SHAPE_ENV = "INGOT_GEMV_CLUSTER_SHAPE"
+
+
+def cluster_shapes(wb: int) -> dict[int, tuple[int, int, int, float]]:
+    """The bucket -> (warps, tiles, steps a stage, CTAs an SM) table of ``wb``'s weights (``CLUSTER_SHAPE`` for bf16,
+    ``CLUSTER_SHAPE_NVFP4``, none for FP8), empty with ``INGOT_GEMV_CLUSTER_SHAPE=0``."""
+    if not env_choice(CLUSTER_SHAPE_ENV, {"": True, "1": True, "0": False}, "'0' or '1'"):
+        return {}
+    return {2: CLUSTER_SHAPE, WB_NVFP4: CLUSTER_SHAPE_NVFP4}.get(wb, {})
 
 
 def cluster_mode() -> bool:
@@ -365,12 +384,19 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
     ``CLUSTER_SHAPE`` and ``CLUSTER_SMEM`` apply; False: never). ``ctas_per_sm``: the CTAs per SM split-K aims at
     (None: the bucket's ``CTAS_PER_SM``)."""
     use_cluster = cluster_mode() if cluster is None else cluster
-    if (cluster is None and use_cluster and wb == 2 and mb in CLUSTER_SHAPE
-            and all(v is None for v in (warps, stage_steps, splitk, tiles, kwarps, ctas_per_sm))):
-        sw, st, su, sper = CLUSTER_SHAPE[mb]
-        shaped = gemv_config(n, k, mb, num_sms, warps=sw, tiles=st, stage_steps=su, kwarps=1, wb=wb, ctas_per_sm=sper)
-        if shaped.cluster:
-            return shaped
+    shapes = cluster_shapes(wb) if cluster is None and use_cluster else {}
+    if mb in shapes and all(v is None for v in (warps, stage_steps, splitk, tiles, kwarps, ctas_per_sm)):
+        sw, st, su, sper = shapes[mb]
+        sk = None
+        if wb == WB_NVFP4:  # slices down to one stage: double while short of the CTAs and a slice is 2 stages
+            sk, blocks, stage = 1, -(-n // (16 * sw * st)), WB_STEP_COLS[wb] * su
+            while blocks * sk < sper * num_sms and k >= 2 * sk * stage and 2 * sk <= CLUSTER_MAX:
+                sk *= 2
+        if sk != 1:  # (NVFP4: only matrices narrow enough to split for the CTAs, not for x's shared memory alone)
+            shaped = gemv_config(n, k, mb, num_sms, warps=sw, tiles=st, stage_steps=su, splitk=sk, kwarps=1, wb=wb,
+                                 ctas_per_sm=sper)
+            if shaped.cluster:
+                return shaped
     cw = WB_STEP_COLS[wb]
     dw, dt, du = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
     per_sm = CTAS_PER_SM.get(mb, 1.0) if ctas_per_sm is None else ctas_per_sm
