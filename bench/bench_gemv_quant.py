@@ -145,14 +145,14 @@ def dequant(fmt: str, wq: dict, k: int):
 
 #: --sweep-kernel: kernel.cu's (warps, steps a stage) shapes, each with these split-K counts, reduced in a cluster
 #: where that fits and through the workspace
-KERNEL_SWEEP_SHAPES = ((4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4))
+KERNEL_SWEEP_SHAPES = ((4, 1), (4, 2), (4, 4), (4, 8), (8, 1), (8, 2), (8, 4), (8, 8))
 KERNEL_SWEEP_SPLITS = (1, 2, 4, 8, 16)
 
 
 def kernel_configs(n: int, k: int, mb: int, wb: int) -> list:
     """(name, GemvConfig) of kernel.cu for ``--sweep-kernel``: the rule's, then ``KERNEL_SWEEP_SHAPES`` x
     ``KERNEL_SWEEP_SPLITS`` without row groups, each reduced in a cluster (where ``cluster_fits``) and through the
-    workspace; duplicates and grids of fewer than 32 or more than 8 CTAs an SM skipped."""
+    workspace; duplicates and grids of fewer than 32 or more than 16 CTAs an SM skipped."""
     import dataclasses
 
     from ingot.codegen.kernels.gemv.rule import cluster_fits, gemv_config
@@ -167,7 +167,7 @@ def kernel_configs(n: int, k: int, mb: int, wb: int) -> list:
             except ValueError:
                 continue
             ctas = -(-n // (16 * warps)) * c.splitk
-            if c.splitk != sk or not 32 <= ctas <= 8 * 132:
+            if c.splitk != sk or not 32 <= ctas <= 16 * 132:
                 continue
             for cl in ((True, False) if cluster_fits(mb, c, wb) else (False,)):
                 v = dataclasses.replace(c, cluster=cl)

@@ -54,6 +54,8 @@ QKV, O, GATE_UP, DOWN, LM_HEAD = (3072, 2048), (2048, 2048), (16384, 2048), (204
 #: ways) only at 64 tokens. NVFP4 weights keep the row groups of bucket 8 for qkv and o (ROW_GROUPS_NVFP4)
 CLUSTERED = {QKV: (8, 16, 32, 64), O: (8, 16, 32, 64), DOWN: (8, 16), GATE_UP: (64,), LM_HEAD: (64,)}
 ROW_GROUPS_NVFP4 = {(QKV, 8), (O, 8)}
+#: NVFP4 weights' down at bucket 8 splits K through the workspace (rule.NVFP4_SHAPE: 7.13 us in a cluster, 6.30 without)
+WORKSPACE_NVFP4 = {(DOWN, 8)}
 
 
 @pytest.fixture(autouse=True)
@@ -70,12 +72,13 @@ def test_the_rule_for_the_1b_model(wb):
             if wb == WB_NVFP4 and (shape, mb) in ROW_GROUPS_NVFP4:
                 assert cfg.kwarps > 1 and cfg.splitk == 1 and not cfg.cluster, (shape, mb, cfg)
                 continue
-            assert cfg.cluster == (mb in buckets), (shape, mb, cfg)
+            assert cfg.cluster == (mb in buckets and (wb != WB_NVFP4 or (shape, mb) not in WORKSPACE_NVFP4)), \
+                (shape, mb, cfg)
             assert cfg.kwarps == 1, (shape, mb, cfg)  # the cluster's reduction replaces the row groups
             if cfg.cluster:
                 assert 1 < cfg.splitk <= CLUSTER_MAX and cluster_fits(mb, cfg, wb)
                 assert cfg.splitk * smem_bytes(mb, cfg.slice_k, wb=wb) <= CLUSTER_SMEM
-            elif cfg.splitk > 1:  # split, but the cluster's CTAs would take too much shared memory together
+            elif cfg.splitk > 1 and (shape, mb) not in WORKSPACE_NVFP4:  # the cluster's CTAs: too much shared memory
                 assert cfg.splitk * smem_bytes(mb, cfg.slice_k, wb=wb) > CLUSTER_SMEM
 
 

@@ -20,6 +20,9 @@ from ingot.codegen.kernels.gemv.rule import (
     KW_ENV,
     KW_SHAPE_NVFP4,
     MIN_SLICE,
+    NVFP4_SHAPE,
+    NVFP4_SHAPE_ENV,
+    NVFP4_SHAPE_MIN_STEPS,
     PARAMS,
     PROLOGUES,
     QUANT_PARAMS,
@@ -112,7 +115,10 @@ def test_row_groups(n, k, monkeypatch):
     kw, split = ROW_GROUPS[(n, k)]
     c = gemv_config(n, k, 8, 132, wb=0)
     assert (c.kwarps, c.splitk) == (kw, split), c
-    assert (c.warps, c.tiles, c.stage_steps) == (KW_SHAPE_NVFP4 if kw > 1 else SHAPE_BY_BUCKET[8]), c
+    if kw > 1:
+        assert (c.warps, c.tiles, c.stage_steps) == KW_SHAPE_NVFP4, c
+    else:  # NVFP4_SHAPE (test_nvfp4_shape)
+        assert (c.warps, c.tiles) == NVFP4_SHAPE[8][:2] and not c.cluster, c
     if kw > 1:
         assert c.slice_k == k and c.rows == 16 * c.warps // kw
         assert k // kw == 128 * c.stage_steps  # each warp of a row group: one whole stage
@@ -123,7 +129,39 @@ def test_row_groups(n, k, monkeypatch):
     assert off.kwarps == 1 and off == gemv_config(n, k, 8, 132, kwarps=1, wb=0)
 
 
-def test_nvfp4_steps_are_128_columns():
+@pytest.mark.parametrize("n,k", SHAPES_1B + [(1000, 4224), (512, 8192), (256, 256), (40000, 1024)])
+def test_nvfp4_shape(n, k, monkeypatch):
+    """Bucket 8 without row groups takes NVFP4_SHAPE: its warps, split-K through the workspace until the grid has the
+    CTAs an SM it aims at or a slice is down to NVFP4_SHAPE_MIN_STEPS steps, 8 steps a stage for at most one CTA an
+    SM (else 4), never longer than a slice; INGOT_GEMV_NVFP4_SHAPE=0 gives the bucket's own shape back."""
+    sms, cw = 132, WB_STEP_COLS[WB_NVFP4]
+    c = gemv_config(n, k, 8, sms, wb=WB_NVFP4)
+    if c.kwarps > 1:  # qkv and o: KW_SHAPE_NVFP4's row groups (test_row_groups)
+        assert (n, k) in ((3072, 2048), (2048, 2048))
+        return
+    warps, tiles, per_sm = NVFP4_SHAPE[8]
+    assert (c.warps, c.tiles, c.kwarps, c.cluster) == (warps, tiles, 1, False), c
+    ctas = -(-n // (16 * warps * tiles)) * c.splitk
+    assert c.splitk * c.slice_k >= k > (c.splitk - 1) * c.slice_k and c.slice_k % (cw * c.stage_steps) == 0
+    if c.splitk > 1:  # split only while short of the CTAs, and never below the minimum slice
+        assert ctas // 2 < per_sm * sms and c.slice_k >= cw * NVFP4_SHAPE_MIN_STEPS
+    assert ctas >= per_sm * sms or c.splitk == 8 or k < 2 * c.splitk * cw * NVFP4_SHAPE_MIN_STEPS
+    if k % (cw * 8 * c.splitk) == 0:  # (K off whole 8-step slices: fewer steps, slices rounded up to whole stages)
+        assert c.stage_steps == (8 if ctas <= sms else 4) or c.stage_steps * cw == c.slice_k
+    spec = gemv_spec(n, k, 8, H200, wb=WB_NVFP4)
+    assert spec_config(spec) == c and spec.value("CLUSTER") in (0, None, False)
+    other, bf16 = gemv_config(n, k, 16, sms, wb=WB_NVFP4), gemv_config(n, k, 8, sms)  # not theirs
+    monkeypatch.setenv(NVFP4_SHAPE_ENV, "0")
+    off = gemv_config(n, k, 8, sms, wb=WB_NVFP4)
+    assert (off.warps, off.tiles, off.stage_steps) == SHAPE_BY_BUCKET[8] and off != c
+    assert gemv_config(n, k, 16, sms, wb=WB_NVFP4) == other
+    monkeypatch.setenv(NVFP4_SHAPE_ENV, "yes")
+    with pytest.raises(ValueError, match=NVFP4_SHAPE_ENV):
+        gemv_config(n, k, 8, sms, wb=WB_NVFP4)
+    assert gemv_config(n, k, 8, sms) == bf16  # bf16 weights: the switch is not read
+
+
+def test_nvfp4_steps_are_128_columns(monkeypatch):
     """A step is 16 bytes a lane (64 bytes of a row) with every weight type: NVFP4 slices, stages and the smallest
     split slice are in 128-column units where FP8's are in 64-column ones and bf16's in 32-column ones."""
     # qkv at 16 tokens: bf16 splits K 8 x 256 (its smallest slice), FP8 4 x 512, NVFP4 2 x 1024 (the same 512 bytes)
@@ -131,8 +169,12 @@ def test_nvfp4_steps_are_128_columns():
         c = gemv_config(3072, 2048, 16, 132, wb=wb)
         assert (c.splitk, c.slice_k) == (split, ks), (wb, c)
         assert ks * max(wb, 0.5) == 2 * MIN_SLICE  # bytes of a row
-    # a K of one step: the slice is one stage of 128-column steps (4 warps x 8 steps = 1024 for bucket 8)
+    # a K of one step: NVFP4_SHAPE's stage is no longer than K; the bucket's own shape's slice is one stage of
+    # 128-column steps (4 warps x 8 steps = 1024 for bucket 8)
+    assert gemv_config(128, 128, 8, 132, wb=0).slice_k == 128
+    monkeypatch.setenv(NVFP4_SHAPE_ENV, "0")
     assert gemv_config(128, 128, 8, 132, wb=0).slice_k == 128 * SHAPE_BY_BUCKET[8][2]
+    monkeypatch.delenv(NVFP4_SHAPE_ENV)
     # explicit shapes: the stage is 128 x steps x warps a row group
     c = gemv_config(1000, 4224, 8, 132, warps=8, tiles=1, stage_steps=2, splitk=3, kwarps=8, wb=0)
     assert (c.splitk, c.slice_k, c.kwarps) == (3, 2048, 8)

@@ -34,6 +34,8 @@ NVFP4 weights) and the small matrices at 32 tokens take ``CLUSTER_SHAPE`` (bf16)
 Measured on the H200 (docs/PERF.md, "Split-K in a cluster"): the 1B model's qkv at M = 1 5.59 -> 4.82 us (62% of 4.19
 TB/s), the BF16 batch-1 step 2.7% shorter, batch 64 11-15% faster. ``INGOT_GEMV_CLUSTER=0`` gives the workspace and
 the row groups as before; ``INGOT_GEMV_CLUSTER_SHAPE=0`` keeps the clusters but not the two shapes (A/B runs).
+NVFP4 weights in bucket 8 without row groups (gate_up, down, the lm_head) take ``NVFP4_SHAPE`` (8 warps, split-K
+through the workspace; ``INGOT_GEMV_NVFP4_SHAPE=0`` for the bucket's own shape).
 
 **Prologues** (``Prologue``, ``fused_spec``): a variant may compute its x from the output's producer's input while
 staging it (the template's ``PROLOGUE``): ``rms_norm`` (x is the norm's input; an extra ``norm_weight`` parameter;
@@ -188,6 +190,39 @@ CLUSTER_SHAPE_NVFP4 = {16: (8, 1, 2, 0.9), 32: (8, 1, 2, 0.7), 64: (8, 1, 2, 0.9
 #: compile time: ``0`` leaves ``CLUSTER_SHAPE`` / ``CLUSTER_SHAPE_NVFP4`` out of the rule (the bucket's own shape, still
 #: reduced in a cluster where it splits); unset or ``1``: they apply
 CLUSTER_SHAPE_ENV = "INGOT_GEMV_CLUSTER_SHAPE"
+
+
+#: NVFP4 weights, buckets -> (warps, tiles, CTAs an SM split-K aims at) of the matrices without row groups (the 1B
+#: model's gate_up, down and lm_head; qkv and o keep ``KW_SHAPE_NVFP4``'s row groups, the fastest at one token). Split K
+#: (slices of at least ``NVFP4_SHAPE_MIN_STEPS`` steps) until the grid has the CTAs, 8 steps a stage where it has at
+#: most one CTA an SM (the weight bytes in flight), else 4 (the registers of many CTAs an SM); split-K through the
+#: workspace. Swept on the H200 (``bench_gemv_quant.py --kernel --sweep-kernel --m 1 8``, docs/PERF.md twenty-second
+#: session), us at M = 1 / 8 against the bucket's own shape: lm_head 51.8 / 60.2 -> 43.8 / 48.9 (68% -> 81% of 4.19
+#: TB/s at M = 1), gate_up 9.75 / 11.8 -> 8.93 / 10.3, down 6.97 / 7.89 -> 6.30 / 6.84 (8 slices in a cluster: 7.13 /
+#: 7.78)
+NVFP4_SHAPE = {8: (8, 1, 0.9)}
+NVFP4_SHAPE_MIN_STEPS = 4
+#: compile time: ``0`` leaves ``NVFP4_SHAPE`` out of the rule (the bucket's own shape); unset or ``1``: it applies
+NVFP4_SHAPE_ENV = "INGOT_GEMV_NVFP4_SHAPE"
+
+
+def nvfp4_shape_on() -> bool:
+    """``INGOT_GEMV_NVFP4_SHAPE``: ``NVFP4_SHAPE`` in the rule (unset, empty or ``1``) or not (``0``)."""
+    return env_choice(NVFP4_SHAPE_ENV, {"": True, "1": True, "0": False}, "'0' or '1'")
+
+
+def _nvfp4_shaped(n: int, k: int, mb: int, num_sms: int) -> GemvConfig:
+    """``NVFP4_SHAPE``'s configuration of ``w[n, k]`` (NVFP4) for bucket ``mb``."""
+    warps, tiles, per_sm = NVFP4_SHAPE[mb]
+    cw = WB_STEP_COLS[WB_NVFP4]
+    blocks, sk = -(-n // (16 * warps * tiles)), 1
+    while blocks * sk < per_sm * num_sms and k >= 2 * sk * cw * NVFP4_SHAPE_MIN_STEPS and 2 * sk <= CLUSTER_MAX:
+        sk *= 2
+    steps = 8 if blocks * sk <= num_sms else 4
+    while steps > 1 and steps * cw * sk > k:  # no longer than a slice
+        steps //= 2
+    return gemv_config(n, k, mb, num_sms, warps=warps, tiles=tiles, stage_steps=steps, splitk=sk, kwarps=1,
+                       wb=WB_NVFP4, cluster=False)
 
 
 def cluster_shapes(wb: int) -> dict[int, tuple[int, int, int, float]]:
@@ -417,6 +452,9 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         kwarps = _kwarps(n, k, num_sms, warps or gw, tiles or gt, stage_steps or gu, cw)
         if kwarps > 1:  # else (K not whole stages for 2 warps) the bucket's own shape, no row groups
             dw, dt, du = gw, gt, gu
+    if (wb == WB_NVFP4 and mb in NVFP4_SHAPE and not (kwarps or 1) > 1 and cluster is None and ctas_per_sm is None
+            and all(v is None for v in (warps, stage_steps, splitk, tiles)) and nvfp4_shape_on()):
+        return _nvfp4_shaped(n, k, mb, num_sms)
     warps, tiles, stage_steps, kwarps = warps or dw, tiles or dt, stage_steps or du, kwarps or 1
     if warps % kwarps:
         raise ValueError(f"gemv: {kwarps} warps a row group do not divide {warps} warps")
