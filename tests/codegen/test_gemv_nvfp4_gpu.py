@@ -100,12 +100,9 @@ def _ref(k: int, wq: dict, x: np.ndarray, bias=None, res=None) -> np.ndarray:
 # -- plain variants ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n,k,mb,ms", CASES)
-@pytest.mark.parametrize("epilogue", ["plain", "bias+residual"])
-def test_nvfp4_gemv_matches_reference(gpu, n, k, mb, ms, epilogue):
+def _check_plain(gpu, spec, n: int, k: int, mb: int, ms, has: bool) -> None:
+    """``spec`` (a plain NVFP4 variant, with bias and residual where ``has``) against the reference at each M of ms."""
     r = rng()
-    has = epilogue != "plain"
-    spec = gemv_spec(n, k, mb, gpu_target(gpu), bias=has, residual=has, wb=WB_NVFP4)
     _check_nvfp4_spec(spec, n, k, mb)
     wq = quantized_weight(r, "nvfp4", n, k)
     bias = (r.standard_normal(n) * 0.1).astype(BF16) if has else None
@@ -113,6 +110,14 @@ def test_nvfp4_gemv_matches_reference(gpu, n, k, mb, ms, epilogue):
         x = activations(r, m, k)
         res = r.standard_normal((m, n)).astype(BF16) if has else None
         run_case(gpu, spec, _op(k), wq, x, bias, res, None, n)
+
+
+@pytest.mark.parametrize("n,k,mb,ms", CASES)
+@pytest.mark.parametrize("epilogue", ["plain", "bias+residual"])
+def test_nvfp4_gemv_matches_reference(gpu, n, k, mb, ms, epilogue):
+    has = epilogue != "plain"
+    spec = gemv_spec(n, k, mb, gpu_target(gpu), bias=has, residual=has, wb=WB_NVFP4)
+    _check_plain(gpu, spec, n, k, mb, ms, has)
 
 
 #: rule.NVFP4_SHAPE's configurations (bucket 8 without row groups): the 1B model's gate_up (8 steps a stage, one CTA an
@@ -124,18 +129,11 @@ NVFP4_SHAPE_CASES = [(16384, 2048, (1, 8)), (2048, 8192, (1, 5, 8)), (128256, 20
 @pytest.mark.parametrize("n,k,ms", NVFP4_SHAPE_CASES)
 @pytest.mark.parametrize("epilogue", ["plain", "bias+residual"])
 def test_nvfp4_shape_matches_reference(gpu, n, k, ms, epilogue):
-    r = rng()
     has = epilogue != "plain"
     spec = gemv_spec(n, k, 8, gpu_target(gpu), bias=has, residual=has, wb=WB_NVFP4)
     cfg = gemv_config(n, k, 8, gpu_target(gpu).num_sms or 132, wb=WB_NVFP4)
     assert cfg.warps == NVFP4_SHAPE[8][0] and cfg.kwarps == 1 and not cfg.cluster, cfg
-    _check_nvfp4_spec(spec, n, k, 8)
-    wq = quantized_weight(r, "nvfp4", n, k)
-    bias = (r.standard_normal(n) * 0.1).astype(BF16) if has else None
-    for m in ms:
-        x = activations(r, m, k)
-        res = r.standard_normal((m, n)).astype(BF16) if has else None
-        run_case(gpu, spec, _op(k), wq, x, bias, res, None, n)
+    _check_plain(gpu, spec, n, k, 8, ms, has)
 
 
 @pytest.mark.parametrize("n,k", [(3072, 2048), (2048, 8192)])
