@@ -211,13 +211,21 @@ def nvfp4_shape_on() -> bool:
     return env_choice(NVFP4_SHAPE_ENV, {"": True, "1": True, "0": False}, "'0' or '1'")
 
 
+def _splits_for(blocks: int, k: int, per_sm: float, num_sms: int, min_slice: int) -> int:
+    """Split-K of ``blocks`` row blocks: doubled while the grid is short of ``per_sm`` CTAs an SM, a slice keeps at
+    least ``min_slice`` columns and a cluster could take the slices (``CLUSTER_MAX``)."""
+    sk = 1
+    while blocks * sk < per_sm * num_sms and k >= 2 * sk * min_slice and 2 * sk <= CLUSTER_MAX:
+        sk *= 2
+    return sk
+
+
 def _nvfp4_shaped(n: int, k: int, mb: int, num_sms: int) -> GemvConfig:
     """``NVFP4_SHAPE``'s configuration of ``w[n, k]`` (NVFP4) for bucket ``mb``."""
     warps, tiles, per_sm = NVFP4_SHAPE[mb]
     cw = WB_STEP_COLS[WB_NVFP4]
-    blocks, sk = -(-n // (16 * warps * tiles)), 1
-    while blocks * sk < per_sm * num_sms and k >= 2 * sk * cw * NVFP4_SHAPE_MIN_STEPS and 2 * sk <= CLUSTER_MAX:
-        sk *= 2
+    blocks = -(-n // (16 * warps * tiles))
+    sk = _splits_for(blocks, k, per_sm, num_sms, cw * NVFP4_SHAPE_MIN_STEPS)
     steps = 8 if blocks * sk <= num_sms else 4
     while steps > 1 and steps * cw * sk > k:  # no longer than a slice
         steps //= 2
@@ -423,10 +431,8 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
     if mb in shapes and all(v is None for v in (warps, stage_steps, splitk, tiles, kwarps, ctas_per_sm)):
         sw, st, su, sper = shapes[mb]
         sk = None
-        if wb == WB_NVFP4:  # slices down to one stage: double while short of the CTAs and a slice is 2 stages
-            sk, blocks, stage = 1, -(-n // (16 * sw * st)), WB_STEP_COLS[wb] * su
-            while blocks * sk < sper * num_sms and k >= 2 * sk * stage and 2 * sk <= CLUSTER_MAX:
-                sk *= 2
+        if wb == WB_NVFP4:  # slices down to one stage
+            sk = _splits_for(-(-n // (16 * sw * st)), k, sper, num_sms, WB_STEP_COLS[wb] * su)
         if sk != 1:  # (NVFP4: only matrices narrow enough to split for the CTAs, not for x's shared memory alone)
             shaped = gemv_config(n, k, mb, num_sms, warps=sw, tiles=st, stage_steps=su, splitk=sk, kwarps=1, wb=wb,
                                  ctas_per_sm=sper)
@@ -452,7 +458,7 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         kwarps = _kwarps(n, k, num_sms, warps or gw, tiles or gt, stage_steps or gu, cw)
         if kwarps > 1:  # else (K not whole stages for 2 warps) the bucket's own shape, no row groups
             dw, dt, du = gw, gt, gu
-    if (wb == WB_NVFP4 and mb in NVFP4_SHAPE and not (kwarps or 1) > 1 and cluster is None and ctas_per_sm is None
+    if (wb == WB_NVFP4 and mb in NVFP4_SHAPE and (kwarps or 1) == 1 and cluster is None and ctas_per_sm is None
             and all(v is None for v in (warps, stage_steps, splitk, tiles)) and nvfp4_shape_on()):
         return _nvfp4_shaped(n, k, mb, num_sms)
     warps, tiles, stage_steps, kwarps = warps or dw, tiles or dt, stage_steps or du, kwarps or 1
