@@ -19,6 +19,9 @@ from ingot.codegen.kernels.gemv.rule import (
     CLUSTER_SHAPE_NVFP4,
     CLUSTER_SMEM,
     KW_ENV,
+    NVFP4_SPLIT8_ENV,
+    NVFP4_SPLIT8_ROWS,
+    NVFP4_SPLIT8_SHAPE,
     SHAPE_BY_BUCKET,
     WB_NAMES,
     WB_NVFP4,
@@ -30,8 +33,11 @@ from ingot.codegen.kernels.gemv.rule import (
     fused_spec,
     gemv_config,
     gemv_spec,
+    is_plain,
+    nvfp4_split8_config,
     smem_bytes,
     spec_config,
+    variants,
     with_rope,
 )
 from ingot.codegen.target import Target, get_target
@@ -122,6 +128,131 @@ def test_nvfp4_cluster_shape(mb, qkv_split, o_split):
         assert (cfg.warps, cfg.stage_steps) != (warps, steps) or cfg.tiles != tiles, (shape, cfg)
     # bucket 8 keeps its shape (row groups)
     assert gemv_config(*QKV, 8, H200.num_sms, wb=WB_NVFP4).kwarps > 1
+
+
+#: NVFP4 qkv and o at 5-8 tokens (``NVFP4_SPLIT8_SHAPE``): 128-row CTAs of 4-step (512-column) stages, K in 4 slices
+#: of one stage each (qkv 24 row blocks x 4 = 96 CTAs, o 16 x 4 = 64: short of 0.7 an SM, but a slice is down to one
+#: stage), in clusters of 4
+SPLIT8 = {QKV: 4, O: 4}
+
+
+def test_nvfp4_bucket_8_splits_for_qkv_and_o(monkeypatch):
+    """NVFP4 weights with row groups at bucket 8 (qkv and o) split it: the row groups up to ``NVFP4_SPLIT8_ROWS``
+    tokens, ``NVFP4_SPLIT8_SHAPE`` in a cluster for the rest; gate_up, down and the lm_head (``NVFP4_SHAPE``, no row
+    groups) keep bucket 8 whole. ``INGOT_GEMV_NVFP4_SPLIT8=0`` or the cluster off: no split; another value is an
+    error naming the variable."""
+    warps, tiles, steps, _ = NVFP4_SPLIT8_SHAPE
+    stage = WB_STEP_COLS[WB_NVFP4] * steps
+    assert NVFP4_SPLIT8_ROWS == 4 and NVFP4_SPLIT8_ENV == "INGOT_GEMV_NVFP4_SPLIT8"
+    for shape, splitk in SPLIT8.items():
+        assert gemv_config(*shape, 8, H200.num_sms, wb=WB_NVFP4).kwarps > 1  # what bucket 8 runs whole
+        cfg = nvfp4_split8_config(*shape, H200.num_sms)
+        assert cfg is not None and cfg.cluster and cfg.kwarps == 1, (shape, cfg)
+        assert (cfg.warps, cfg.tiles, cfg.stage_steps, cfg.splitk, cfg.slice_k) == \
+            (warps, tiles, steps, splitk, stage), (shape, cfg)
+        assert cfg.splitk * cfg.slice_k == shape[1] and cluster_fits(8, cfg, WB_NVFP4)
+        spec = gemv_spec(*shape, 8, H200, config=cfg, wb=WB_NVFP4)
+        assert spec.value("CLUSTER") is True and spec.value("KW") == 1 and spec_config(spec) == cfg
+    for shape in (GATE_UP, DOWN, LM_HEAD):
+        assert nvfp4_split8_config(*shape, H200.num_sms) is None, shape
+    for env, value in ((NVFP4_SPLIT8_ENV, "0"), (CLUSTER_ENV, "0")):
+        monkeypatch.setenv(env, value)
+        assert nvfp4_split8_config(*QKV, H200.num_sms) is None, env
+        monkeypatch.delenv(env)
+    monkeypatch.setenv(NVFP4_SPLIT8_ENV, "on")
+    with pytest.raises(ValueError, match=NVFP4_SPLIT8_ENV):
+        nvfp4_split8_config(*QKV, H200.num_sms)
+
+
+@pytest.mark.parametrize("target", ["h200", "b200"])
+def test_nvfp4_weight_only_variants_split_bucket_8(target, monkeypatch):
+    """The quantized linear's kernel.cu variants (NVFP4 weight-only qkv): bucket 4 the row groups (bucket 8's own
+    spec), bucket 8 the split configuration, the larger buckets as before; ``INGOT_GEMV_NVFP4_SPLIT8=0`` gives the
+    whole bucket 8 back and leaves the others alone; FP8 weights never split."""
+    from ingot.codegen.kernels.gemv import quant_rule
+    from tests.codegen.test_gemv_quant import qtypes
+
+    tgt = get_target(target)
+    for name in (quant_rule.NVFP4_ENV, "INGOT_GEMV_SKINNY_NVFP4", NVFP4_SPLIT8_ENV):
+        monkeypatch.delenv(name, raising=False)
+    op, ins = qtypes("nvfp4", *QKV, bias=True, residual=True)
+    found = variants(op, ins, tgt)
+    assert [mb for mb, _ in found] == [NVFP4_SPLIT8_ROWS, *BUCKETS]
+    (four, rows), (eight, split), *rest = found
+    whole = gemv_spec(*QKV, 8, tgt, bias=True, residual=True, wb=WB_NVFP4)
+    assert rows.key == whole.key and rows.value("KW") > 1 and is_plain(rows)
+    cfg = nvfp4_split8_config(*QKV, tgt.num_sms)
+    assert split.key == gemv_spec(*QKV, 8, tgt, bias=True, residual=True, config=cfg, wb=WB_NVFP4).key
+    assert split.template == "kernel.cu" and split.value("WB") == WB_NVFP4 and split.value("CLUSTER") is True
+    assert [p.name for p in split.params] == [p for p, _ in quant_rule.PARAMS] and is_plain(split)
+    monkeypatch.setenv(NVFP4_SPLIT8_ENV, "0")
+    off = variants(op, ins, tgt)
+    assert [mb for mb, _ in off] == list(BUCKETS)
+    assert off[0][1].key == whole.key and [s.key for _, s in off[1:]] == [s.key for _, s in rest]
+    monkeypatch.delenv(NVFP4_SPLIT8_ENV)
+    assert [mb for mb, _ in variants(*qtypes("fp8", *QKV), tgt)] == list(BUCKETS)
+
+
+def _nvfp4_llama_plan(tmp_path):
+    """The Llama-3.2-1B-shaped layer (one layer, vocab 512) with its layers' linears NVFP4 weight-only (the lm_head
+    bf16), planned as ``lower.lower_for_target`` plans them as far as the decode variants, the prefill GEMM off (the
+    variants take the quantized launch's arguments): (launches, decode fusion, qkv rope fusion, the variant lists
+    with both fusions in place). Weights are never read."""
+    from ingot.codegen import decode_fusion, qkv_rope_fusion
+    from ingot.codegen.lower import gemv_variant_plans, plan_launches, to_device_dtypes
+    from ingot.codegen.rope_cache_fusion import fuse as fuse_rope_cache
+    from ingot.passes import PassContext, run_passes
+    from ingot.passes.quantize import quantize_linear_node
+    from ingot.quant.config import parse_spec
+    from tests.codegen.test_fuse_split_lower import _graph
+
+    g = _graph(tmp_path)
+    run_passes(g, "serving-fuse", PassContext())
+    q, users = parse_spec("nvfp4:wo", "h200"), g.users()
+    for node in list(g.nodes):
+        if node.op.name == "linear" and node.outputs[0].name.startswith("layers."):
+            quantize_linear_node(g, node, q, None, users)
+    to_device_dtypes(g)
+    launches = fuse_rope_cache(g, plan_launches(g, H200), H200)
+    plans = gemv_variant_plans(launches, H200)
+    fusion = decode_fusion.plan(g, launches, plans, H200)
+    lists = {j: [(mr, v, None) for mr, v in found] for j, found in plans.items()}
+    lists.update(fusion.variants)
+    rope = qkv_rope_fusion.plan(g, launches, lists, H200)
+    lists.update(rope.variants)
+    return launches, fusion, rope, lists
+
+
+def test_nvfp4_split_bucket_8_takes_the_decode_fusions(tmp_path, monkeypatch):
+    """Both bucket-8 variants of the NVFP4 qkv (the row groups up to 4 tokens, the cluster for 5-8) get the
+    attention norm's rms_norm prologue and the rope epilogue, with the same arguments; the norm and rope launches are
+    skipped up to 8 tokens. o has nothing to fuse: its two variants stay plain; down and gate_up keep bucket 8
+    whole."""
+    for name in ("INGOT_GEMV_NVFP4", "INGOT_GEMV_SKINNY_NVFP4", NVFP4_SPLIT8_ENV, "INGOT_QKV_ROPE_FUSION",
+                 "INGOT_ROPE_CACHE_FUSION", "INGOT_DECODE_FUSION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("INGOT_QUANT_PREFILL_GEMM", "0")
+    launches, fusion, rope, lists = _nvfp4_llama_plan(tmp_path)
+    by_out = {node.outputs[0].name: j for j, (_, node, _, _) in enumerate(launches)}
+    qkv, o = by_out["layers.0.qkv"], by_out["layers.0.attn_out"]
+    assert launches[qkv][1].op.name == launches[o][1].op.name == "quantized_linear"
+    norm = by_out["layers.0.attn_norm"]
+    assert fusion.skips[norm][1] == 8 and fusion.into[norm] == qkv
+    (j_rope,) = [j for j in rope.into if launches[j][1].op.name == "rope_qkv"]
+    assert rope.into[j_rope] == qkv
+    (m4, rows, own4), (m8, split, own8), *rest = lists[qkv]
+    assert (m4, m8) == (NVFP4_SPLIT8_ROWS, 8) and [mr for mr, _, _ in rest] == [16, 32, 64]
+    assert rows.value("KW") > 1 and not rows.value("CLUSTER")
+    assert split.value("CLUSTER") is True and split.value("SPLITK") == SPLIT8[QKV] and split.value("KW") == 1
+    for s in (rows, split):
+        assert s.value("PROLOGUE") == 1 and s.value("ROPE") and s.value("WB") == WB_NVFP4
+    assert own4 == own8 and "norm_weight" in own4 and "positions" in own4
+    assert all(not s.value("PROLOGUE") and not s.value("ROPE") for _, s, _ in rest)
+    (o4, o_rows, a4), (o8, o_split, a8), *_ = lists[o]
+    assert (o4, o8) == (4, 8) and a4 is a8 is None and is_plain(o_rows) and is_plain(o_split)
+    assert o_split.value("CLUSTER") is True
+    for name in ("layers.0.gate_up", "layers.0.mlp_out"):
+        assert [mr for mr, _, _ in lists[by_out[name]]] == list(BUCKETS), name
 
 
 def test_cluster_shape_switch(monkeypatch):
@@ -228,3 +359,26 @@ def test_compiles_as_a_cluster(target, case):
     assert _registers(built.cubin) <= 128
     ws = sass_sequence(disassembled(compiled(_variant(*case, tgt, cluster=False)), arch))
     assert any(o.startswith("ATOMG") for o in ws) and "UCGABAR_ARV" not in ws
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", ["h200", "b200"])
+def test_nvfp4_split_bucket_8_compiles_as_a_cluster(target):
+    """The split bucket 8 of NVFP4 qkv as the lowering makes it (rms_norm prologue, rope epilogue): clusters of 4 in
+    the PTX, cluster barriers and no split-K counter in the SASS, the first weight stage before the grid-dependency
+    wait, no spills, at most 128 registers a thread (two of its 256-thread CTAs an SM)."""
+    tgt = get_target(target)
+    arch = "sm_90a" if target == "h200" else "sm_100a"
+    cfg = nvfp4_split8_config(*QKV, tgt.num_sms)
+    assert cfg is not None
+    spec = gemv_spec(*QKV, 8, tgt, config=cfg, wb=WB_NVFP4)
+    spec = with_rope(fused_spec(spec, Prologue("rms_norm", eps=1e-5), tgt), RopeEpilogue(32, 8, 64, False, 16), tgt)
+    built = compiled(spec)
+    assert f".reqnctapercluster 1, {SPLIT8[QKV]}, 1" in built.ptx
+    seq = sass_sequence(disassembled(built, arch))
+    ops = set(seq)
+    assert {"UCGABAR_ARV", "UCGABAR_WAIT"} <= ops and not any(o.startswith(("ATOMG", "RED")) for o in ops)
+    assert_no_local_memory(ops, spec.doc)
+    check_pdl_order(seq, 1, (CP_ASYNC,))
+    assert seq.index(W_FIRST) < seq.index(WAIT)
+    assert _registers(built.cubin) <= 128

@@ -25,11 +25,13 @@ import pytest
 
 from ingot.codegen.kernels.gemv.rule import (
     WB_NAMES,
+    WB_NVFP4,
     Prologue,
     RopeEpilogue,
     fused_spec,
     gemv_config,
     gemv_spec,
+    nvfp4_split8_config,
     with_rope,
 )
 from ingot.codegen.kernels.rope.cache_rule import rope_qkv_cache_spec
@@ -67,6 +69,8 @@ CASES = [
     (0, 2048, 2048, 64, (8, 1, 2, 8, 1), (33, 64)),  # NVFP4 o at 64 tokens
     (0, 2048, 8192, 16, (8, 1, 2, 8, 1), (16,)),  # NVFP4 down at 16 tokens: 8 slices of 1024
     (0, 2048, 8192, 8, (4, 1, 8, 8, 1), (1, 8)),
+    (0, 3072, 2048, 8, (8, 1, 4, 4, 1), (5, 8)),  # NVFP4 qkv at 5-8 tokens, the rule's NVFP4_SPLIT8_SHAPE
+    (0, 2048, 2048, 8, (8, 1, 4, 4, 1), (1, 6, 8)),  # NVFP4 o at 5-8 tokens
 ]
 
 
@@ -153,7 +157,7 @@ LINEAR = {2: bf16_weight, 1: _fp8_linear, 0: _nvfp4_linear}
 #: (weights, N, K, bucket, configuration) for the prologues (their checks run the bucket's edge token counts)
 PROLOGUE_CASES = [(2, 3072, 2048, 8, (4, 1, 8, 8, 1)), (2, 3072, 2048, 16, (4, 1, 8, 4, 1)),
                   (2, 1000, 4128, 8, (8, 1, 4, 3, 8)), (1, 3072, 2048, 8, (4, 1, 8, 4, 1)),
-                  (0, 3072, 2048, 16, (4, 1, 4, 2, 1))]
+                  (0, 3072, 2048, 16, (4, 1, 4, 2, 1)), (0, 3072, 2048, 8, (8, 1, 4, 4, 1))]
 SWIGLU_CASES = [(2, 2048, 8192, 8, (4, 1, 8, 8, 1)), (2, 1000, 4128, 16, (4, 1, 8, 3, 1)),
                 (1, 2048, 8192, 16, (4, 1, 8, 4, 1)), (0, 2048, 8192, 8, (4, 1, 8, 8, 1))]
 
@@ -208,16 +212,31 @@ def test_cluster_swiglu_prologue(gpu, case):
 def test_cluster_rope_epilogue(gpu, wb, prologue):
     """The 1B model's qkv at batch 1 split 4 ways in a cluster, with the rope epilogue: q and the cache bit for bit
     as the plain cluster variant followed by qkv_cache.cu."""
+    _check_cluster_rope(gpu, wb, prologue, dict(warps=4, stage_steps=4, splitk=4, kwarps=1))
+
+
+@pytest.mark.parametrize("prologue", ["none", "rms_norm"])
+def test_nvfp4_split_bucket_8_rope_epilogue(gpu, prologue):
+    """NVFP4 qkv's bucket 8 for 5-8 tokens as the rule splits it (``nvfp4_split8_config``: 8 warps, 4 slices of one
+    512-column stage), with the rope epilogue (and the rms_norm prologue), as the lowering makes it."""
+    tgt = gpu_target(gpu)
+    cfg = nvfp4_split8_config(3072, 2048, tgt.num_sms or 132)
+    assert cfg is not None and cfg.cluster
+    _check_cluster_rope(gpu, WB_NVFP4, prologue, dict(warps=cfg.warps, tiles=cfg.tiles, stage_steps=cfg.stage_steps,
+                                                      splitk=cfg.splitk, kwarps=1))
+
+
+def _check_cluster_rope(gpu, wb: int, prologue: str, shape: dict) -> None:
     case = "llama1b"
     nq, nkv, d, k, inter, kt, ct, scaled, bias = ROPE_CASES[case]
     n = (nq + 2 * nkv) * d
     tgt = gpu_target(gpu)
-    cfg = gemv_config(n, k, 8, tgt.num_sms or 132, warps=4, stage_steps=4, splitk=4, kwarps=1, wb=wb, cluster=True)
-    assert cfg.cluster and cfg.splitk == 4
+    cfg = gemv_config(n, k, 8, tgt.num_sms or 132, **shape, wb=wb, cluster=True)
+    assert cfg.cluster and cfg.splitk == shape["splitk"]
     pro = Prologue("rms_norm", eps=EPS) if prologue == "rms_norm" else None
     plain = gemv_spec(n, k, 8, tgt, bias=bias, config=cfg, prologue=pro, wb=wb)
     fused = with_rope(plain, RopeEpilogue(nq, nkv, d, inter, BLOCK, CTYPE[kt], CTYPE[ct], scaled), tgt)
-    assert fused.value("CLUSTER") and fused.value("SPLITK") == 4
+    assert fused.value("CLUSTER") and fused.value("SPLITK") == cfg.splitk
     rope = rope_qkv_cache_spec(DType.bf16, ct, kt, nq, nkv, d, d, inter, BLOCK, scaled, tgt)
     r = rng()
     bufs, ref = _weights(gpu, r, wb, n, k)

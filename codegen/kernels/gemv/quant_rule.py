@@ -74,6 +74,7 @@ from .rule import (
     KW_SHAPE,
     LARGE_N_SHAPE,
     NO_ROPE,
+    NVFP4_SPLIT8_ROWS,
     QUANT_PARAMS,
     ROPE_PARAMS,
     SHAPE_BY_BUCKET,
@@ -82,6 +83,7 @@ from .rule import (
     RopeEpilogue,
     gemv_spec,
     kw_quant_enabled,
+    nvfp4_split8_config,
     row_group_bytes,
     row_groups_apply,
 )
@@ -330,14 +332,20 @@ def _weight_only_variants(a: QuantLinearShape, target: Target, wb: int, skinny: 
     """kernel.cu's weight-only variants of ``a`` (``quant_applies``) with weights of ``wb`` (1: e4m3, ``WB_NVFP4``)
     per bucket, the skinny GEMM's from bucket 16 on where it applies and ``skinny`` (``INGOT_GEMV_SKINNY_FP8`` /
     ``INGOT_GEMV_SKINNY_NVFP4``; bucket 8 keeps kernel.cu and its decode fusions: no prologue on the quantized skinny
-    forms)."""
+    forms). NVFP4 weights with row groups in bucket 8 split it (``rule.nvfp4_split8_config``): the row groups up to
+    ``NVFP4_SPLIT8_ROWS`` tokens, a cluster shape for the rest."""
     from . import skinny_rule
 
     def variant(mb: int) -> KernelSpec:
         spec = skinny_rule.rule_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=wb) if skinny and mb > 8 else None
         return spec or gemv_spec(a.n, a.k, mb, target, a.bias, a.residual, wb=wb)
 
-    return [(mb, variant(mb)) for mb in BUCKETS]
+    out = [(mb, variant(mb)) for mb in BUCKETS]
+    split = nvfp4_split8_config(a.n, a.k, target.num_sms or 132) if wb == WB_NVFP4 else None
+    if split is not None:
+        out[:1] = [(NVFP4_SPLIT8_ROWS, out[0][1]),
+                   (BUCKETS[0], gemv_spec(a.n, a.k, BUCKETS[0], target, a.bias, a.residual, config=split, wb=wb))]
+    return out
 
 
 def quant_variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> list[tuple[int, KernelSpec]]:

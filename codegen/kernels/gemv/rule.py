@@ -35,7 +35,9 @@ Measured on the H200 (docs/PERF.md, "Split-K in a cluster"): the 1B model's qkv 
 TB/s), the BF16 batch-1 step 2.7% shorter, batch 64 11-15% faster. ``INGOT_GEMV_CLUSTER=0`` gives the workspace and
 the row groups as before; ``INGOT_GEMV_CLUSTER_SHAPE=0`` keeps the clusters but not the two shapes (A/B runs).
 NVFP4 weights in bucket 8 without row groups (gate_up, down, the lm_head) take ``NVFP4_SHAPE`` (8 warps, split-K
-through the workspace; ``INGOT_GEMV_NVFP4_SHAPE=0`` for the bucket's own shape).
+through the workspace; ``INGOT_GEMV_NVFP4_SHAPE=0`` for the bucket's own shape); those with row groups (qkv, o)
+split bucket 8 (``nvfp4_split8_config``, ``quant_rule``'s weight-only variants): the row groups up to 4 tokens,
+``NVFP4_SPLIT8_SHAPE`` in a cluster for 5-8 (``INGOT_GEMV_NVFP4_SPLIT8=0`` keeps bucket 8 whole).
 
 **Prologues** (``Prologue``, ``fused_spec``): a variant may compute its x from the output's producer's input while
 staging it (the template's ``PROLOGUE``): ``rms_norm`` (x is the norm's input; an extra ``norm_weight`` parameter;
@@ -105,7 +107,7 @@ from ....ir.op import Op
 from ....ir.types import DType, TensorType
 from ...family import Family, static_dim
 from ...kernel import GridDim, KernelSpec
-from ...switches import env_choice
+from ...switches import env_choice, env_on
 from ...target import Target
 
 PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"),
@@ -206,9 +208,20 @@ NVFP4_SHAPE_MIN_STEPS = 4
 NVFP4_SHAPE_ENV = "INGOT_GEMV_NVFP4_SHAPE"
 
 
+#: NVFP4 weights with row groups in bucket 8 (the 1B model's qkv and o): bucket 8 splits, the row groups up to
+#: ``NVFP4_SPLIT8_ROWS`` tokens (the fastest at one token) and this cluster shape (warps, tiles, steps a stage, CTAs an
+#: SM split-K aims at: 4 slices for qkv and o) for the rest. Swept on the H200 (docs/PERF.md twenty-second session),
+#: us at M = 1 / 8: qkv row groups 3.82 / 5.79, this shape 3.94 / 4.32; o 3.40 / 5.23 against 3.70 / 4.01. End to end
+#: (twenty-third session): NVFP4 decode at batch 5 / 6 / 8 +4.0-4.2%, batch 1 unchanged
+NVFP4_SPLIT8_SHAPE = (8, 1, 4, 0.7)
+NVFP4_SPLIT8_ROWS = 4
+#: compile time: ``0`` keeps bucket 8 whole (row groups up to 8 tokens); unset or ``1``: it splits
+NVFP4_SPLIT8_ENV = "INGOT_GEMV_NVFP4_SPLIT8"
+
+
 def nvfp4_shape_on() -> bool:
     """``INGOT_GEMV_NVFP4_SHAPE``: ``NVFP4_SHAPE`` in the rule (unset, empty or ``1``) or not (``0``)."""
-    return env_choice(NVFP4_SHAPE_ENV, {"": True, "1": True, "0": False}, "'0' or '1'")
+    return env_on(NVFP4_SHAPE_ENV)
 
 
 def _splits_for(blocks: int, k: int, per_sm: float, num_sms: int, min_slice: int) -> int:
@@ -233,10 +246,35 @@ def _nvfp4_shaped(n: int, k: int, mb: int, num_sms: int) -> GemvConfig:
                        wb=WB_NVFP4, cluster=False)
 
 
+def _cluster_shaped(n: int, k: int, mb: int, num_sms: int, shape: tuple[int, int, int, float],
+                    wb: int) -> GemvConfig | None:
+    """``w[n, k]``'s configuration for bucket ``mb`` with ``shape`` (warps, tiles, steps a stage, CTAs an SM) split
+    in a cluster (NVFP4 weights: slices down to one stage, ``_splits_for``), or None where no cluster results (NVFP4:
+    a matrix not narrow enough to split for the CTAs, not for x's shared memory alone)."""
+    sw, st, su, sper = shape
+    sk = None
+    if wb == WB_NVFP4:
+        sk = _splits_for(-(-n // (16 * sw * st)), k, sper, num_sms, WB_STEP_COLS[wb] * su)
+        if sk == 1:
+            return None
+    shaped = gemv_config(n, k, mb, num_sms, warps=sw, tiles=st, stage_steps=su, splitk=sk, kwarps=1, wb=wb,
+                         ctas_per_sm=sper)
+    return shaped if shaped.cluster else None
+
+
+def nvfp4_split8_config(n: int, k: int, num_sms: int) -> GemvConfig | None:
+    """The configuration of ``w[n, k]`` (NVFP4 weights) for ``NVFP4_SPLIT8_ROWS`` + 1 to 8 tokens where bucket 8
+    splits (``NVFP4_SPLIT8_SHAPE`` in a cluster), or None where it does not: ``INGOT_GEMV_NVFP4_SPLIT8=0``, row groups
+    not the bucket's configuration (gate_up, down and the lm_head take ``NVFP4_SHAPE`` whole) or no cluster."""
+    if not env_on(NVFP4_SPLIT8_ENV) or gemv_config(n, k, 8, num_sms, wb=WB_NVFP4).kwarps == 1:
+        return None
+    return _cluster_shaped(n, k, 8, num_sms, NVFP4_SPLIT8_SHAPE, WB_NVFP4)
+
+
 def cluster_shapes(wb: int) -> dict[int, tuple[int, int, int, float]]:
     """The bucket -> (warps, tiles, steps a stage, CTAs an SM) table of ``wb``'s weights (``CLUSTER_SHAPE`` for bf16,
     ``CLUSTER_SHAPE_NVFP4``, none for FP8), empty with ``INGOT_GEMV_CLUSTER_SHAPE=0``."""
-    if not env_choice(CLUSTER_SHAPE_ENV, {"": True, "1": True, "0": False}, "'0' or '1'"):
+    if not env_on(CLUSTER_SHAPE_ENV):
         return {}
     return {2: CLUSTER_SHAPE, WB_NVFP4: CLUSTER_SHAPE_NVFP4}.get(wb, {})
 
@@ -247,7 +285,7 @@ def cluster_mode() -> bool:
     the cluster's shared memory is within ``CLUSTER_SMEM``, and no row groups but with NVFP4 weights (the cluster's
     reduction replaces them); ``0``: the workspace and the row block's last CTA, and row groups, as before; another
     value is an error."""
-    return env_choice(CLUSTER_ENV, {"": True, "0": False, "1": True}, "'0' or '1'")
+    return env_on(CLUSTER_ENV)
 
 
 def cluster_fits(mb: int, cfg: GemvConfig, wb: int = 2) -> bool:
@@ -429,15 +467,9 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
     use_cluster = cluster_mode() if cluster is None else cluster
     shapes = cluster_shapes(wb) if cluster is None and use_cluster else {}
     if mb in shapes and all(v is None for v in (warps, stage_steps, splitk, tiles, kwarps, ctas_per_sm)):
-        sw, st, su, sper = shapes[mb]
-        sk = None
-        if wb == WB_NVFP4:  # slices down to one stage
-            sk = _splits_for(-(-n // (16 * sw * st)), k, sper, num_sms, WB_STEP_COLS[wb] * su)
-        if sk != 1:  # (NVFP4: only matrices narrow enough to split for the CTAs, not for x's shared memory alone)
-            shaped = gemv_config(n, k, mb, num_sms, warps=sw, tiles=st, stage_steps=su, splitk=sk, kwarps=1, wb=wb,
-                                 ctas_per_sm=sper)
-            if shaped.cluster:
-                return shaped
+        shaped = _cluster_shaped(n, k, mb, num_sms, shapes[mb], wb)
+        if shaped is not None:
+            return shaped
     cw = WB_STEP_COLS[wb]
     dw, dt, du = SHAPE_BY_BUCKET.get(mb, (4, 1, 4))
     per_sm = CTAS_PER_SM.get(mb, 1.0) if ctas_per_sm is None else ctas_per_sm

@@ -72,7 +72,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ...kernel import GridDim, KernelSpec
-from ...switches import env_choice
+from ...switches import env_choice, env_on
 from ...target import Target
 from .rule import PROLOGUES, QUANT_PARAMS, Prologue
 
@@ -269,12 +269,12 @@ def splitk_buckets() -> tuple[int, ...]:
 
 def x_stream_on() -> bool:
     """``INGOT_GEMV_SKINNY_XS``: whether the rule streams x where it does not fit whole (unset or 1: yes; 0: no)."""
-    return env_choice(XS_ENV, {"": True, "1": True, "0": False}, "0 or 1")
+    return env_on(XS_ENV)
 
 
 def fp8_on() -> bool:
     """``INGOT_GEMV_SKINNY_FP8``: whether weight-only FP8 linears take skinny variants (unset or 1; 0: no)."""
-    return env_choice(FP8_ENV, {"": True, "1": True, "0": False}, "0 or 1")
+    return env_on(FP8_ENV)
 
 
 def nvfp4_on() -> bool:
