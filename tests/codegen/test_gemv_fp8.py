@@ -23,6 +23,8 @@ from ingot.codegen.kernels.gemv.rule import (
     BUCKETS,
     CLUSTER_ENV,
     F16_BUCKETS,
+    FP8_SHAPE,
+    FP8_SHAPE_ENV,
     KW_BUCKETS,
     KW_ENV,
     KW_SHAPE,
@@ -119,7 +121,10 @@ def test_row_groups_as_with_bf16_weights(n, k, monkeypatch):
     kw, split = ROW_GROUPS[(n, k)]
     c = gemv_config(n, k, 8, 132, wb=1)
     assert (c.kwarps, c.splitk) == (kw, split), c
-    assert (c.warps, c.tiles, c.stage_steps) == (KW_SHAPE if kw > 1 else SHAPE_BY_BUCKET[8]), c
+    if kw > 1:
+        assert (c.warps, c.tiles, c.stage_steps) == KW_SHAPE, c
+    else:  # FP8_SHAPE (test_fp8_shape)
+        assert (c.warps, c.tiles) == FP8_SHAPE[8][:2], c
     if kw > 1:
         assert c.slice_k == k and c.rows == 16
     spec = gemv_spec(n, k, 8, H200, wb=1)
@@ -128,6 +133,43 @@ def test_row_groups_as_with_bf16_weights(n, k, monkeypatch):
     monkeypatch.setenv(KW_ENV, "0")  # none: the rule's configuration without row groups
     off = gemv_config(n, k, 8, 132, wb=1)
     assert off.kwarps == 1 and off == gemv_config(n, k, 8, 132, kwarps=1, wb=1)
+
+
+#: the 1B model's FP8 GEMVs in bucket 8 with the cluster on (the default): (split-K, steps a stage, in a cluster) with
+#: FP8_SHAPE's 8 warps. qkv and o: 24 / 16 row blocks of 128 rows, K in 4 slices of one 512-column stage; gate_up: 128
+#: row blocks, no split; down: 16 x 8 slices of 1024; the lm_head: 1002 row blocks, 4 steps a stage
+FP8_SHAPED = {(3072, 2048): (4, 8, True), (2048, 2048): (4, 8, True), (16384, 2048): (1, 8, False),
+              (2048, 8192): (8, 8, True), (128256, 2048): (1, 4, False)}
+
+
+@pytest.mark.parametrize("n,k", SHAPES_1B + [(576, 576), (1000, 4160), (64, 64)])
+def test_fp8_shape(n, k, monkeypatch):
+    """FP8 weights in bucket 8 without row groups take FP8_SHAPE: 8 warps, 8 steps a stage for at most one row block
+    an SM (else 4), K split as the bucket's own shape splits it until the CTAs FP8_SHAPE aims at, in a cluster where
+    one fits; INGOT_GEMV_FP8_SHAPE=0 gives the bucket's own shape back; bf16 weights and other buckets are not
+    touched."""
+    monkeypatch.delenv(CLUSTER_ENV)
+    warps, tiles, per_sm = FP8_SHAPE[8]
+    c = gemv_config(n, k, 8, 132, wb=1)
+    assert (c.warps, c.tiles, c.kwarps) == (warps, tiles, 1), c
+    blocks = -(-n // (16 * warps * tiles))
+    assert c.stage_steps == (8 if blocks <= 132 else 4), c
+    assert c.splitk * c.slice_k >= k > (c.splitk - 1) * c.slice_k and c.slice_k % (64 * c.stage_steps) == 0
+    if c.splitk > 1:  # split only while short of the CTAs
+        assert blocks * c.splitk // 2 < per_sm * 132
+    if (n, k) in FP8_SHAPED:
+        assert (c.splitk, c.stage_steps, c.cluster) == FP8_SHAPED[(n, k)], c
+    spec = gemv_spec(n, k, 8, H200, wb=1)
+    assert spec_config(spec) == c and spec.value("WARPS") == warps
+    other, bf16 = gemv_config(n, k, 16, 132, wb=1), gemv_config(n, k, 8, 132)
+    monkeypatch.setenv(FP8_SHAPE_ENV, "0")
+    off = gemv_config(n, k, 8, 132, wb=1)
+    assert (off.warps, off.tiles, off.stage_steps) == SHAPE_BY_BUCKET[8] and off != c
+    assert gemv_config(n, k, 16, 132, wb=1) == other
+    monkeypatch.setenv(FP8_SHAPE_ENV, "yes")
+    with pytest.raises(ValueError, match=FP8_SHAPE_ENV):
+        gemv_config(n, k, 8, 132, wb=1)
+    assert gemv_config(n, k, 8, 132) == bf16  # bf16 weights: the switch is not read
 
 
 def test_fp8_steps_are_64_columns():

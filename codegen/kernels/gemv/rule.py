@@ -37,7 +37,8 @@ the row groups as before; ``INGOT_GEMV_CLUSTER_SHAPE=0`` keeps the clusters but 
 NVFP4 weights in bucket 8 without row groups (gate_up, down, the lm_head) take ``NVFP4_SHAPE`` (8 warps, split-K
 through the workspace; ``INGOT_GEMV_NVFP4_SHAPE=0`` for the bucket's own shape); those with row groups (qkv, o)
 split bucket 8 (``nvfp4_split8_config``, ``quant_rule``'s weight-only variants): the row groups up to 4 tokens,
-``NVFP4_SPLIT8_SHAPE`` in a cluster for 5-8 (``INGOT_GEMV_NVFP4_SPLIT8=0`` keeps bucket 8 whole).
+``NVFP4_SPLIT8_SHAPE`` in a cluster for 5-8 (``INGOT_GEMV_NVFP4_SPLIT8=0`` keeps bucket 8 whole). FP8 weights in
+bucket 8 without row groups take ``FP8_SHAPE`` (8 warps; ``INGOT_GEMV_FP8_SHAPE=0`` for the bucket's own shape).
 
 **Prologues** (``Prologue``, ``fused_spec``): a variant may compute its x from the output's producer's input while
 staging it (the template's ``PROLOGUE``): ``rms_norm`` (x is the norm's input; an extra ``norm_weight`` parameter;
@@ -217,6 +218,31 @@ NVFP4_SPLIT8_SHAPE = (8, 1, 4, 0.7)
 NVFP4_SPLIT8_ROWS = 4
 #: compile time: ``0`` keeps bucket 8 whole (row groups up to 8 tokens); unset or ``1``: it splits
 NVFP4_SPLIT8_ENV = "INGOT_GEMV_NVFP4_SPLIT8"
+
+
+#: FP8 weights, buckets -> (warps, tiles, CTAs an SM split-K aims at) of the matrices without row groups (all of the
+#: 1B model's with the cluster on): 8 warps, 8 steps a stage where the grid has at most one row block an SM (else 4),
+#: K split until the CTAs (in a cluster where ``cluster_fits`` and ``CLUSTER_SMEM`` allow, as the bucket's own shape).
+#: Swept on the H200 (``bench_gemv_quant.py --kernel --sweep-kernel --formats fp8-w8a16 --m 1 8``, docs/PERF.md
+#: twenty-third session), us at M = 1 / 8 against the bucket's own shape (4 warps): qkv 4.35 / 4.63 -> 4.22 / 4.57, o
+#: 3.77 / 4.13 -> 3.68 / 3.96, gate_up 11.23 / 13.44 -> 11.02 / 11.87, down 7.96 / 8.37 -> 7.84 / 7.86, lm_head
+#: 65.84 / 77.28 -> 62.75 / 66.35. End to end the fused variants gain more: FP8 decode +5.9% at batch 1, +18.7% at 8
+FP8_SHAPE = {8: (8, 1, 0.7)}
+#: compile time: ``0`` leaves ``FP8_SHAPE`` out of the rule (the bucket's own shape); unset or ``1``: it applies
+FP8_SHAPE_ENV = "INGOT_GEMV_FP8_SHAPE"
+
+
+def fp8_shape_on() -> bool:
+    """``INGOT_GEMV_FP8_SHAPE``: ``FP8_SHAPE`` in the rule (unset, empty or ``1``) or not (``0``)."""
+    return env_on(FP8_SHAPE_ENV)
+
+
+def _fp8_shaped(n: int, k: int, mb: int, num_sms: int) -> GemvConfig:
+    """``FP8_SHAPE``'s configuration of ``w[n, k]`` (FP8 weights) for bucket ``mb``."""
+    warps, tiles, per_sm = FP8_SHAPE[mb]
+    steps = 8 if -(-n // (16 * warps * tiles)) <= num_sms else 4
+    return gemv_config(n, k, mb, num_sms, warps=warps, tiles=tiles, stage_steps=steps, kwarps=1, wb=1,
+                       ctas_per_sm=per_sm)
 
 
 def nvfp4_shape_on() -> bool:
@@ -493,6 +519,9 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
     if (wb == WB_NVFP4 and mb in NVFP4_SHAPE and (kwarps or 1) == 1 and cluster is None and ctas_per_sm is None
             and all(v is None for v in (warps, stage_steps, splitk, tiles)) and nvfp4_shape_on()):
         return _nvfp4_shaped(n, k, mb, num_sms)
+    if (wb == 1 and mb in FP8_SHAPE and (kwarps or 1) == 1 and cluster is None and ctas_per_sm is None
+            and all(v is None for v in (warps, stage_steps, splitk, tiles)) and fp8_shape_on()):
+        return _fp8_shaped(n, k, mb, num_sms)
     warps, tiles, stage_steps, kwarps = warps or dw, tiles or dt, stage_steps or du, kwarps or 1
     if warps % kwarps:
         raise ValueError(f"gemv: {kwarps} warps a row group do not divide {warps} warps")
