@@ -39,6 +39,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"replay this run's inputs with INGOT_TEST_SEED={SESSION_SEED}")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _session_kernel_cache(tmp_path_factory):
+    """Compiles go to one kernel cache for the session (``$INGOT_TEST_KERNEL_CACHE``, else the one
+    ``tests/codegen/common.py``'s ``session_kernel_cache`` names), not the user's ``~/.cache/ingot``: the runtime
+    tests' artifacts reuse the kernels (CUTLASS's among them, minutes of nvcc cold on two cores) that the codegen
+    tests built. An ``INGOT_CACHE_DIR`` set by the caller is kept; modules with their own cache set theirs."""
+    if os.environ.get("INGOT_CACHE_DIR"):
+        yield
+        return
+    os.environ["INGOT_CACHE_DIR"] = os.environ.get("INGOT_TEST_KERNEL_CACHE") or str(
+        tmp_path_factory.getbasetemp() / "kernel-cache")
+    yield
+    os.environ.pop("INGOT_CACHE_DIR", None)
+
+
 @pytest.fixture(autouse=True)
 def _seed_per_test(request):
     from tests.helpers import reset_seeds

@@ -6,8 +6,9 @@ body is a trap), so each build is checked for the intended tensor-core instructi
 ``QGMMA`` (sm_90a wgmma BF16 / FP8).
 
 Each build takes 20-60 s and 3-5 GB, so by default only the b200 BF16 GEMM is built (the CUDA
-backend issue's "done when"); ``INGOT_SLOW=1`` builds every variant. Builds go to the ordinary
-kernel cache (``$INGOT_CACHE_DIR``, default ``~/.cache/ingot/kernels``), so reruns are instant.
+backend issue's "done when"); ``INGOT_SLOW=1`` builds every variant. Builds go to the session's kernel
+cache (tests/conftest.py: ``$INGOT_CACHE_DIR`` or ``$INGOT_TEST_KERNEL_CACHE`` where set, so that reruns are instant,
+else one in the session's temp directory).
 Needs nvcc (toolkit or the ``nvidia-cuda-nvcc`` wheel), the ``nvidia-cutlass`` wheel's headers and
 cuobjdump (``nvidia-cuda-cuobjdump``).
 """
