@@ -235,7 +235,12 @@ def test_graph_mode_without_kernels_names_the_ops(tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_compiles_for_h200(tmp_path):
+def test_smollm2_compiles_for_h200(tmp_path, monkeypatch):
+    """The real model for h200. Its prefill GEMMs' CUTLASS kernels only with ``INGOT_SLOW=1``: the lm_head's shape
+    takes a configuration (cluster 1x2) no other CI compile builds, ~60 s of nvcc on two cores; the tiny Llama's
+    compiles here and in test_gemv.py build and check the h200 CUTLASS path."""
+    if not os.environ.get("INGOT_SLOW"):
+        monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
     try:
         path = ingot.compile("smollm2", target="h200", out=tmp_path / "smollm2-h200.ingot")
     except CompileError as e:
