@@ -31,6 +31,10 @@ figures reported (a single screen run is noisy enough to rank two close candidat
 timed against the reference once more in a fresh interleaved round so that picking it brings no luck of its own.
 ``--sustain S`` then runs the reference and the winner each alone for S seconds while nvidia-smi samples the SM
 clock and the power draw: whether a gap is the kernels' or the clocks they sustain under the power limit.
+``--sustain-all S`` runs the reference and every candidate that passed that way, S seconds each, in two rounds (the
+second in reverse order), and reports each one's mean: FP8 GEMMs run at the H200's power limit (690 W) within a
+second, so this is their steady rate in a long prefill, which short graph replays (a few ms each, the clock still
+settling) rank differently from run to run.
 Printed: TFLOP/s of the reference and of ingot's best
 candidate, their ratio, and each as a fraction of the measured ceilings (747 TFLOP/s bf16, 1363 fp8;
 ``shared/GPU.md``). ``--out FILE`` writes every figure as JSON.
@@ -189,25 +193,25 @@ def parse_smi(text: str) -> tuple[list[float], list[float]]:
     return clocks, powers
 
 
-def _sustained(fn: Any, iters: int, seconds: float) -> dict[str, Any]:
+def _sustained(fn: Any, iters: int, seconds: float, sample: bool = True) -> dict[str, Any]:
     """``fn`` back to back for ``seconds`` (a CUDA graph of ``iters`` launches replayed, after half a second of warm-up)
     while ``nvidia-smi`` samples the SM clock and the power draw every 100 ms: seconds per launch over the whole run
-    and the samples' medians. Without nvidia-smi only the time."""
+    and the samples' medians. Without nvidia-smi (or ``sample`` False) only the time."""
     import time
 
     import torch
 
     g = capture_graph(lambda i: fn(), iters)
-    smi = shutil.which("nvidia-smi")
+    smi = shutil.which("nvidia-smi") if sample else None
     proc = None
     if smi:
         proc = subprocess.Popen([smi, "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms",
                                  "100", "-i", str(torch.cuda.current_device())], stdout=subprocess.PIPE, text=True)
     try:
         t_end = time.perf_counter() + 0.5
-        while time.perf_counter() < t_end:
+        while time.perf_counter() < t_end:  # synchronized: an unbounded queue of replays would run on for seconds
             g.replay()
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()
         start, launches = time.perf_counter(), 0
         while time.perf_counter() - start < seconds:
             g.replay()
@@ -229,6 +233,54 @@ def _sustained(fn: Any, iters: int, seconds: float) -> dict[str, Any]:
     return out
 
 
+def _sustain_all(fns: dict[str, Any], iters: int, seconds: float, flops: float) -> dict[str, dict[str, Any]]:
+    """Each of ``fns`` alone for ``seconds`` (``_sustained``), in two rounds, the second in reverse order: TFLOP/s
+    over both, and the median SM clock and power of the samples taken while each ran (one nvidia-smi for the whole
+    call: starting one a run costs seconds)."""
+    import datetime
+
+    import torch
+
+    smi = shutil.which("nvidia-smi")
+    proc = None
+    if smi:
+        proc = subprocess.Popen([smi, "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                                 "-lms", "100", "-i", str(torch.cuda.current_device())], stdout=subprocess.PIPE,
+                                text=True)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in fns}
+    windows: list[tuple[str, datetime.datetime, datetime.datetime]] = []
+    try:
+        for order in (list(fns), list(fns)[::-1]):
+            for name in order:
+                t0 = datetime.datetime.now()
+                runs[name].append(_sustained(fns[name], iters, seconds, sample=False))
+                windows.append((name, t0 + datetime.timedelta(seconds=0.6), datetime.datetime.now()))
+    finally:
+        text = ""
+        if proc is not None:
+            proc.terminate()
+            text = proc.communicate(timeout=30)[0]
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            when = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f")
+            clock, power = float(parts[1]), float(parts[2])
+        except (IndexError, ValueError):
+            continue
+        for name, t0, t1 in windows:
+            if t0 <= when <= t1:
+                samples[name].append((clock, power))
+    out: dict[str, dict[str, Any]] = {}
+    for name, rs in runs.items():
+        per_launch = sum(r["seconds"] for r in rs) / sum(r["launches"] for r in rs)
+        out[name] = {"tflops": flops / per_launch / 1e12}
+        if samples[name]:
+            out[name] |= {"sm_clock_mhz": statistics.median(c for c, _ in samples[name]),
+                          "power_w": statistics.median(p for _, p in samples[name]), "samples": len(samples[name])}
+    return out
+
+
 def _close(torch: Any, got: Any, exact: Any) -> tuple[bool, float]:
     if not bool(torch.isfinite(got).all()):
         return False, float("nan")
@@ -237,7 +289,7 @@ def _close(torch: Any, got: Any, exact: Any) -> tuple[bool, float]:
 
 
 def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], iters: int, reps: int,
-        seed: int, top: int = 1, sustain: float = 0.0) -> list[dict[str, Any]]:
+        seed: int, top: int = 1, sustain: float = 0.0, sustain_all: float = 0.0) -> list[dict[str, Any]]:
     import torch
 
     from ingot.codegen.kernels.gemm_cutlass.launch import CutlassGemm
@@ -264,6 +316,7 @@ def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], 
             t_ref = _graph_time(ops["ref"], iters, reps)
             row: dict[str, Any] = {"M": m, "N": n, "K": k, "mode": mode, "reference": ops["ref_name"],
                                    "ref_tflops": flops / t_ref / 1e12, "ref_err": ref_err, "ref_ok": ref_ok,
+                                   "ref_screen_tflops": flops / t_ref / 1e12,
                                    "candidates": {}}
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             ptrs = {"x": ops["x"].data_ptr(), "weight": ops["w"].data_ptr(), "out": out.data_ptr()}
@@ -315,6 +368,15 @@ def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], 
                         f"{who} {st['tflops']:.0f} TFLOP/s"
                         + (f" at {st['sm_clock_mhz']:.0f} MHz, {st['power_w']:.0f} W" if "sm_clock_mhz" in st else "")
                         for who, st in row["sustained"].items()), flush=True)
+            if sustain_all > 0 and launches:
+                row["sustained_all"] = _sustain_all({"reference": ops["ref"], **launches}, iters, sustain_all, flops)
+                st = row["sustained_all"]
+                best = max((t for t in st if t != "reference"), key=lambda t: st[t]["tflops"])
+                row |= {"sustained_best": best, "sustained_ratio": st[best]["tflops"] / st["reference"]["tflops"]}
+                print(f"  sustained {sustain_all:.1f} s x 2: " + "; ".join(
+                    f"{t} {v['tflops']:.0f}" + (f" ({v['sm_clock_mhz']:.0f} MHz)" if "sm_clock_mhz" in v else "")
+                    for t, v in st.items()) + f"; best {best} {row['sustained_ratio']:.3f}x the reference",
+                    flush=True)
             rows.append(row)
             _print_row(row)
             del ops, exact, ref_out, out
@@ -360,6 +422,9 @@ def main() -> None:
     ap.add_argument("--sustain", type=float, default=0.0,
                     help="also run the reference and the winner each alone for this many seconds, sampling the SM "
                          "clock and power with nvidia-smi (0: off)")
+    ap.add_argument("--sustain-all", type=float, default=0.0,
+                    help="also run the reference and every passing candidate alone for this many seconds each, two "
+                         "rounds in alternating order (the steady rate at the power limit; 0: off)")
     ap.add_argument("--only", default="", help="--build: only these configurations (config tags, comma-separated)")
     ap.add_argument("--out", type=Path, default=None, help="write all figures as JSON here")
     a = ap.parse_args()
@@ -388,7 +453,7 @@ def main() -> None:
     print("| M x N x K | mode | reference TFLOP/s (of ceiling) | ingot best | ingot / reference | best config | "
           "all candidates |")
     print("|---|---|---|---|---|---|---|")
-    rows = run(kernel_dir, shapes, a.modes.split(","), a.iters, a.reps, seed, a.top, a.sustain)
+    rows = run(kernel_dir, shapes, a.modes.split(","), a.iters, a.reps, seed, a.top, a.sustain, a.sustain_all)
     if a.out is not None:
         a.out.write_text(json.dumps({"commit": _git_commit(), "gpu": torch.cuda.get_device_name(0),
                                      "torch": torch.__version__, "seed": seed, "rows": rows}, indent=1))

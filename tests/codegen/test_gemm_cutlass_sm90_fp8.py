@@ -46,10 +46,10 @@ slow_build = [pytest.mark.slow, needs_cutlass,
 #: all checked for spills below
 NEW_FP8 = ("coopov128x128x128c1x2", "coopov128x128x128c2x1", "ppov64x128x128c2x1", "coopov128x128x128c1x2s4",
            "coop128x128x128c1x2s4", "coop128x192x128c1x2", "coopov128x128x128c2x1s8", "ppov64x128x128c1x2",
-           "pp64x128x128c2x1")
-#: what bench_gemm --build builds in one go (each candidate a cubin and a host shim; 27: 5-8 minutes on the H200's 16
+           "pp64x128x128c2x1", "coopov128x128x128c2x1e64", "coopov128x128x128c1x2e64", "coopov128x128x128c1x1e64")
+#: what bench_gemm --build builds in one go (each candidate a cubin and a host shim; 31: 6-9 minutes on the H200's 16
 #: cores, or --only a subset)
-MAX_CANDIDATES = 27
+MAX_CANDIDATES = 31
 #: f32 registers a thread of a consumer warpgroup may hold in accumulators (CUTLASS gives it 232 in all)
 ACCUMULATOR_BUDGET = 192
 
@@ -121,8 +121,12 @@ def test_new_candidates_render(tag):
         assert "${" not in src and 'extern "C" __global__' in src
         assert tag in spec.entry or cfg == variant_config("fp8", H200)
         values = dict(spec.values)
-        assert (values["OVERLAP_PROMOTION"], values["MAX_SWIZZLE"], values["RASTER"]) == (
-            cfg.overlap, cfg.swizzle, cfg.raster)
+        assert (values["OVERLAP_PROMOTION"], values["MAX_SWIZZLE"], values["RASTER"], values["EPI_N"]) == (
+            cfg.overlap, cfg.swizzle, cfg.raster, cfg.epi_n)
+        # the epilogue subtile: CUTLASS's (EPI_N 0) or EPI_M x EPI_N, EPI_M a warpgroup's rows of the tile
+        assert values["EPI_M"] == (128 if cfg.schedule.startswith("Cooperative") else 64)
+        assert f"cute::conditional_t<{cfg.epi_n} == 0, cutlass::epilogue::collective::EpilogueTileAuto," in src
+        assert (f"e{cfg.epi_n}" in tag) == (cfg.epi_n != 0)
         assert f"max_swizzle_size = {cfg.swizzle};" in src and f"RasterOrderOptions::{cfg.raster};" in src
         assert f"constexpr bool kOverlapPromotion = {'true' if cfg.overlap else 'false'};" in src
     # the autotuner's view of the spec gives the configuration back

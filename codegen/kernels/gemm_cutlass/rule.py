@@ -54,8 +54,9 @@ KIND_DTYPES = {"bf16": DType.bf16, "fp8": DType.f8e4m3fn, "nvfp4": DType.f4e2m1f
 class Config:
     """One CUTLASS instantiation: template, MMA tile (M x N x K), cluster, threads per block; on ``sm90.cu``
     ``overlap``: FP8 promotion overlapped with the next k-tile's MMAs, ``swizzle``: the persistent tile scheduler's
-    max swizzle (1, 2, 4, 8), ``raster``: its raster order (Heuristic, AlongM, AlongN); the defaults are
-    CUTLASS's."""
+    max swizzle (1, 2, 4, 8), ``raster``: its raster order (Heuristic, AlongM, AlongN), ``epi_n``: the epilogue
+    subtile's columns (its rows: 128 cooperative, 64 ping-pong; 0: CUTLASS's choice, 32 columns for bf16 output);
+    the defaults are CUTLASS's."""
 
     template: str
     tile: tuple[int, int, int]
@@ -66,6 +67,7 @@ class Config:
     overlap: bool = False
     swizzle: int = 1
     raster: str = "Heuristic"
+    epi_n: int = 0
 
 
 def variant_config(kind: str, target: Target) -> Config:
@@ -146,6 +148,14 @@ SM90_EXPLORE: dict[str, tuple[Config, ...]] = {
         Config("sm90.cu", (64, 128, 128), (1, 2), schedule="Pingpong", threads=384, overlap=True),
         # ping-pong with CUTLASS's promotion: each warpgroup's epilogue overlaps the other's MMAs
         Config("sm90.cu", (64, 128, 128), (2, 1), schedule="Pingpong", threads=384),
+        # (2026-12-02) epilogue subtiles of 128 x 64 (CUTLASS's: 128 x 32, four a 128 x 128 tile), and no cluster
+        # (cuBLASLt's rowwise FP8 kernels with promotion use none): each won several of the 18 FP8 cells of one
+        # bench_gemm run (docs/PERF.md, "FP8 prefill GEMMs at the power limit"); 128 x 128 subtiles, and no cluster
+        # with CUTLASS's subtile, won none
+        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
+        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
+        Config("sm90.cu", (128, 128, 128), (1, 1), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
+        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="PingpongFP8FastAccum", threads=384, epi_n=64),
     ),
 }
 #: the tile scheduler's raster orders (RasterOrderOptions) -> their config_tag suffix (Heuristic: none)
@@ -157,7 +167,8 @@ def config_tag(cfg: Config) -> str:
     ``ov`` after the schedule (overlapped promotion), ``s4`` (max swizzle 4), ``rm`` / ``rn`` (raster along M / N)
     at the end, e.g. ``coopov128x128x128c1x2s4``."""
     sched = cfg.schedule.replace("Cooperative", "coop").replace("Pingpong", "pp").replace("FP8FastAccum", "fa")
-    knobs = f"{'s' + str(cfg.swizzle) if cfg.swizzle != 1 else ''}{RASTER_TAGS[cfg.raster]}"
+    knobs = (f"{'s' + str(cfg.swizzle) if cfg.swizzle != 1 else ''}{RASTER_TAGS[cfg.raster]}"
+             f"{'e' + str(cfg.epi_n) if cfg.epi_n else ''}")
     return (f"{sched}{'ov' if cfg.overlap else ''}{'2sm' if cfg.two_sm else ''}{'x'.join(map(str, cfg.tile))}"
             f"c{cfg.cluster[0]}x{cfg.cluster[1]}{knobs}")
 
@@ -271,7 +282,9 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
     if cfg.template == "sm90.cu":
         values["SCHEDULE"] = cfg.schedule
         values["EPILOGUE_SCHEDULE"] = "Cooperative" if cfg.schedule.startswith("Cooperative") else ""
-        values |= {"OVERLAP_PROMOTION": cfg.overlap, "MAX_SWIZZLE": cfg.swizzle, "RASTER": cfg.raster}
+        values |= {"OVERLAP_PROMOTION": cfg.overlap, "MAX_SWIZZLE": cfg.swizzle, "RASTER": cfg.raster,
+                   "EPI_M": min(128 if cfg.schedule.startswith("Cooperative") else 64, cfg.tile[0]),
+                   "EPI_N": cfg.epi_n}
     if cfg.template == "sm100_blockscaled.cu":
         values["SF_VECTOR"] = 16 if kind == "nvfp4" else 32
     cluster = cfg.cluster[0] * cfg.cluster[1]
