@@ -45,11 +45,12 @@ def _session_kernel_cache(tmp_path_factory):
     ``tests/codegen/common.py``'s ``session_kernel_cache`` names), not the user's ``~/.cache/ingot``: the runtime
     tests' artifacts reuse the kernels (CUTLASS's among them, minutes of nvcc cold on two cores) that the codegen
     tests built. An ``INGOT_CACHE_DIR`` set by the caller is kept; modules with their own cache set theirs."""
+    from tests.helpers import session_cache_dir
+
     if os.environ.get("INGOT_CACHE_DIR"):
         yield
         return
-    os.environ["INGOT_CACHE_DIR"] = os.environ.get("INGOT_TEST_KERNEL_CACHE") or str(
-        tmp_path_factory.getbasetemp() / "kernel-cache")
+    os.environ["INGOT_CACHE_DIR"] = session_cache_dir(tmp_path_factory)
     yield
     os.environ.pop("INGOT_CACHE_DIR", None)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -99,3 +101,10 @@ def assert_text_roundtrip(graph) -> None:
     again = parse_graph(text)
     verify(again)
     assert str(again) == text, f"text form does not round-trip:\n{text}\n---\n{again}"
+
+
+def session_cache_dir(tmp_path_factory) -> str:
+    """The kernel cache the whole test session shares: ``$INGOT_TEST_KERNEL_CACHE`` where set (reruns instant), else
+    ``kernel-cache`` under the session's base temporary directory. Whole-model compiles use it (their kernels are
+    the same whichever module compiles them), and tests/conftest.py makes it every test's default."""
+    return os.environ.get("INGOT_TEST_KERNEL_CACHE") or str(Path(tmp_path_factory.getbasetemp()) / "kernel-cache")

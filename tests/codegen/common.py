@@ -14,6 +14,7 @@ from ingot.codegen import compile as cc
 from ingot.codegen.kernel import KernelSpec
 from ingot.codegen.sass import disassemble, find_cuobjdump, opcodes, sass_arch
 from ingot.codegen.target import Target, get_target
+from tests.helpers import session_cache_dir
 
 needs_compiler = pytest.mark.skipif(
     cc.nvrtc_version() is None and cc.nvcc_version() is None,
@@ -41,8 +42,7 @@ def session_kernel_cache(tmp_path_factory, monkeypatch):
     where set). For whole-model compiles: the tiny Llama's kernels under one set of switches are the same whichever
     module compiles them, so a session builds each once (a repeat is a cache hit, keyed by source, options and
     compiler: the same cubin)."""
-    monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
-                       or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
 
 
 def compiled(spec: KernelSpec) -> cc.CompiledKernel:

@@ -29,7 +29,7 @@ from ingot.ir.types import DType
 from ingot.runtime.artifact import load_graph
 from ingot.runtime.paged import PagedModel
 from tests.codegen.common import needs_compiler
-from tests.helpers import rng
+from tests.helpers import rng, session_cache_dir
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 TINY_KV = FIXTURES / "tiny_llama_kv.onnx"
@@ -41,7 +41,7 @@ GPU = at.GpuInfo("NVIDIA H200", 90, 13000, 132)
 def _cache(tmp_path, tmp_path_factory, monkeypatch):
     """Kernels compile into a cache shared by the module's tests; autotune results go to a fresh one per test
     (``cache_dir`` is read at each use, so the autotune cache is the test's own folder)."""
-    kernels = os.environ.get("INGOT_TEST_KERNEL_CACHE") or str(tmp_path_factory.getbasetemp() / "kernel-cache")
+    kernels = session_cache_dir(tmp_path_factory)
     monkeypatch.setenv("INGOT_CACHE_DIR", kernels)
     monkeypatch.setattr(at, "cache_dir", lambda: tmp_path / "tune-cache")
     monkeypatch.setenv(at.ENV, "auto")

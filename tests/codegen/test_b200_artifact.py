@@ -14,7 +14,6 @@ two cores) go to the kernel cache (``$INGOT_CACHE_DIR``); reruns take seconds.
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from ingot.codegen.kernels.gemm_cutlass.build import cutlass_available
 from ingot.codegen.sass import disassemble, opcodes, sass_arch
 from ingot.codegen.target import get_target
 from tests.codegen.common import needs_cuobjdump
+from tests.helpers import session_cache_dir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -35,7 +35,7 @@ needs_cutlass = pytest.mark.skipif(not cutlass_available(),
 
 def _cache(tmp_path_factory) -> str:
     """The kernel cache test_lower.py uses, so a session builds each CUTLASS config once."""
-    return os.environ.get("INGOT_TEST_KERNEL_CACHE") or str(tmp_path_factory.getbasetemp() / "kernel-cache")
+    return session_cache_dir(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

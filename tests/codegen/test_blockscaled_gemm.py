@@ -22,6 +22,7 @@ from ingot.codegen.target import get_target
 from ingot.ir.graph import Graph, Weight
 from ingot.ir.ops.quantized import QuantizedLinear
 from ingot.ir.types import DType, TensorType
+from tests.helpers import session_cache_dir
 
 B200 = get_target("b200")
 needs_cutlass = pytest.mark.skipif(not cutlass_available(),
@@ -120,8 +121,7 @@ def test_params_layout_reproduces_cutlass(fmt, tmp_path_factory, monkeypatch):
     The two probes build side by side, one a core, into the session's kernel cache (test_lower_quant.py's): the W4A4
     lowering there needs both layouts (its plain and residual GEMMs), and finds them there instead of building the
     residual one alone beside its cubins."""
-    monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
-                       or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
     with ThreadPoolExecutor(2) as pool:
         layout, res_layout = pool.map(lambda r: cp.params_layout(bs.blockscaled_spec(fmt, B200, residual=r)),
                                       (False, True))

@@ -4,7 +4,6 @@ lowering records for ``linear`` launches, and compile + SASS checks for sm_90a a
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -37,6 +36,7 @@ from tests.codegen.common import (  # noqa: F401 (autouse fixture)
     sass_opcodes,
 )
 from tests.codegen.test_decode_fusion import W_FIRST, W_NC, WAIT, X_LOAD, X_NC, check_pdl_order, sass_sequence
+from tests.helpers import session_cache_dir
 
 
 @pytest.fixture(autouse=True)
@@ -134,8 +134,7 @@ def test_lowering_records_variants(tmp_path, tmp_path_factory, monkeypatch):
 
     import ingot
 
-    monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
-                       or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
     monkeypatch.setenv(KW_ENV, "1")  # the default, set: recorded among the artifact's switches
     fixtures = Path(__file__).resolve().parent.parent / "fixtures"
     path = ingot.compile(fixtures / "tiny_llama_kv.onnx", target="h200", out=tmp_path / "t.ingot", mode="llm")

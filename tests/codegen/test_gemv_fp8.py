@@ -10,7 +10,6 @@ it (``INGOT_QUANT_PREFILL_GEMM=0``). GPU runs of the template: not here."""
 from __future__ import annotations
 
 import json
-import os
 from typing import NamedTuple
 
 import numpy as np
@@ -66,7 +65,7 @@ from tests.codegen.common import (  # noqa: F401 (autouse fixture)
 from tests.codegen.test_decode_fusion import CP_ASYNC, W_FIRST, X_LOAD, check_pdl_order, sass_sequence
 from tests.codegen.test_gemv_quant import qtypes
 from tests.codegen.test_lower_quant import compile_quant
-from tests.helpers import rng
+from tests.helpers import rng, session_cache_dir
 
 H200 = get_target("h200")
 #: the Llama-3.2-1B layer shapes (qkv, o, gate_up, down, lm_head), and awkward ones with K a whole number of 64-column
@@ -495,8 +494,7 @@ def lowered(request, ckpt, tmp_path_factory) -> Lowered:
     out = tmp_path_factory.mktemp(f"{fmt.name}-kernel")
     found = {}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
-                  or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+        mp.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
         for other in FORMATS.values():
             mp.delenv(other.env, raising=False)
         mp.setenv(fmt.env, "kernel")

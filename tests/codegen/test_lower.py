@@ -25,7 +25,7 @@ from ingot.codegen.sass import disassemble, find_cuobjdump, sass_arch
 from ingot.runtime.artifact import load_graph
 from ingot.runtime.paged import PagedModel, greedy_generate
 from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
-from tests.helpers import rng
+from tests.helpers import rng, session_cache_dir
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 TINY_KV = FIXTURES / "tiny_llama_kv.onnx"
@@ -34,8 +34,7 @@ ARCH = {"h200": "sm_90a", "h100": "sm_90a", "b200": "sm_100a"}
 
 @pytest.fixture(autouse=True)
 def _kernel_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
-                       or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
 
 
 def check_kernels(path: Path, target: str) -> dict:

@@ -39,7 +39,7 @@ from ingot.runtime.paged import PagedModel
 from ingot.runtime.safetensors_io import SafetensorsFile
 from tests.codegen.common import assert_no_local_memory
 from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
-from tests.helpers import rng
+from tests.helpers import rng, session_cache_dir
 from tests.runtime.serving_models import write_byte_tokenizer
 
 #: hidden 128, 4 query / 2 KV heads of 64, MLP 256: K is 128 or 256 for every linear
@@ -77,8 +77,7 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _kernel_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
-                       or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
     # the quantized GEMV at every row count: the prefill dequantize + GEMM pairs (on by default) have their own tests
     # (tests/codegen/test_quant_prefill_gemm.py)
     monkeypatch.setenv("INGOT_QUANT_PREFILL_GEMM", "0")

@@ -15,7 +15,6 @@ kernel is in the table, and each switch left its mark (as many launches removed 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from ingot.runtime.artifact import load_graph
 from tests.codegen import test_lower_quant
 from tests.codegen.common import needs_compiler
 from tests.codegen.test_lower_quant import FAST
+from tests.helpers import session_cache_dir
 
 SWITCHES = {rope_cache_fusion.ENV: "1", quant_prefill.ENV: "1", "INGOT_PREFILL_ATTENTION": "wgmma",
             "INGOT_DECODE_FUSION": "1", qkv_rope_fusion.ENV: "all"}
@@ -44,8 +44,7 @@ ckpt = test_lower_quant.ckpt
 
 @pytest.fixture(autouse=True)
 def _environment(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
-                       or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")  # the template GEMMs: no nvcc builds (CUTLASS: their own tests)
     monkeypatch.setenv("INGOT_AUTOTUNE", "0")
     for k in SWITCHES:

@@ -14,7 +14,6 @@ every code as ``ir/ops/quantized.py``'s ``dequantize_weight`` does. GPU runs: ``
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import ml_dtypes
@@ -38,7 +37,7 @@ from tests.codegen import test_lower_quant
 from tests.codegen.common import assert_no_local_memory, needs_compiler, sass_opcodes
 from tests.codegen.test_lower import live_ranges
 from tests.codegen.test_lower_quant import ARCH, compile_quant
-from tests.helpers import rng
+from tests.helpers import rng, session_cache_dir
 
 #: weight-only cases the prefill GEMM takes (on b200 ``nvfp4`` means W4A4; ``nvfp4:wo`` there: test_nvfp4_wo_for_b200)
 CASES = {"fp8-wo": {"default": "fp8:wo"}, "nvfp4": {"default": "nvfp4"}}
@@ -51,8 +50,7 @@ ckpt = test_lower_quant.ckpt
 
 @pytest.fixture(autouse=True)
 def _kernel_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
-                       or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
     monkeypatch.delenv(quant_prefill.ENV, raising=False)
     # the GEMV buckets as quant.cu's: FP8 and NVFP4 weight-only ones are kernel.cu's by default, with the decode
     # fusions' own arguments in their bucket-8 variants (that lowering, with this step, for both formats:

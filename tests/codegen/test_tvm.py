@@ -11,7 +11,6 @@ Everything skips where Apache TVM is not installed (``pip install 'ingot[tvm]'``
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +31,7 @@ from ingot.ir.ops.reduce import ReduceMax, ReduceMean, ReduceSum
 from ingot.ir.ops.shape import Concat, Expand, Pad, Range, Reshape, Slice, Transpose
 from ingot.ir.types import DType, TensorType
 from tests.codegen.test_lower import check_kernels
-from tests.helpers import rng
+from tests.helpers import rng, session_cache_dir
 
 pytestmark = pytest.mark.skipif(not rule.available(), reason="needs Apache TVM (pip install 'ingot[tvm]')")
 
@@ -45,8 +44,7 @@ LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "
 
 @pytest.fixture(autouse=True)
 def _kernel_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("INGOT_CACHE_DIR", os.environ.get("INGOT_TEST_KERNEL_CACHE")
-                       or str(tmp_path_factory.getbasetemp() / "kernel-cache"))
+    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
     monkeypatch.delenv("INGOT_TVM_CACHE_DIR", raising=False)
 
 

@@ -516,12 +516,13 @@ def gemv_config(n: int, k: int, mb: int, num_sms: int, warps: int | None = None,
         kwarps = _kwarps(n, k, num_sms, warps or gw, tiles or gt, stage_steps or gu, cw)
         if kwarps > 1:  # else (K not whole stages for 2 warps) the bucket's own shape, no row groups
             dw, dt, du = gw, gt, gu
-    if (wb == WB_NVFP4 and mb in NVFP4_SHAPE and (kwarps or 1) == 1 and cluster is None and ctas_per_sm is None
-            and all(v is None for v in (warps, stage_steps, splitk, tiles)) and nvfp4_shape_on()):
-        return _nvfp4_shaped(n, k, mb, num_sms)
-    if (wb == 1 and mb in FP8_SHAPE and (kwarps or 1) == 1 and cluster is None and ctas_per_sm is None
-            and all(v is None for v in (warps, stage_steps, splitk, tiles)) and fp8_shape_on()):
-        return _fp8_shaped(n, k, mb, num_sms)
+    # the quantized weights' bucket shapes, where nothing was asked for and no row groups apply
+    if (kwarps or 1) == 1 and cluster is None and ctas_per_sm is None and all(
+            v is None for v in (warps, stage_steps, splitk, tiles)):
+        if wb == WB_NVFP4 and mb in NVFP4_SHAPE and nvfp4_shape_on():
+            return _nvfp4_shaped(n, k, mb, num_sms)
+        if wb == 1 and mb in FP8_SHAPE and fp8_shape_on():
+            return _fp8_shaped(n, k, mb, num_sms)
     warps, tiles, stage_steps, kwarps = warps or dw, tiles or dt, stage_steps or du, kwarps or 1
     if warps % kwarps:
         raise ValueError(f"gemv: {kwarps} warps a row group do not divide {warps} warps")
