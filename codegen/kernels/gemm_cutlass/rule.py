@@ -156,6 +156,13 @@ SM90_EXPLORE: dict[str, tuple[Config, ...]] = {
         Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
         Config("sm90.cu", (128, 128, 128), (1, 1), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
         Config("sm90.cu", (128, 128, 128), (2, 1), schedule="PingpongFP8FastAccum", threads=384, epi_n=64),
+        # (not yet timed) the same subtiles with the scheduler's swizzle: fewer DRAM reads where x and w exceed the
+        # 50 MB L2 (8192^3), which ran at a lower clock than cuBLASLt's under the power limit
+        # (bench/run_gemm_power_gpu.sh)
+        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True, swizzle=8,
+               epi_n=64),
+        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True, swizzle=4,
+               epi_n=64),
     ),
 }
 #: the tile scheduler's raster orders (RasterOrderOptions) -> their config_tag suffix (Heuristic: none)
