@@ -233,6 +233,26 @@ def _sustained(fn: Any, iters: int, seconds: float, sample: bool = True) -> dict
     return out
 
 
+def samples_in_windows(text: str, windows: list[tuple[str, Any, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """(SM clock MHz, power W) samples of ``nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader,
+    nounits`` lines (``2026/12/02 11:39:20.123, 1980, 652.31``) by the window (name, start, end datetimes) each falls
+    in; lines that do not parse are skipped, every name of ``windows`` is a key."""
+    import datetime
+
+    out: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in windows}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            when = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f")
+            clock, power = float(parts[1]), float(parts[2])
+        except (IndexError, ValueError):
+            continue
+        for name, t0, t1 in windows:
+            if t0 <= when <= t1:
+                out[name].append((clock, power))
+    return out
+
+
 def _sustain_all(fns: dict[str, Any], iters: int, seconds: float, flops: float) -> dict[str, dict[str, Any]]:
     """Each of ``fns`` alone for ``seconds`` (``_sustained``), in two rounds, the second in reverse order: TFLOP/s
     over both, and the median SM clock and power of the samples taken while each ran (one nvidia-smi for the whole
@@ -260,17 +280,7 @@ def _sustain_all(fns: dict[str, Any], iters: int, seconds: float, flops: float) 
         if proc is not None:
             proc.terminate()
             text = proc.communicate(timeout=30)[0]
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        try:
-            when = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f")
-            clock, power = float(parts[1]), float(parts[2])
-        except (IndexError, ValueError):
-            continue
-        for name, t0, t1 in windows:
-            if t0 <= when <= t1:
-                samples[name].append((clock, power))
+    samples = samples_in_windows(text, windows)
     out: dict[str, dict[str, Any]] = {}
     for name, rs in runs.items():
         per_launch = sum(r["seconds"] for r in rs) / sum(r["launches"] for r in rs)

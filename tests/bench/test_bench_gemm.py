@@ -13,12 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "bench_gemm.py"
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gemm import build, parse_smi  # noqa: E402
+from bench_gemm import build, parse_smi, samples_in_windows  # noqa: E402
 
 
 def test_help_names_the_options():
     p = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert p.returncode == 0 and all(o in p.stdout for o in ("--top", "--only", "--sustain", "--build"))
+    assert p.returncode == 0 and all(o in p.stdout for o in ("--top", "--only", "--sustain", "--sustain-all",
+                                                             "--build"))
 
 
 def test_only_refuses_an_unknown_configuration(tmp_path):
@@ -31,3 +32,23 @@ def test_parse_smi():
     clocks, powers = parse_smi("1980, 652.31\n1755, 699.80\n[N/A], 12.0\n1830, 6")
     assert clocks == [1980.0, 1755.0, 1830.0] and powers == [652.31, 699.8, 6.0]
     assert parse_smi("") == ([], [])
+
+
+def test_samples_fall_in_their_windows():
+    """--sustain-all's one nvidia-smi run: each timestamped sample goes to the kernel that ran then; samples between
+    runs (a warm-up, the gap) and lines that do not parse go nowhere."""
+    import datetime
+
+    t = datetime.datetime(2026, 12, 2, 11, 39, 20)
+    s = datetime.timedelta(seconds=1)
+    windows = [("reference", t, t + s), ("coop", t + 2 * s, t + 3 * s), ("idle", t + 5 * s, t + 6 * s)]
+    text = "\n".join([
+        "2026/12/02 11:39:20.100, 1500, 690.10",  # reference
+        "2026/12/02 11:39:20.900, 1440, 689.00",  # reference
+        "2026/12/02 11:39:21.500, 1980, 300.00",  # between runs
+        "2026/12/02 11:39:22.250, 1575, 690.50",  # coop
+        "2026/12/02 11:39:22.350, [N/A], 690.50",  # unparsable
+        "garbage",
+    ])
+    got = samples_in_windows(text, windows)
+    assert got == {"reference": [(1500.0, 690.1), (1440.0, 689.0)], "coop": [(1575.0, 690.5)], "idle": []}
