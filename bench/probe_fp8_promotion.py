@@ -13,6 +13,11 @@ promotes: P = K. With f32 output L is exact; with bf16 output (``--bf16``) BIG i
 which loses the last wgmma's other 31 terms too, and the sum (< 128) rounds to bf16's 0.5: L to within 16.
 
     python bench/probe_fp8_promotion.py            # H200: cuBLASLt, both accumulation modes, f32 and bf16 output
+    python bench/probe_fp8_promotion.py --kernels /tmp/gk   # also ingot's FP8 CUTLASS builds there (bf16 output)
+
+``--kernels DIR`` (a ``bench/bench_gemm.py --build`` folder) probes each FP8 candidate built there the same way, bf16
+output with per-token / per-channel scales of 1: those that promote (CUTLASS's mainloop, or ingot's overlapped one)
+should give P = 128 (the bit-for-bit GPU test compares the two mainloops directly), the FP8FastAccum ones P = K.
 
 Measured on the H200 (docs/PERF.md, "FP8 prefill GEMMs at the power limit"): P = 128 without fast accumulation,
 tensorwise and rowwise, on every shape tried; P = K with it.
@@ -21,7 +26,9 @@ tensorwise and rowwise, on every shape tried; P = K with it.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -115,11 +122,54 @@ def _measure(shapes: Sequence[tuple[int, int, int]]) -> None:
                           flush=True)
 
 
+def _measure_ingot(kernel_dir: Path, shapes: Sequence[tuple[int, int, int]]) -> None:
+    import json
+
+    import torch
+
+    from ingot.codegen.kernel import KernelSpec
+    from ingot.codegen.kernels.gemm_cutlass.launch import CutlassGemm
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # the primary context, which CutlassGemm shares
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    manifest = json.loads((kernel_dir / "manifest.json").read_text())
+    for e in manifest["kernels"]:
+        if e["kind"] != "fp8":
+            continue
+        gemm = CutlassGemm(KernelSpec.from_dict(e["spec"]), (kernel_dir / f"{e['entry']}.cubin").read_bytes(),
+                           kernel_dir / f"{e['entry']}.so")
+        for m, n, k in shapes:
+            k0 = big_positions(n, k)
+            wt = np.full((n, k), SMALL, np.float32)
+            wt[np.arange(n), k0] = BIG
+            wt[:, k - 1] = -BIG
+            x = torch.ones(m, k, device="cuda").to(torch.float8_e4m3fn)
+            w = torch.from_numpy(wt).cuda().to(torch.float8_e4m3fn)
+            xs, ws = torch.ones(m, device="cuda"), torch.ones(n, device="cuda")
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            ptrs = {"x": x.data_ptr(), "weight": w.data_ptr(), "out": out.data_ptr(), "x_scale": xs.data_ptr(),
+                    "weight_scale": ws.data_ptr()}
+            gemm.launch(gemm.prepare(ptrs, m, sm_count, N=n, K=k), torch.cuda.current_stream().cuda_stream)
+            torch.cuda.synchronize()
+            lost = lost_terms(out[0].double().cpu().numpy(), k, True)
+            p = promotion_interval(k0, lost, k, True)
+            pts = " ".join(f"{k0[j]}:{lost[j]:.0f}" for j in range(0, 64, 4))
+            print(f"ingot {e['config']} {m}x{n}x{k} bf16 out: P = {p if p is not None else 'no match'} | L(k0) {pts}",
+                  flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="4096x4096x4096,8192x2048x8192,8192x3072x2048", help="MxNxK[,MxNxK...]")
+    ap.add_argument("--kernels", type=Path, default=None,
+                    help="also probe the FP8 candidates built here by bench/bench_gemm.py --build")
     a = ap.parse_args()
-    _measure([tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")])  # type: ignore[misc]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
+    _measure(shapes)  # type: ignore[arg-type]
+    if a.kernels is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        _measure_ingot(a.kernels, shapes)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ BF16=pp128x128x64c1x2,pp128x128x64c2x1,coop256x128x64c1x2,coop128x256x64c2x1
 G=${GEMM_KERNELS:-/tmp/gemm-power-kernels}
 TAILN=3 step build timeout=400 env INGOT_CUTLASS_JOBS=${INGOT_CUTLASS_JOBS:-12} python3 bench/bench_gemm.py --build $G \
   --only $FP8,$BF16
+# the promotion interval of each FP8 build (and cuBLASLt's again): P = 128 where they promote, K where fast
+TAILN=14 step promotion timeout=120 python3 bench/probe_fp8_promotion.py --kernels $G --shapes 4096x4096x4096
 for mode in fp8-row fp8-tensor bf16; do
   TAILN=8 step "sustain_$mode" timeout=300 python3 bench/bench_gemm.py --kernels $G --modes $mode \
     --shapes 8192x8192x8192,8192x16384x2048 --sustain-all "$S" --out "$OUT/gemm_$mode.json"
