@@ -1,6 +1,7 @@
 """Lowering a graph to CUDA for a GPU target: kernels, kernel table, memory plan (the artifact's ``cuda`` entry).
 
-``lower_for_target(graph, target, workdir)`` does, in order:
+``lower_for_target(graph, target, workdir)`` does, in order (``plan_kernels(graph, target)``: steps 0-2 alone, the
+``KernelPlan`` with nothing compiled):
 
 0. **serving-fuse** (serving form only; ``INGOT_NO_SERVING_FUSE=1`` skips it): the ``split`` copies of the fused
    qkv / gate_up outputs are folded into ``rope_qkv`` and a packed ``swiglu`` (``passes/fuse_split_*.py``); here
@@ -100,6 +101,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -364,13 +366,35 @@ def default_bindings(graph: Graph, limits: Mapping[str, int]) -> dict[str, int]:
     return bindings
 
 
-def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
-                     limits: Mapping[str, int] | None = None, compiler: str = "auto",
-                     progress: Callable[[str, int, int], None] | None = None) -> tuple[dict[str, Path], dict[str, Any]]:
-    """Lower ``graph`` (changed in place: types, see step 1) for a GPU ``target``. Returns the files
-    to add to the artifact (``kernels/...`` -> path under ``workdir``) and the manifest entries
-    (``cuda``, and ``kv_cache`` for the serving form). Tunable kernels are autotuned first where this machine
-    has a GPU of the target's architecture (``codegen/autotune.py``; ``progress`` reports it)."""
+@dataclass
+class KernelPlan:
+    """What ``lower_for_target`` decides before it compiles anything (``plan_kernels``): each launch with its kernel
+    spec (a CUTLASS GEMM where one applies, autotuned where this machine could), the specs kept beside them
+    (``alternatives``: the plain GEMM beside CUTLASS's, by launch index), each launch's decode variants as (max rows,
+    spec, its own arguments or None) smallest first with decode fusion and the qkv rope fusion in place
+    (``variant_lists``), the launches decode steps skip (``skips``: launch -> (rows argument, max rows); ``into``: the
+    launch that computes them instead), the row-count argument of the launches whose variants it picks
+    (``rows_args``), the autotuning results (``tuned``, ``records`` by spec key), the dims the memory plan binds and
+    the quantized prefill's temporaries."""
+
+    serving: bool
+    launches: list[Launch]
+    alternatives: dict[int, KernelSpec]
+    variant_lists: dict[int, list[tuple[int, KernelSpec, Any]]]
+    skips: dict[int, tuple[str, int]]
+    into: dict[int, int]
+    rows_args: dict[int, str]
+    tuned: dict[str, Any]
+    records: dict[str, Any]
+    bindings: dict[str, int]
+    temporaries: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_kernels(graph: Graph, target: Target | str, *, limits: Mapping[str, int] | None = None,
+                 progress: Callable[[str, int, int], None] | None = None) -> KernelPlan:
+    """Steps 0-2 of ``lower_for_target`` (the module docstring): ``graph`` changed in place as there, its launches
+    and decode variants planned and autotuned where this machine has a GPU of the target's architecture, nothing
+    compiled."""
     tgt = get_target(target)
     if not tgt.is_gpu:
         raise LoweringError(f"target {tgt.name!r} is not a GPU target")
@@ -446,6 +470,25 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
         variant_lists.update(rope.variants)
         skips.update(rope.skips)
         into.update(rope.into)
+    return KernelPlan(serving=serving, launches=launches, alternatives=alternatives, variant_lists=variant_lists,
+                      skips=skips, into=into, rows_args=rows_args, tuned=tuned, records=records, bindings=bindings,
+                      temporaries=dict(prefill.temporaries))
+
+
+def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
+                     limits: Mapping[str, int] | None = None, compiler: str = "auto",
+                     progress: Callable[[str, int, int], None] | None = None) -> tuple[dict[str, Path], dict[str, Any]]:
+    """Lower ``graph`` (changed in place: types, see step 1) for a GPU ``target``. Returns the files
+    to add to the artifact (``kernels/...`` -> path under ``workdir``) and the manifest entries
+    (``cuda``, and ``kv_cache`` for the serving form). Tunable kernels are autotuned first where this machine
+    has a GPU of the target's architecture (``codegen/autotune.py``; ``progress`` reports it). ``plan_kernels`` is
+    its planning alone."""
+    tgt = get_target(target)
+    limits = dict(limits or {})
+    kp = plan_kernels(graph, tgt, limits=limits, progress=progress)
+    serving, launches, alternatives, variant_lists = kp.serving, kp.launches, kp.alternatives, kp.variant_lists
+    skips, into, rows_args, tuned, records, bindings = (kp.skips, kp.into, kp.rows_args, kp.tuned, kp.records,
+                                                       kp.bindings)
     kdir = Path(workdir) / "kernels"
     kdir.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
@@ -514,7 +557,7 @@ def lower_for_target(graph: Graph, target: Target | str, workdir: str | Path, *,
               "dtype": node.inputs[0].type.dtype.value, "group_size": node.op.group_size}  # type: ignore
              for j, (i, node, spec, args) in enumerate(launches)]
     # fused variants read their skipped producer's input: it stays live until their node
-    temporaries = {**prefill.temporaries, **blockscaled_rule.temporaries(graph, tgt)}  # W4A4: quantized x
+    temporaries = {**kp.temporaries, **blockscaled_rule.temporaries(graph, tgt)}  # W4A4: quantized x
     # weights a skinny GEMM variant reads through its module's tensor map: whole rows from the region's base
     pitches = skinny_rule.weight_pitches(table, {e: k["spec"] for e, k in variant_kernels.items()})
     plan = plan_memory(graph, bindings, reads=decode_fusion.variant_reads(table), temporaries=temporaries,

@@ -193,34 +193,25 @@ def test_nvfp4_weight_only_variants_split_bucket_8(target, monkeypatch):
     assert [mb for mb, _ in variants(*qtypes("fp8", *QKV), tgt)] == list(BUCKETS)
 
 
-def _nvfp4_llama_plan(tmp_path):
+def _nvfp4_llama_plan(tmp_path, monkeypatch):
     """The Llama-3.2-1B-shaped layer (one layer, vocab 512) with its layers' linears NVFP4 weight-only (the lm_head
-    bf16), planned as ``lower.lower_for_target`` plans them as far as the decode variants, the prefill GEMM off (the
-    variants take the quantized launch's arguments): (launches, decode fusion, qkv rope fusion, the variant lists
-    with both fusions in place). Weights are never read."""
-    from ingot.codegen import decode_fusion, qkv_rope_fusion
-    from ingot.codegen.lower import gemv_variant_plans, plan_launches, to_device_dtypes
-    from ingot.codegen.rope_cache_fusion import fuse as fuse_rope_cache
+    bf16), planned by ``lower.plan_kernels`` (nothing compiled; the prefill GEMM off: the variants take the quantized
+    launch's arguments): its launches and the variant lists with decode fusion and the qkv rope fusion in place, and
+    the launches decode steps skip (``skips``, ``into``). Weights are never read."""
+    from ingot.codegen.lower import plan_kernels
     from ingot.passes import PassContext, run_passes
     from ingot.passes.quantize import quantize_linear_node
     from ingot.quant.config import parse_spec
     from tests.codegen.test_fuse_split_lower import _graph
 
     g = _graph(tmp_path)
-    run_passes(g, "serving-fuse", PassContext())
+    run_passes(g, "serving-fuse", PassContext())  # the fused names (layers.0.qkv) the quantization below finds
     q, users = parse_spec("nvfp4:wo", "h200"), g.users()
     for node in list(g.nodes):
         if node.op.name == "linear" and node.outputs[0].name.startswith("layers."):
             quantize_linear_node(g, node, q, None, users)
-    to_device_dtypes(g)
-    launches = fuse_rope_cache(g, plan_launches(g, H200), H200)
-    plans = gemv_variant_plans(launches, H200)
-    fusion = decode_fusion.plan(g, launches, plans, H200)
-    lists = {j: [(mr, v, None) for mr, v in found] for j, found in plans.items()}
-    lists.update(fusion.variants)
-    rope = qkv_rope_fusion.plan(g, launches, lists, H200)
-    lists.update(rope.variants)
-    return launches, fusion, rope, lists
+    monkeypatch.setenv("INGOT_NO_SERVING_FUSE", "1")  # done above
+    return plan_kernels(g, H200)
 
 
 def test_nvfp4_split_bucket_8_takes_the_decode_fusions(tmp_path, monkeypatch):
@@ -232,14 +223,15 @@ def test_nvfp4_split_bucket_8_takes_the_decode_fusions(tmp_path, monkeypatch):
                  "INGOT_ROPE_CACHE_FUSION", "INGOT_DECODE_FUSION"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("INGOT_QUANT_PREFILL_GEMM", "0")
-    launches, fusion, rope, lists = _nvfp4_llama_plan(tmp_path)
+    kp = _nvfp4_llama_plan(tmp_path, monkeypatch)
+    launches, lists = kp.launches, kp.variant_lists
     by_out = {node.outputs[0].name: j for j, (_, node, _, _) in enumerate(launches)}
     qkv, o = by_out["layers.0.qkv"], by_out["layers.0.attn_out"]
     assert launches[qkv][1].op.name == launches[o][1].op.name == "quantized_linear"
     norm = by_out["layers.0.attn_norm"]
-    assert fusion.skips[norm][1] == 8 and fusion.into[norm] == qkv
-    (j_rope,) = [j for j in rope.into if launches[j][1].op.name == "rope_qkv"]
-    assert rope.into[j_rope] == qkv
+    assert kp.skips[norm][1] == 8 and kp.into[norm] == qkv
+    (j_rope,) = [j for j in kp.into if launches[j][1].op.name == "rope_qkv"]
+    assert kp.into[j_rope] == qkv
     (m4, rows, own4), (m8, split, own8), *rest = lists[qkv]
     assert (m4, m8) == (NVFP4_SPLIT8_ROWS, 8) and [mr for mr, _, _ in rest] == [16, 32, 64]
     assert rows.value("KW") > 1 and not rows.value("CLUSTER")

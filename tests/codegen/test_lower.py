@@ -90,6 +90,36 @@ def test_tiny_llama_compiles_for_gpu(tmp_path, target):
     assert manifest["outputs"] == [{"name": "logits", "dtype": "f32", "shape": ["S", 256]}]
 
 
+def test_plan_kernels_is_what_the_lowering_compiles(tmp_path, monkeypatch):
+    """``lower.plan_kernels`` (the planning alone) compiles nothing, and ``lower_for_target`` builds exactly what it
+    planned: each launch's kernel, its decode variants in order, the launches decode steps skip."""
+    from ingot.codegen import lower
+
+    real, seen = lower.plan_kernels, []
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("plan_kernels compiled a kernel")
+
+    def planning(*args, **kwargs):
+        with monkeypatch.context() as m:
+            for mod, name in ((lower, "compile_spec"), (lower, "compile_source"),
+                              (lower.cutlass_params, "build_linear")):
+                m.setattr(mod, name, refuse)
+            seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(lower, "plan_kernels", planning)
+    path = ingot.compile(TINY_KV, target="h200", out=tmp_path / "t.ingot", mode="llm")
+    (kp,) = seen
+    launches = json.loads((path / "manifest.json").read_text())["cuda"]["launches"]
+    assert [ln.get("kernel") for ln in launches] == [s.entry if s is not None else None for _, _, s, _ in kp.launches]
+    assert any(ln.get("variants") for ln in launches) and any("skip" in ln for ln in launches)
+    for j, ln in enumerate(launches):
+        assert [(v["kernel"], v["max_rows"]) for v in ln.get("variants", [])] == [
+            (v.entry, mr) for mr, v, _ in kp.variant_lists.get(j, [])], ln["source"]
+        assert ln.get("skip") == ({"max_rows": kp.skips[j][1], "into": kp.into[j]} if j in kp.skips else None)
+
+
 def test_hf_checkpoint_compiles_for_gpu(tmp_path):
     cfg = {**TINY_CONFIG, "tie_word_embeddings": True}
     ckpt = write_checkpoint(tmp_path / "ckpt", cfg, random_weights(cfg, rng()))
