@@ -171,8 +171,8 @@ RASTER_TAGS = {"Heuristic": "", "AlongM": "rm", "AlongN": "rn"}
 
 def config_tag(cfg: Config) -> str:
     """A short name for a configuration, e.g. ``coop128x256x64c2x1``; the sm90 knobs where not CUTLASS's defaults:
-    ``ov`` after the schedule (overlapped promotion), ``s4`` (max swizzle 4), ``rm`` / ``rn`` (raster along M / N)
-    at the end, e.g. ``coopov128x128x128c1x2s4``."""
+    ``ov`` after the schedule (overlapped promotion), ``s4`` (max swizzle 4), ``rm`` / ``rn`` (raster along M / N),
+    ``e64`` (64-column epilogue subtiles) at the end, e.g. ``coopov128x128x128c1x2s4``, ``coopov128x128x128c2x1e64``."""
     sched = cfg.schedule.replace("Cooperative", "coop").replace("Pingpong", "pp").replace("FP8FastAccum", "fa")
     knobs = (f"{'s' + str(cfg.swizzle) if cfg.swizzle != 1 else ''}{RASTER_TAGS[cfg.raster]}"
              f"{'e' + str(cfg.epi_n) if cfg.epi_n else ''}")
