@@ -167,14 +167,20 @@ def _graph_time(fn: Any, iters: int, reps: int) -> float:
     return time_graph(lambda i: fn(), iters, reps)
 
 
+def interleaved_order(n: int, reps: int) -> list[int]:
+    """The replay order of ``n`` graphs over ``reps`` rounds: forward, then backward (A B, B A, A B, ...), so that
+    no graph always runs first after the host's synchronization (when the clock may have risen) or right after the
+    same neighbour."""
+    return [i for r in range(reps) for i in (range(n) if r % 2 == 0 else range(n - 1, -1, -1))]
+
+
 def _ab_time(fns: list[Any], iters: int, reps: int) -> list[float]:
-    """Median seconds per call of each of ``fns``, their graph replays interleaved (A B A B ...) so clock and
-    temperature drift over the run reach every one alike."""
+    """Median seconds per call of each of ``fns``, their graph replays interleaved (``interleaved_order``) so clock
+    and temperature drift over the run reach every one alike."""
     graphs = [capture_graph(lambda i, fn=fn: fn(), iters) for fn in fns]
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
-        for g, t in zip(graphs, times):
-            t.append(replay_seconds(g, iters))
+    for i in interleaved_order(len(graphs), reps):
+        times[i].append(replay_seconds(graphs[i], iters))
     return [statistics.median(t) for t in times]
 
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "bench_gemm.py"
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gemm import build, parse_smi, samples_in_windows  # noqa: E402
+from bench_gemm import build, interleaved_order, parse_smi, samples_in_windows  # noqa: E402
 
 
 def test_help_names_the_options():
@@ -52,3 +52,12 @@ def test_samples_fall_in_their_windows():
     ])
     got = samples_in_windows(text, windows)
     assert got == {"reference": [(1500.0, 690.1), (1440.0, 689.0)], "coop": [(1575.0, 690.5)], "idle": []}
+
+
+def test_interleaved_order_alternates_direction():
+    """The A/B rounds run forward then backward: every graph runs reps times, first in a round as often as last."""
+    assert interleaved_order(2, 4) == [0, 1, 1, 0, 0, 1, 1, 0]
+    order = interleaved_order(3, 6)
+    assert [order.count(i) for i in range(3)] == [6, 6, 6]
+    firsts = [order[3 * r] for r in range(6)]
+    assert firsts.count(0) == firsts.count(2) == 3
