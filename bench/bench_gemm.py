@@ -199,6 +199,25 @@ def parse_smi(text: str) -> tuple[list[float], list[float]]:
     return clocks, powers
 
 
+def _smi_start(query: str) -> subprocess.Popen | None:
+    """``nvidia-smi`` sampling ``query`` (``--query-gpu`` fields) of the current device every 100 ms as CSV without
+    header or units; None without nvidia-smi. ``_smi_stop`` ends it and returns its lines."""
+    import torch
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    return subprocess.Popen([smi, f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", "100", "-i",
+                             str(torch.cuda.current_device())], stdout=subprocess.PIPE, text=True)
+
+
+def _smi_stop(proc: subprocess.Popen | None) -> str:
+    if proc is None:
+        return ""
+    proc.terminate()
+    return proc.communicate(timeout=30)[0]
+
+
 def _sustained(fn: Any, iters: int, seconds: float, sample: bool = True) -> dict[str, Any]:
     """``fn`` back to back for ``seconds`` (a CUDA graph of ``iters`` launches replayed, after half a second of warm-up)
     while ``nvidia-smi`` samples the SM clock and the power draw every 100 ms: seconds per launch over the whole run
@@ -208,11 +227,7 @@ def _sustained(fn: Any, iters: int, seconds: float, sample: bool = True) -> dict
     import torch
 
     g = capture_graph(lambda i: fn(), iters)
-    smi = shutil.which("nvidia-smi") if sample else None
-    proc = None
-    if smi:
-        proc = subprocess.Popen([smi, "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms",
-                                 "100", "-i", str(torch.cuda.current_device())], stdout=subprocess.PIPE, text=True)
+    proc = _smi_start("clocks.sm,power.draw") if sample else None
     try:
         t_end = time.perf_counter() + 0.5
         while time.perf_counter() < t_end:  # synchronized: an unbounded queue of replays would run on for seconds
@@ -227,10 +242,7 @@ def _sustained(fn: Any, iters: int, seconds: float, sample: bool = True) -> dict
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
     finally:
-        text = ""
-        if proc is not None:
-            proc.terminate()
-            text = proc.communicate(timeout=10)[0]
+        text = _smi_stop(proc)
     out: dict[str, Any] = {"seconds": elapsed, "launches": launches, "per_launch_s": elapsed / launches}
     clocks, powers = parse_smi(text)
     if clocks:
@@ -265,14 +277,7 @@ def _sustain_all(fns: dict[str, Any], iters: int, seconds: float, flops: float) 
     call: starting one a run costs seconds)."""
     import datetime
 
-    import torch
-
-    smi = shutil.which("nvidia-smi")
-    proc = None
-    if smi:
-        proc = subprocess.Popen([smi, "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                                 "-lms", "100", "-i", str(torch.cuda.current_device())], stdout=subprocess.PIPE,
-                                text=True)
+    proc = _smi_start("timestamp,clocks.sm,power.draw")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in fns}
     windows: list[tuple[str, datetime.datetime, datetime.datetime]] = []
     try:
@@ -282,10 +287,7 @@ def _sustain_all(fns: dict[str, Any], iters: int, seconds: float, flops: float) 
                 runs[name].append(_sustained(fns[name], iters, seconds, sample=False))
                 windows.append((name, t0 + datetime.timedelta(seconds=0.6), datetime.datetime.now()))
     finally:
-        text = ""
-        if proc is not None:
-            proc.terminate()
-            text = proc.communicate(timeout=30)[0]
+        text = _smi_stop(proc)
     samples = samples_in_windows(text, windows)
     out: dict[str, dict[str, Any]] = {}
     for name, rs in runs.items():

@@ -9,8 +9,9 @@ Operands: every row of x is ones; column j of w holds ``BIG`` (256) at k0_j and 
 so the exact sum is BIG + (K - 1) SMALL. A partial that holds BIG loses the small terms added into it, so the count
 lost, L = (exact - got) / SMALL, is the rest of BIG's promotion chunk: L(k0) = P - 1 - 32 floor((k0 mod P) / 32)
 (the terms of BIG's own wgmma are all lost, those of earlier wgmmas in the chunk kept). Fast accumulation never
-promotes: P = K. With f32 output L is exact; with bf16 output (``--bf16``) BIG is cancelled by -BIG at k = K - 1,
-which loses the last wgmma's other 31 terms too, and the sum (< 128) rounds to bf16's 0.5: L to within 16.
+promotes: P = K. With f32 output L is exact; for bf16 output (rowwise scales, ingot's kernels) BIG is cancelled by
+-BIG at k = K - 1, which loses the last wgmma's other 31 terms too, and the sum (< 128) rounds to bf16's 0.5: L to
+within 16.
 
     python bench/probe_fp8_promotion.py            # H200: cuBLASLt, both accumulation modes, f32 and bf16 output
     python bench/probe_fp8_promotion.py --kernels /tmp/gk   # also ingot's FP8 CUTLASS builds there (bf16 output)
@@ -41,6 +42,23 @@ WGMMA_K = 32
 def big_positions(n: int, k: int, stride: int = 8) -> np.ndarray:
     """k0 of each of ``n`` columns: 0, stride, 2 stride, ... in the first half of K (the cancelling -BIG is last)."""
     return (np.arange(n) * stride) % (k // 2)
+
+
+def probe_weights(n: int, k: int, k0: np.ndarray, cancel: bool) -> np.ndarray:
+    """w[n, k] (f32 values exact in e4m3): SMALL everywhere, BIG at (j, k0[j]), and with ``cancel`` -BIG at k - 1."""
+    w = np.full((n, k), SMALL, np.float32)
+    w[np.arange(n), k0] = BIG
+    if cancel:
+        w[:, k - 1] = -BIG
+    return w
+
+
+def report(label: str, k0: np.ndarray, got: np.ndarray, k: int, cancel: bool) -> None:
+    """One line: the interval found from the column sums ``got`` and the losses of the first columns."""
+    lost = lost_terms(got, k, cancel)
+    p = promotion_interval(k0, lost, k, cancel)
+    pts = " ".join(f"{k0[j]}:{lost[j]:.0f}" for j in range(0, min(64, len(k0)), 4))
+    print(f"{label}: P = {p if p is not None else 'no match'} | L(k0) {pts}", flush=True)
 
 
 def lost_terms(got: np.ndarray, k: int, cancel: bool) -> np.ndarray:
@@ -76,11 +94,7 @@ def simulate(k: int, k0: np.ndarray, p: int, cancel: bool, bits: int = 13) -> np
     partial with everything below 2^(bits) ulps of the largest magnitude dropped (truncated), a fresh partial every
     ``p`` columns promoted into an f64 sum."""
     out = np.empty(len(k0))
-    for j, kb in enumerate(k0):
-        col = np.full(k, SMALL)
-        col[kb] = BIG
-        if cancel:
-            col[k - 1] = -BIG
+    for j, col in enumerate(probe_weights(len(k0), k, k0, cancel).astype(np.float64)):
         total = 0.0
         for c0 in range(0, k, p):
             partial = 0.0
@@ -101,11 +115,7 @@ def _measure(shapes: Sequence[tuple[int, int, int]]) -> None:
         k0 = big_positions(n, k)
         x = torch.ones(m, k, device=dev).to(torch.float8_e4m3fn)
         for cancel in (False, True):
-            wt = np.full((n, k), SMALL, np.float32)
-            wt[np.arange(n), k0] = BIG
-            if cancel:
-                wt[:, k - 1] = -BIG
-            w = torch.from_numpy(wt).to(dev).to(torch.float8_e4m3fn)
+            w = torch.from_numpy(probe_weights(n, k, k0, cancel)).to(dev).to(torch.float8_e4m3fn)
             one = torch.ones((), device=dev)
             cases = {"tensorwise": (one, one), "rowwise": (torch.ones(m, 1, device=dev), torch.ones(1, n, device=dev))}
             for scaling, (sa, sb) in cases.items():
@@ -114,12 +124,8 @@ def _measure(shapes: Sequence[tuple[int, int, int]]) -> None:
                 for fast in (False, True):
                     out = torch._scaled_mm(x, w.t(), scale_a=sa, scale_b=sb, use_fast_accum=fast,
                                            out_dtype=torch.bfloat16 if cancel else torch.float32)
-                    lost = lost_terms(out[0].double().cpu().numpy(), k, cancel)
-                    p = promotion_interval(k0, lost, k, cancel)
-                    pts = " ".join(f"{k0[j]}:{lost[j]:.0f}" for j in range(0, 64, 4))
-                    print(f"{m}x{n}x{k} {scaling} {'bf16' if cancel else 'f32'} out, fast accumulation "
-                          f"{'on' if fast else 'off'}: P = {p if p is not None else 'no match'} | L(k0) {pts}",
-                          flush=True)
+                    report(f"{m}x{n}x{k} {scaling} {'bf16' if cancel else 'f32'} out, fast accumulation "
+                           f"{'on' if fast else 'off'}", k0, out[0].double().cpu().numpy(), k, cancel)
 
 
 def _measure_ingot(kernel_dir: Path, shapes: Sequence[tuple[int, int, int]]) -> None:
@@ -141,22 +147,15 @@ def _measure_ingot(kernel_dir: Path, shapes: Sequence[tuple[int, int, int]]) -> 
                            kernel_dir / f"{e['entry']}.so")
         for m, n, k in shapes:
             k0 = big_positions(n, k)
-            wt = np.full((n, k), SMALL, np.float32)
-            wt[np.arange(n), k0] = BIG
-            wt[:, k - 1] = -BIG
             x = torch.ones(m, k, device="cuda").to(torch.float8_e4m3fn)
-            w = torch.from_numpy(wt).cuda().to(torch.float8_e4m3fn)
+            w = torch.from_numpy(probe_weights(n, k, k0, True)).cuda().to(torch.float8_e4m3fn)
             xs, ws = torch.ones(m, device="cuda"), torch.ones(n, device="cuda")
             out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             ptrs = {"x": x.data_ptr(), "weight": w.data_ptr(), "out": out.data_ptr(), "x_scale": xs.data_ptr(),
                     "weight_scale": ws.data_ptr()}
             gemm.launch(gemm.prepare(ptrs, m, sm_count, N=n, K=k), torch.cuda.current_stream().cuda_stream)
             torch.cuda.synchronize()
-            lost = lost_terms(out[0].double().cpu().numpy(), k, True)
-            p = promotion_interval(k0, lost, k, True)
-            pts = " ".join(f"{k0[j]}:{lost[j]:.0f}" for j in range(0, 64, 4))
-            print(f"ingot {e['config']} {m}x{n}x{k} bf16 out: P = {p if p is not None else 'no match'} | L(k0) {pts}",
-                  flush=True)
+            report(f"ingot {e['config']} {m}x{n}x{k} bf16 out", k0, out[0].double().cpu().numpy(), k, True)
 
 
 def main() -> None:
