@@ -124,8 +124,7 @@ def test_new_candidates_render(tag):
         values = dict(spec.values)
         assert (values["OVERLAP_PROMOTION"], values["MAX_SWIZZLE"], values["RASTER"], values["EPI_N"]) == (
             cfg.overlap, cfg.swizzle, cfg.raster, cfg.epi_n)
-        # the epilogue subtile: CUTLASS's (EPI_N 0) or EPI_M x EPI_N, EPI_M a warpgroup's rows of the tile
-        assert values["EPI_M"] == (128 if cfg.schedule.startswith("Cooperative") else 64)
+        # the epilogue subtile: CUTLASS's (EPI_N 0) or kEpiM x EPI_N, kEpiM a warpgroup's rows of the tile
         assert f"cute::conditional_t<{cfg.epi_n} == 0, cutlass::epilogue::collective::EpilogueTileAuto," in src
         assert (f"e{cfg.epi_n}" in tag) == (cfg.epi_n != 0)
         assert f"max_swizzle_size = {cfg.swizzle};" in src and f"RasterOrderOptions::{cfg.raster};" in src

@@ -290,7 +290,6 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
         values["SCHEDULE"] = cfg.schedule
         values["EPILOGUE_SCHEDULE"] = "Cooperative" if cfg.schedule.startswith("Cooperative") else ""
         values |= {"OVERLAP_PROMOTION": cfg.overlap, "MAX_SWIZZLE": cfg.swizzle, "RASTER": cfg.raster,
-                   "EPI_M": min(128 if cfg.schedule.startswith("Cooperative") else 64, cfg.tile[0]),
                    "EPI_N": cfg.epi_n}
     if cfg.template == "sm100_blockscaled.cu":
         values["SF_VECTOR"] = 16 if kind == "nvfp4" else 32

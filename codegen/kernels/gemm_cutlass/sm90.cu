@@ -18,10 +18,14 @@ constexpr int kAlignOut = 128 / cutlass::sizeof_bits<ElementOut>::value;
 using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecialized${SCHEDULE};
 using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized${EPILOGUE_SCHEDULE};
 
-// the epilogue's subtile: CUTLASS's choice (EPI_N 0: ${EPI_M} x 32 for bf16 output) or ${EPI_M} x EPI_N (fewer
-// subtiles a tile: fewer shared-memory round trips and barriers, more shared memory taken from the mainloop's stages)
+// the epilogue's subtile: CUTLASS's choice (EPI_N 0: kEpiM x 32 for bf16 output) or kEpiM x EPI_N (fewer subtiles a
+// tile: fewer shared-memory round trips and barriers, more shared memory taken from the mainloop's stages); kEpiM is
+// CUTLASS's row count, a warpgroup's rows of the tile (128 cooperative, 64 ping-pong)
+constexpr int kEpiM =
+    cute::min(cute::is_same_v<EpilogueSchedule, cutlass::epilogue::TmaWarpSpecializedCooperative> ? 128 : 64,
+              ${TILE_M});
 using EpilogueTile = cute::conditional_t<${EPI_N} == 0, cutlass::epilogue::collective::EpilogueTileAuto,
-                                         Shape<Int<${EPI_M}>, Int<(${EPI_N} == 0 ? 32 : ${EPI_N})>>>;
+                                         Shape<Int<kEpiM>, Int<(${EPI_N} == 0 ? 32 : ${EPI_N})>>>;
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, CtaTile, ClusterShape,
     EpilogueTile, float, float,

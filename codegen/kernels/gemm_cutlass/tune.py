@@ -29,7 +29,7 @@ from . import cutlass_params as cp
 from .rule import OPERANDS, Config, candidate_configs
 
 KNOBS = ("TILE_M", "TILE_N", "TILE_K", "CLUSTER_M", "CLUSTER_N", "SCHEDULE", "EPILOGUE_SCHEDULE", "OVERLAP_PROMOTION",
-         "MAX_SWIZZLE", "RASTER", "EPI_M", "EPI_N")
+         "MAX_SWIZZLE", "RASTER", "EPI_N")
 #: rows timed where the launch's row bound is not among the bindings (lower.py's default step budget)
 DEFAULT_ROWS = 2048
 #: operand kind -> the numpy dtype name of x and w in the timing buffers
