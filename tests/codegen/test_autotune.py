@@ -28,8 +28,8 @@ from ingot.codegen.target import get_target
 from ingot.ir.types import DType
 from ingot.runtime.artifact import load_graph
 from ingot.runtime.paged import PagedModel
-from tests.codegen.common import needs_compiler
-from tests.helpers import rng, session_cache_dir
+from tests.codegen.common import needs_compiler, session_kernel_cache  # noqa: F401 (a fixture)
+from tests.helpers import rng
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 TINY_KV = FIXTURES / "tiny_llama_kv.onnx"
@@ -37,12 +37,13 @@ H200 = get_target("h200")
 GPU = at.GpuInfo("NVIDIA H200", 90, 13000, 132)
 
 
+pytestmark = pytest.mark.usefixtures("session_kernel_cache")
+
+
 @pytest.fixture(autouse=True)
-def _cache(tmp_path, tmp_path_factory, monkeypatch):
-    """Kernels compile into a cache shared by the module's tests; autotune results go to a fresh one per test
-    (``cache_dir`` is read at each use, so the autotune cache is the test's own folder)."""
-    kernels = session_cache_dir(tmp_path_factory)
-    monkeypatch.setenv("INGOT_CACHE_DIR", kernels)
+def _cache(tmp_path, monkeypatch):
+    """Kernels compile into the session's cache; autotune results go to a fresh one per test (``cache_dir`` is read
+    at each use, so the autotune cache is the test's own folder)."""
     monkeypatch.setattr(at, "cache_dir", lambda: tmp_path / "tune-cache")
     monkeypatch.setenv(at.ENV, "auto")
     monkeypatch.setenv(at.CUTLASS_ENV, "1")

@@ -22,7 +22,7 @@ from ingot.codegen.target import get_target
 from ingot.ir.graph import Graph, Weight
 from ingot.ir.ops.quantized import QuantizedLinear
 from ingot.ir.types import DType, TensorType
-from tests.helpers import session_cache_dir
+from tests.codegen.common import session_kernel_cache  # noqa: F401 (a fixture)
 
 B200 = get_target("b200")
 needs_cutlass = pytest.mark.skipif(not cutlass_available(),
@@ -114,14 +114,14 @@ def test_no_cutlass_declines(monkeypatch):
 @needs_cutlass
 @pytest.mark.parametrize("fmt", ["nvfp4", pytest.param("mxfp4", marks=pytest.mark.skipif(
     not os.environ.get("INGOT_SLOW"), reason="set INGOT_SLOW=1 to probe the MXFP4 layout too (~40 s in CI)"))])
-def test_params_layout_reproduces_cutlass(fmt, tmp_path_factory, monkeypatch):
+@pytest.mark.usefixtures("session_kernel_cache")
+def test_params_layout_reproduces_cutlass(fmt):
     """``derive_layout`` checks the layout against all probe shapes (it raises otherwise); here: the scale-factor
     descriptors and layout integers it found, and a blob for one more shape; for both epilogues (plain, residual).
 
     The two probes build side by side, one a core, into the session's kernel cache (test_lower_quant.py's): the W4A4
     lowering there needs both layouts (its plain and residual GEMMs), and finds them there instead of building the
     residual one alone beside its cubins."""
-    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
     with ThreadPoolExecutor(2) as pool:
         layout, res_layout = pool.map(lambda r: cp.params_layout(bs.blockscaled_spec(fmt, B200, residual=r)),
                                       (False, True))

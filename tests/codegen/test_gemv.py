@@ -34,9 +34,9 @@ from tests.codegen.common import (  # noqa: F401 (autouse fixture)
     needs_compiler,
     needs_cuobjdump,
     sass_opcodes,
+    session_kernel_cache,
 )
 from tests.codegen.test_decode_fusion import W_FIRST, W_NC, WAIT, X_LOAD, X_NC, check_pdl_order, sass_sequence
-from tests.helpers import session_cache_dir
 
 
 @pytest.fixture(autouse=True)
@@ -126,7 +126,8 @@ def test_variants_only_for_bf16_linear():
 
 
 @needs_compiler
-def test_lowering_records_variants(tmp_path, tmp_path_factory, monkeypatch):
+@pytest.mark.usefixtures("session_kernel_cache")
+def test_lowering_records_variants(tmp_path, monkeypatch):
     """Every linear of the tiny Llama lowered for h200 has its GEMV variants. Compiled through the session's kernel
     cache (test_lower.py's), not this module's: the lowering also builds the h200 CUTLASS GEMMs, minutes cold, and
     test_lower.py builds the same ones."""
@@ -134,7 +135,6 @@ def test_lowering_records_variants(tmp_path, tmp_path_factory, monkeypatch):
 
     import ingot
 
-    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
     monkeypatch.setenv(KW_ENV, "1")  # the default, set: recorded among the artifact's switches
     fixtures = Path(__file__).resolve().parent.parent / "fixtures"
     path = ingot.compile(fixtures / "tiny_llama_kv.onnx", target="h200", out=tmp_path / "t.ingot", mode="llm")

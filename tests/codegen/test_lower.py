@@ -24,17 +24,16 @@ from ingot.codegen.memory_plan import PlanError, eval_dim, plan_memory
 from ingot.codegen.sass import disassemble, find_cuobjdump, sass_arch
 from ingot.runtime.artifact import load_graph
 from ingot.runtime.paged import PagedModel, greedy_generate
+from tests.codegen.common import session_kernel_cache  # noqa: F401 (the module's cache, pytestmark)
 from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
-from tests.helpers import rng, session_cache_dir
+from tests.helpers import rng
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 TINY_KV = FIXTURES / "tiny_llama_kv.onnx"
 ARCH = {"h200": "sm_90a", "h100": "sm_90a", "b200": "sm_100a"}
 
 
-@pytest.fixture(autouse=True)
-def _kernel_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
+pytestmark = pytest.mark.usefixtures("session_kernel_cache")
 
 
 def check_kernels(path: Path, target: str) -> dict:

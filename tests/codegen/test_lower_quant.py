@@ -37,9 +37,9 @@ from ingot.runtime.artifact import load_graph
 from ingot.runtime.cuda_launch import CutlassLaunch, cutlass_nk
 from ingot.runtime.paged import PagedModel
 from ingot.runtime.safetensors_io import SafetensorsFile
-from tests.codegen.common import assert_no_local_memory
+from tests.codegen.common import assert_no_local_memory, session_kernel_cache  # noqa: F401 (a fixture)
 from tests.frontend.dense_llama import TINY_CONFIG, random_weights, write_checkpoint
-from tests.helpers import rng, session_cache_dir
+from tests.helpers import rng
 from tests.runtime.serving_models import write_byte_tokenizer
 
 #: hidden 128, 4 query / 2 KV heads of 64, MLP 256: K is 128 or 256 for every linear
@@ -75,9 +75,11 @@ def ckpt(tmp_path_factory):
     return quant_checkpoint(tmp_path_factory.mktemp("quant-llama"))
 
 
+pytestmark = pytest.mark.usefixtures("session_kernel_cache")
+
+
 @pytest.fixture(autouse=True)
-def _kernel_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
+def _kernel_cache(monkeypatch):
     # the quantized GEMV at every row count: the prefill dequantize + GEMM pairs (on by default) have their own tests
     # (tests/codegen/test_quant_prefill_gemm.py)
     monkeypatch.setenv("INGOT_QUANT_PREFILL_GEMM", "0")

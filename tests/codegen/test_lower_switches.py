@@ -24,9 +24,8 @@ from ingot.codegen import decode_fusion, qkv_rope_fusion, quant_prefill, rope_ca
 from ingot.codegen.kernels.attention import prefill_rule
 from ingot.runtime.artifact import load_graph
 from tests.codegen import test_lower_quant
-from tests.codegen.common import needs_compiler
+from tests.codegen.common import needs_compiler, session_kernel_cache  # noqa: F401 (a fixture)
 from tests.codegen.test_lower_quant import FAST
-from tests.helpers import session_cache_dir
 
 SWITCHES = {rope_cache_fusion.ENV: "1", quant_prefill.ENV: "1", "INGOT_PREFILL_ATTENTION": "wgmma",
             "INGOT_DECODE_FUSION": "1", qkv_rope_fusion.ENV: "all"}
@@ -37,14 +36,13 @@ LAYERS = 2
 #: quantized linears of the tiny Llama: qkv, o_proj, gate_up, down per layer (the lm_head stays bf16)
 QUANTIZED = 4 * LAYERS
 
-pytestmark = needs_compiler
+pytestmark = [needs_compiler, pytest.mark.usefixtures("session_kernel_cache")]
 #: the tiny quantized Llama's checkpoint (a module-scoped fixture)
 ckpt = test_lower_quant.ckpt
 
 
 @pytest.fixture(autouse=True)
-def _environment(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
+def _environment(monkeypatch):
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")  # the template GEMMs: no nvcc builds (CUTLASS: their own tests)
     monkeypatch.setenv("INGOT_AUTOTUNE", "0")
     for k in SWITCHES:

@@ -34,10 +34,15 @@ from ingot.ir.quant.packing import pack_e2m1, unpack_e2m1
 from ingot.runtime.artifact import load_graph
 from ingot.runtime.paged import PagedModel
 from tests.codegen import test_lower_quant
-from tests.codegen.common import assert_no_local_memory, needs_compiler, sass_opcodes
+from tests.codegen.common import (  # noqa: F401 (session_kernel_cache: a fixture)
+    assert_no_local_memory,
+    needs_compiler,
+    sass_opcodes,
+    session_kernel_cache,
+)
 from tests.codegen.test_lower import live_ranges
 from tests.codegen.test_lower_quant import ARCH, compile_quant
-from tests.helpers import rng, session_cache_dir
+from tests.helpers import rng
 
 #: weight-only cases the prefill GEMM takes (on b200 ``nvfp4`` means W4A4; ``nvfp4:wo`` there: test_nvfp4_wo_for_b200)
 CASES = {"fp8-wo": {"default": "fp8:wo"}, "nvfp4": {"default": "nvfp4"}}
@@ -48,9 +53,11 @@ LINEARS = {"qkv": (512, 128, False), "attn_out": (128, 256, True), "gate_up": (5
 ckpt = test_lower_quant.ckpt
 
 
+pytestmark = pytest.mark.usefixtures("session_kernel_cache")
+
+
 @pytest.fixture(autouse=True)
-def _kernel_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
+def _kernel_cache(monkeypatch):
     monkeypatch.delenv(quant_prefill.ENV, raising=False)
     # the GEMV buckets as quant.cu's: FP8 and NVFP4 weight-only ones are kernel.cu's by default, with the decode
     # fusions' own arguments in their bucket-8 variants (that lowering, with this step, for both formats:

@@ -30,10 +30,12 @@ from ingot.ir.ops.pool import AvgPool, GlobalAvgPool, MaxPool
 from ingot.ir.ops.reduce import ReduceMax, ReduceMean, ReduceSum
 from ingot.ir.ops.shape import Concat, Expand, Pad, Range, Reshape, Slice, Transpose
 from ingot.ir.types import DType, TensorType
+from tests.codegen.common import session_kernel_cache  # noqa: F401 (a fixture)
 from tests.codegen.test_lower import check_kernels
-from tests.helpers import rng, session_cache_dir
+from tests.helpers import rng
 
-pytestmark = pytest.mark.skipif(not rule.available(), reason="needs Apache TVM (pip install 'ingot[tvm]')")
+pytestmark = [pytest.mark.skipif(not rule.available(), reason="needs Apache TVM (pip install 'ingot[tvm]')"),
+              pytest.mark.usefixtures("session_kernel_cache")]
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -43,8 +45,7 @@ LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "
 
 
 @pytest.fixture(autouse=True)
-def _kernel_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("INGOT_CACHE_DIR", session_cache_dir(tmp_path_factory))
+def _kernel_cache(monkeypatch):
     monkeypatch.delenv("INGOT_TVM_CACHE_DIR", raising=False)
 
 
