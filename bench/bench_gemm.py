@@ -35,6 +35,9 @@ clock and the power draw: whether a gap is the kernels' or the clocks they susta
 second in reverse order), and reports each one's mean: FP8 GEMMs run at the H200's power limit (690 W) within a
 second, so this is their steady rate in a long prefill, which short graph replays (a few ms each, the clock still
 settling) rank differently from run to run.
+Each sm90 build runs with the tile scheduler's max swizzle the runtime would give it (the build's own, or
+``rule.auto_swizzle``'s per problem; the JSON's ``runtime_swizzle``); ``--swizzles 1,8`` times each build at each
+of those instead (candidates ``TAG@s1``, ``TAG@s8``: the swizzle is host-side Params, one cubin serves all).
 Printed: TFLOP/s of the reference and of ingot's best
 candidate, their ratio, and each as a fraction of the measured ceilings (747 TFLOP/s bf16, 1363 fp8;
 ``shared/GPU.md``). ``--out FILE`` writes every figure as JSON.
@@ -307,7 +310,8 @@ def _close(torch: Any, got: Any, exact: Any) -> tuple[bool, float]:
 
 
 def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], iters: int, reps: int,
-        seed: int, top: int = 1, sustain: float = 0.0, sustain_all: float = 0.0) -> list[dict[str, Any]]:
+        seed: int, top: int = 1, sustain: float = 0.0, sustain_all: float = 0.0,
+        swizzles: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     import torch
 
     from ingot.codegen.kernels.gemm_cutlass.launch import CutlassGemm
@@ -341,11 +345,13 @@ def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], 
             if ops["xs"] is not None:
                 ptrs |= {"x_scale": ops["xs"].data_ptr(), "weight_scale": ops["ws"].data_ptr()}
             launches = {}
-            for tag, gemm in gemms.get(_kind(mode), []):
-                if not _fits(mode, tag):
-                    continue
+            entries = [(tag if sw is None else f"{tag}@s{sw}", gemm, sw)
+                       for tag, gemm in gemms.get(_kind(mode), []) if _fits(mode, tag) for sw in (swizzles or (None,))]
+            row["runtime_swizzle"] = {tag: gemm.max_swizzle(m, n, k) for tag, gemm in gemms.get(_kind(mode), [])
+                                      if _fits(mode, tag) and gemm.spec.template == "sm90.cu"}
+            for tag, gemm, sw in entries:
                 try:
-                    prepared = gemm.prepare(ptrs, m, sm_count, N=n, K=k)
+                    prepared = gemm.prepare(ptrs, m, sm_count, N=n, K=k, max_swizzle=sw)
                 except RuntimeError as exc:
                     row["candidates"][tag] = {"error": str(exc)}
                     continue
@@ -444,6 +450,9 @@ def main() -> None:
                     help="also run the reference and every passing candidate alone for this many seconds each, two "
                          "rounds in alternating order (the steady rate at the power limit; 0: off)")
     ap.add_argument("--only", default="", help="--build: only these configurations (config tags, comma-separated)")
+    ap.add_argument("--swizzles", default="",
+                    help="time each sm90 build at each of these scheduler max swizzles (e.g. 1,8; candidates "
+                         "TAG@sN) instead of at the runtime's choice (rule.auto_swizzle, or the build's own)")
     ap.add_argument("--out", type=Path, default=None, help="write all figures as JSON here")
     a = ap.parse_args()
     if a.build is not None:
@@ -471,7 +480,8 @@ def main() -> None:
     print("| M x N x K | mode | reference TFLOP/s (of ceiling) | ingot best | ingot / reference | best config | "
           "all candidates |")
     print("|---|---|---|---|---|---|---|")
-    rows = run(kernel_dir, shapes, a.modes.split(","), a.iters, a.reps, seed, a.top, a.sustain, a.sustain_all)
+    rows = run(kernel_dir, shapes, a.modes.split(","), a.iters, a.reps, seed, a.top, a.sustain, a.sustain_all,
+               tuple(int(v) for v in a.swizzles.split(",") if v))
     if a.out is not None:
         a.out.write_text(json.dumps({"commit": _git_commit(), "gpu": torch.cuda.get_device_name(0),
                                      "torch": torch.__version__, "seed": seed, "rows": rows}, indent=1))

@@ -59,7 +59,7 @@ def test_variants_by_target_features():
     b200, h200 = get_target("b200"), get_target("h200")
     assert variant_config("bf16", b200).template == "sm100.cu" and variant_config("bf16", b200).two_sm
     assert variant_config("nvfp4", b200).template == "sm100_blockscaled.cu"
-    assert variant_config("fp8", h200).template == "sm90.cu" and variant_config("fp8", h200).cluster == (1, 2)
+    assert variant_config("fp8", h200).template == "sm90.cu" and variant_config("fp8", h200).cluster == (2, 1)
     assert not supports("nvfp4", h200) and not supports("bf16", get_target("cpu"))
     with pytest.raises(ValueError, match="no nvfp4 variant"):
         linear_cutlass_spec("nvfp4", 4096, 4096, h200)
@@ -120,8 +120,8 @@ SHAPE_CHOICES = [
     ("bf16", 256, 64, "pp128x128x64c2x1"),  # tiny: wide but small, the default
     ("bf16", 8192, 2048, "pp128x128x64c1x2"),  # the wide rule's edge: N = 4K = 8192
     ("bf16", 6144, 2048, "pp128x128x64c2x1"),  # 3x wide: the default
-    ("fp8", 16384, 2048, "coopov128x128x128c1x2"),  # FP8 (f32 promotion): the overlapped-promotion default
-    ("fp8", 2048, 8192, "coopov128x128x128c1x2"),  # won these two measured shapes (4096^3: its c2x1 twin, by 1%)
+    ("fp8", 16384, 2048, "coopov128x128x128c2x1e64"),  # FP8 (f32 promotion): the overlapped-promotion default,
+    ("fp8", 2048, 8192, "coopov128x128x128c2x1e64"),  # no per-shape rule (the fastest sustained on all timed)
 ]
 
 
@@ -424,10 +424,20 @@ def test_sm90_generic_linear_from_python_params(kind):
     gen = rng()
     store, tdt, view = ((ml_dtypes.float8_e4m3fn, torch.float8_e4m3fn, np.uint8) if kind == "fp8"
                         else (ml_dtypes.bfloat16, torch.bfloat16, np.uint16))
-    for m, n, k in ((1, 256, 128), (77, 960, 576), (300, 1064, 200 if kind == "bf16" else 208), (2048, 3072, 2048)):
+    # (M, N, K, max swizzle: None for the runtime's choice); the last two swizzled, forced and by auto_swizzle (w
+    # swept, 34 MiB: past SWIZZLE_BYTES)
+    big_k = 4352 if kind == "fp8" else 2176
+    for m, n, k, swizzle in ((1, 256, 128, None), (77, 960, 576, None),
+                             (300, 1064, 200 if kind == "bf16" else 208, None), (2048, 3072, 2048, None),
+                             (1000, 3000, 512, 8), (8192, 8192, big_k, None)):
         x = np.clip(gen.standard_normal((m, k)), -448, 448).astype(store)
         w = np.clip(gen.standard_normal((n, k)) * 0.1, -448, 448).astype(store)
-        ref = x.astype(np.float32) @ w.astype(np.float32).T
+        if m < 8192:
+            ref = x.astype(np.float32) @ w.astype(np.float32).T
+        else:  # f32 on the GPU (no TF32: torch's default for matmul), numpy would take minutes
+            assert cp.sm90_max_swizzle(layout["scheduler"], m, n, k) == 8
+            xf, wf = (torch.from_numpy(a.astype(np.float32)).cuda() for a in (x, w))
+            ref = (xf @ wf.T).cpu().numpy()
         bufs = {"x": torch.from_numpy(x.view(view)).cuda().view(tdt),
                 "weight": torch.from_numpy(w.view(view)).cuda().view(tdt),
                 "out": torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")}
@@ -435,7 +445,8 @@ def test_sm90_generic_linear_from_python_params(kind):
             xs, ws = gen.uniform(0.5, 2, m).astype(np.float32), gen.uniform(0.5, 2, n).astype(np.float32)
             ref = ref * xs[:, None] * ws[None, :]
             bufs |= {"x_scale": torch.from_numpy(xs).cuda(), "weight_scale": torch.from_numpy(ws).cuda()}
-        blob, config = cp.build_params(layout, {name: t.data_ptr() for name, t in bufs.items()}, m, n, k, sm_count)
+        blob, config = cp.build_params(layout, {name: t.data_ptr() for name, t in bufs.items()}, m, n, k, sm_count,
+                                       max_swizzle=swizzle)
         cp.launch(fn, blob, config, torch.cuda.current_stream().cuda_stream)
         torch.cuda.synchronize()
         out = bufs["out"].float().cpu().numpy()

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+from ingot.codegen.kernels.gemm_cutlass import rule
 from ingot.codegen.kernels.gemm_cutlass.build import cutlass_available
 from ingot.codegen.kernels.gemm_cutlass.rule import (
     RASTER_TAGS,
@@ -86,10 +87,11 @@ def test_candidates_are_well_formed():
     fp8 = _by_tag()
     assert set(NEW_FP8) <= set(fp8)
     # the default: the overlapped promotion (measured ahead of CUTLASS's own on the H200, docs/PERF.md)
-    assert variant_config("fp8", H200) == fp8["coopov128x128x128c1x2"]
+    assert variant_config("fp8", H200) == fp8["coopov128x128x128c2x1e64"]
     for tag, cfg in fp8.items():
         assert cfg.template == "sm90.cu" and cfg.threads == 384
-        assert cfg.swizzle in (1, 2, 4, 8) and cfg.raster in RASTER_TAGS, tag
+        assert cfg.swizzle in (0, 1, 2, 4, 8) and cfg.raster in RASTER_TAGS, tag
+        assert (f"s{cfg.swizzle}" in tag) == (cfg.swizzle != 0), tag
         if cfg.overlap:  # CUTLASS's interval (4 wgmmas of K = 32) is one 128-deep k-tile
             assert "FastAccum" not in cfg.schedule and cfg.tile[2] == 128, tag
         if tag in NEW_FP8:
@@ -127,7 +129,10 @@ def test_new_candidates_render(tag):
         # the epilogue subtile: CUTLASS's (EPI_N 0) or kEpiM x EPI_N, kEpiM a warpgroup's rows of the tile
         assert f"cute::conditional_t<{cfg.epi_n} == 0, cutlass::epilogue::collective::EpilogueTileAuto," in src
         assert (f"e{cfg.epi_n}" in tag) == (cfg.epi_n != 0)
-        assert f"max_swizzle_size = {cfg.swizzle};" in src and f"RasterOrderOptions::{cfg.raster};" in src
+        # the swizzle: the spec's, which the host shim's caller may replace per Params (launch.py)
+        assert f"static int ingot_max_swizzle = {cfg.swizzle};" in src
+        assert f"void {spec.entry}_set_max_swizzle(int max_swizzle)" in src
+        assert "max_swizzle_size = ingot_max_swizzle;" in src and f"RasterOrderOptions::{cfg.raster};" in src
         assert f"constexpr bool kOverlapPromotion = {'true' if cfg.overlap else 'false'};" in src
     # the autotuner's view of the spec gives the configuration back
     from ingot.codegen.kernels.gemm_cutlass import tune
@@ -168,19 +173,73 @@ def test_scheduler_fields_with_swizzle_and_raster():
     base = {"kind": "sm90", "offset": 0, "tile": [128, 128], "atom_m": 1, "cluster": [1, 2]}
     blob = bytearray(f["size"])
     # M = N = 8192 with 128x128 tiles: 64 x 64 blocks, swizzle 8 -> log 3, rounded to 64 x 64 (multiples of 8, 16)
-    grid = cp._sm90_schedule(base | {"max_swizzle": 8}, 8192, 8192, 132, blob)
+    grid = cp._sm90_schedule(base, 8192, 8192, 132, blob, max_swizzle=8)
     log, raster = struct.unpack_from("<ii", blob, f["log_swizzle"])
     assert (log, raster) == (3, 1)  # equal block counts: Heuristic rasterizes along N
     assert struct.unpack_from("<3I", blob, f["tiles_m"]) == (64, 32, 1)
     assert grid == (1, 132 // 2 * 2, 1)
     # M = 1000: 8 row blocks, N = 3000: 24 (cluster 2) -> swizzle 4 (log 2) rounds them to 8 and 24
-    cp._sm90_schedule(base | {"max_swizzle": 4, "raster_option": "AlongM"}, 1000, 3000, 132, blob)
+    cp._sm90_schedule(base | {"raster_option": "AlongM"}, 1000, 3000, 132, blob, max_swizzle=4)
     log, raster = struct.unpack_from("<ii", blob, f["log_swizzle"])
     assert (log, raster) == (2, 0)
     assert struct.unpack_from("<3I", blob, f["tiles_m"]) == (8, 12, 1)
     # the defaults are what they were: no swizzle, Heuristic (AlongM when there are more column blocks)
     cp._sm90_schedule(base, 1000, 3000, 132, blob)
     assert struct.unpack_from("<ii", blob, f["log_swizzle"]) == (0, 0)
+
+
+@pytest.mark.parametrize("m,n,k,bits,swept", [
+    (8192, 8192, 8192, 8, 8192 * 8192),  # equal block counts: along N, w swept
+    (8192, 16384, 2048, 8, 8192 * 2048),  # more column blocks: along M, x swept
+    (16384, 3072, 2048, 16, 3072 * 2048 * 2),  # a 1B qkv at 16k tokens: w
+    (1000, 3000, 512, 16, 1000 * 512 * 2),  # 8 row blocks (cluster 2x1) against 24
+])
+def test_swept_operand_is_the_one_a_wave_reads_whole(m, n, k, bits, swept):
+    """The scheduler walks the dimension with fewer tile blocks (CUTLASS's Heuristic raster, as _sm90_schedule
+    writes it), so the swept operand is the smaller one; a forced raster order sweeps its own."""
+    import struct
+
+    tile, cluster = (128, 128), (2, 1)
+    assert rule.swept_operand_bytes(m, n, k, bits, tile, cluster) == swept
+    blob = bytearray(cp._SM90_SCHED["size"])
+    cp._sm90_schedule({"kind": "sm90", "offset": 0, "tile": list(tile), "cluster": list(cluster)}, m, n, 132, blob)
+    along_m = struct.unpack_from("<i", blob, cp._SM90_SCHED["raster"])[0] == 0
+    assert swept == (m if along_m else n) * k * bits // 8
+    assert rule.swept_operand_bytes(m, n, k, bits, tile, cluster, "AlongM") == m * k * bits // 8
+    assert rule.swept_operand_bytes(m, n, k, bits, tile, cluster, "AlongN") == n * k * bits // 8
+
+
+def test_runtime_swizzle_follows_the_swept_operand():
+    """Layouts of configurations that leave the swizzle open (swizzle 0: they record the operands' bits) get
+    rule.auto_swizzle's per problem: 8 once the swept operand is past SWIZZLE_BYTES; a configuration's own swizzle
+    wins; layouts without either (from before) keep none."""
+    import struct
+
+    f = cp._SM90_SCHED
+    base = {"kind": "sm90", "offset": 0, "tile": [128, 128], "atom_m": 1, "cluster": [2, 1]}
+    fp8, bf16 = base | {"elem_bits": 8}, base | {"elem_bits": 16}
+    big = 8192  # 8192^3: 64 MB of e4m3 swept, 128 MB of bf16
+    assert cp.sm90_max_swizzle(fp8, big, big, big) == rule.AUTO_SWIZZLE == 8
+    assert cp.sm90_max_swizzle(bf16, big, big, big) == 8
+    # just past the threshold and just below it (w swept: N x K)
+    k_at = rule.SWIZZLE_BYTES // big
+    assert cp.sm90_max_swizzle(fp8, big, big, k_at) == 1
+    assert cp.sm90_max_swizzle(fp8, big, big, k_at + 16) == 8
+    assert cp.sm90_max_swizzle(bf16, big, big, k_at // 2 + 16) == 8
+    assert cp.sm90_max_swizzle(fp8, big, big, 4096) == 8  # 32 MiB swept: measured faster swizzled
+    # the 1B model's gate_up at 8192 tokens: x swept (16 MB e4m3), no swizzle; 4096^3 in fp8 likewise
+    assert cp.sm90_max_swizzle(fp8, 8192, 16384, 2048) == 1
+    assert cp.sm90_max_swizzle(fp8, 4096, 4096, 4096) == 1
+    assert cp.sm90_max_swizzle(fp8 | {"max_swizzle": 4}, big, big, big) == 4
+    assert cp.sm90_max_swizzle(fp8 | {"max_swizzle": 2}, 64, 64, 64) == 2
+    assert cp.sm90_max_swizzle(base, big, big, big) == 1
+    # and build_params writes it (log 3), unless told otherwise
+    layout = {"version": cp.LAYOUT_VERSION, "template": bytes(32 + f["size"]).hex(), "problem_shape": 0,
+              "sm_count": 16, "pointers": [], "tma": [], "block": [384, 1, 1], "cluster": [2, 1, 1], "smem": 0,
+              "scheduler": fp8 | {"offset": 32}}
+    for swizzle, log in ((None, 3), (1, 0), (2, 1)):
+        blob, _ = cp.build_params(layout, {}, big, big, big, 132, encode=lambda *a: b"", max_swizzle=swizzle)
+        assert struct.unpack_from("<i", blob, 32 + f["log_swizzle"])[0] == log
 
 
 # -- builds (INGOT_SLOW=1) --------------------------------------------------------------------------------------
@@ -228,6 +287,9 @@ def test_builds_without_spills(tag):
 @pytest.mark.parametrize("cfg", [
     Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True, swizzle=4),
     Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, swizzle=2, raster="AlongM"),
+    # the swizzle left to the runtime (the default configuration, 128 x 64 epilogue subtiles): none in the probe, 8
+    # for 8192^3
+    Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
 ], ids=config_tag)
 def test_swizzled_params_layout_reproduces_cutlass(cfg):
     """The probe's blobs (CUTLASS's to_underlying_arguments through sm90.cu's scheduler arguments) equal the
@@ -238,11 +300,16 @@ def test_swizzled_params_layout_reproduces_cutlass(cfg):
     spec = cp.generic_linear_spec("fp8", H200, config=cfg)
     layout = cp.params_layout(spec)
     s = layout["scheduler"]
-    assert s["max_swizzle"] == cfg.swizzle and s.get("raster_option", "Heuristic") == cfg.raster
+    if cfg.swizzle:
+        assert s["max_swizzle"] == cfg.swizzle and "elem_bits" not in s
+    else:
+        assert "max_swizzle" not in s and s["elem_bits"] == 8
+    assert s.get("raster_option", "Heuristic") == cfg.raster
     blob, launch = cp.build_params(layout, {"x": 0x1000, "weight": 0x2000, "out": 0x3000}, 8192, 8192, 8192, 132,
                                    encode=lambda *a: bytes(cp.TMA_BYTES))
     log, raster = struct.unpack_from("<ii", blob, s["offset"] + cp._SM90_SCHED["log_swizzle"])
-    assert log == cfg.swizzle.bit_length() - 1 and raster == (0 if cfg.raster == "AlongM" else 1)
+    assert log == (cfg.swizzle or rule.AUTO_SWIZZLE).bit_length() - 1
+    assert raster == (0 if cfg.raster == "AlongM" else 1)
     assert launch["grid"][0] * launch["grid"][1] <= 132
 
 

@@ -61,7 +61,16 @@ from ...compile import (
 from ...kernel import KernelSpec
 from ...target import Target
 from .build import _jobs, cutlass_available, cutlass_options
-from .rule import OPERANDS, Config, config_tag, linear_cutlass_spec, plan, shape_config, variant_config
+from .rule import (
+    OPERANDS,
+    Config,
+    auto_swizzle,
+    config_tag,
+    linear_cutlass_spec,
+    plan,
+    shape_config,
+    variant_config,
+)
 
 LAYOUT_VERSION = 1
 #: the probe's pointer arguments, in order (sentinel i is SENTINEL + ((i + 1) << 32))
@@ -313,8 +322,11 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
                       "atom_m": 2 if spec.value("TWO_SM") else 1, "cluster": list(cluster)},
     }
     values = dict(spec.values)
-    if int(values.get("MAX_SWIZZLE", 1)) != 1:  # sm90.cu's scheduler knobs (recorded where not CUTLASS's defaults)
+    if int(values.get("MAX_SWIZZLE", 0)):  # sm90.cu's scheduler knobs (recorded where not CUTLASS's defaults)
         layout["scheduler"]["max_swizzle"] = int(values["MAX_SWIZZLE"])
+    elif kind == "sm90":  # the swizzle left open: build_params picks it per problem (rule.auto_swizzle)
+        layout["scheduler"]["elem_bits"] = next(bits for ctype, bits, _ in OPERANDS.values()
+                                                if ctype == values["A_TYPE"])
     if values.get("RASTER", "Heuristic") != "Heuristic":
         layout["scheduler"]["raster_option"] = str(values["RASTER"])
     # padding: bytes that differ between any shape's runs (all shapes: a byte left unset is unset in every run);
@@ -356,7 +368,9 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
     for shape, run, *_ in runs:
         pad = padding
         ptrs = {name: sentinel + ((i + 1) << 32) for i, name in enumerate(POINTERS)}
-        mine, launch = build_params(layout, ptrs, *shape, PROBE_SMS, encode=_marker_encoder)
+        # the probe's Params took the spec's swizzle (0: none), whatever build_params would pick for the shape
+        mine, launch = build_params(layout, ptrs, *shape, PROBE_SMS, encode=_marker_encoder,
+                                    max_swizzle=layout["scheduler"].get("max_swizzle", 1))
         bad = [i for i in range(size) if i not in pad and mine[i] != run["blob"][i]]
         if bad:
             raise LayoutError(f"{spec.entry}: the derived layout differs from CUTLASS's Params for M, N, K = {shape} "
@@ -524,15 +538,28 @@ def _log_swizzle(blocks_m: int, blocks_n: int, max_swizzle: int) -> int:
     return 0
 
 
-def _sm90_schedule(s: Mapping[str, Any], m: int, n: int, sm_count: int, blob: bytearray) -> tuple[int, int, int]:
+def sm90_max_swizzle(s: Mapping[str, Any], m: int, n: int, k: int) -> int:
+    """The scheduler's max swizzle for an ``m x n x k`` problem: the layout's ``max_swizzle`` (``sm90.cu``'s
+    ``MAX_SWIZZLE``) where the configuration fixes one, ``rule.auto_swizzle`` where it leaves it open (the layout
+    records the operands' ``elem_bits``), else none (layouts from before the choice existed)."""
+    if "max_swizzle" in s:
+        return int(s["max_swizzle"])
+    if "elem_bits" in s:
+        return auto_swizzle(m, n, k, int(s["elem_bits"]), tuple(s["tile"]), tuple(s["cluster"]),
+                            s.get("raster_option", "Heuristic"))
+    return 1
+
+
+def _sm90_schedule(s: Mapping[str, Any], m: int, n: int, sm_count: int, blob: bytearray,
+                   max_swizzle: int = 1) -> tuple[int, int, int]:
     """Writes PersistentTileSchedulerSm90Params into ``blob`` and returns its launch grid (``get_grid_shape``). The
-    scheduler's Arguments are the layout's ``max_swizzle`` and ``raster_option`` (``sm90.cu`` sets them at compile
-    time), else CUTLASS's defaults: max swizzle 1, Heuristic rasterization."""
+    scheduler's Arguments: ``max_swizzle`` (``sm90_max_swizzle``) and the layout's ``raster_option`` (``sm90.cu``
+    sets it at compile time), else CUTLASS's default, Heuristic rasterization."""
     tm, tn = s["tile"]
     cm, cn = s["cluster"]
     blocks_m = _round_up(_ceil(m, tm), cm)
     blocks_n = _round_up(_ceil(n, tn), cn)
-    log_swizzle = _log_swizzle(blocks_m, blocks_n, int(s.get("max_swizzle", 1)))
+    log_swizzle = _log_swizzle(blocks_m, blocks_n, max_swizzle)
     blocks_m = _round_up(blocks_m, (1 << log_swizzle) * cm)
     blocks_n = _round_up(blocks_n, (1 << log_swizzle) * cn)
     option = s.get("raster_option", "Heuristic")
@@ -558,9 +585,10 @@ def _sm90_schedule(s: Mapping[str, Any], m: int, n: int, sm_count: int, blob: by
 
 
 def build_params(layout: Mapping[str, Any], pointers: Mapping[str, int], m: int, n: int, k: int, sm_count: int,
-                 encode: Encoder | None = None) -> tuple[bytes, dict[str, Any]]:
+                 encode: Encoder | None = None, max_swizzle: int | None = None) -> tuple[bytes, dict[str, Any]]:
     """The Params blob and launch config (grid, block, cluster, smem) for buffers ``pointers`` (names from
-    ``POINTERS``; missing ones are null) and an ``m x n x k`` problem. ``encode`` defaults to the driver's."""
+    ``POINTERS``; missing ones are null) and an ``m x n x k`` problem. ``encode`` defaults to the driver's;
+    ``max_swizzle`` (sm90) to ``sm90_max_swizzle``'s choice."""
     if layout.get("version") != LAYOUT_VERSION:
         raise LayoutError(f"Params layout version {layout.get('version')}, this ingot reads {LAYOUT_VERSION}")
     if m < 1:
@@ -582,7 +610,8 @@ def build_params(layout: Mapping[str, Any], pointers: Mapping[str, int], m: int,
         blob[t["offset"]:t["offset"] + TMA_BYTES] = encode(t, address, dims, strides)
     s = layout["scheduler"]
     if s["kind"] == "sm90":
-        grid = _sm90_schedule(s, m, n, sm_count, blob)
+        swizzle = sm90_max_swizzle(s, m, n, k) if max_swizzle is None else max_swizzle
+        grid = _sm90_schedule(s, m, n, sm_count, blob, swizzle)
     else:
         tiles_m, tiles_n, raster, grid = _sm100_schedule(s, m, n)
         base = s["offset"]

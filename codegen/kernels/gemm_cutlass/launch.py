@@ -56,6 +56,10 @@ class CutlassGemm:
         self._prepare_nk.argtypes = [ctypes.c_void_p] * len(POINTERS) + [
             ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p,
             ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_int)]
+        # sm90.cu's shims take the scheduler's max swizzle per Params (other templates have no such knob)
+        self._set_swizzle = getattr(self._lib, f"{spec.entry}_set_max_swizzle", None)
+        if self._set_swizzle is not None:
+            self._set_swizzle.argtypes = [ctypes.c_int]
         self._cubin = cubin  # cuModuleLoadData reads it; keep it alive
         if not int(_check(driver.cuCtxGetCurrent())):  # no context yet: use device 0's primary one
             _check(driver.cuInit(0))
@@ -65,13 +69,29 @@ class CutlassGemm:
         self.function = _check(driver.cuModuleGetFunction(self.module, spec.entry.encode()))
         self._smem_set = 0
 
+    def max_swizzle(self, m: int, n: int, k: int) -> int:
+        """The sm90 scheduler's max swizzle the runtime's Params take for this problem (``cutlass_params``): the
+        spec's ``MAX_SWIZZLE``, or ``rule.auto_swizzle``'s where that is 0."""
+        from .rule import OPERANDS, auto_swizzle
+
+        v = dict(self.spec.values)
+        if int(v.get("MAX_SWIZZLE", 0)):
+            return int(v["MAX_SWIZZLE"])
+        bits = next(b for ctype, b, _ in OPERANDS.values() if ctype == v["A_TYPE"])
+        return auto_swizzle(m, n, k, bits, (int(v["TILE_M"]), int(v["TILE_N"])),
+                            (int(v["CLUSTER_M"]), int(v["CLUSTER_N"])), str(v.get("RASTER", "Heuristic")))
+
     def prepare(self, pointers: dict[str, int], M: int, sm_count: int, N: int | None = None,
-                K: int | None = None) -> Prepared:
+                K: int | None = None, max_swizzle: int | None = None) -> Prepared:
         """Params for ``pointers`` (names from ``POINTERS``; missing ones are null) and ``M`` rows; ``N`` and
-        ``K`` default to the spec's own (give them for a shape-generic spec, rendered with N = K = 0)."""
+        ``K`` default to the spec's own (give them for a shape-generic spec, rendered with N = K = 0). On sm90
+        the scheduler's max swizzle is ``max_swizzle``, by default the runtime's choice (``self.max_swizzle``)."""
         unknown = set(pointers) - set(POINTERS)
         if unknown:
             raise ValueError(f"unknown pointers {sorted(unknown)}; known: {POINTERS}")
+        if self._set_swizzle is not None:
+            n, k = N or self.spec.value("N"), K or self.spec.value("K")
+            self._set_swizzle(self.max_swizzle(M, n, k) if max_swizzle is None else max_swizzle)
         size = int(self._size())
         buf = (ctypes.c_uint8 * size)()
         cfg = (ctypes.c_int * 10)()

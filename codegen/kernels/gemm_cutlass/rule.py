@@ -54,9 +54,9 @@ KIND_DTYPES = {"bf16": DType.bf16, "fp8": DType.f8e4m3fn, "nvfp4": DType.f4e2m1f
 class Config:
     """One CUTLASS instantiation: template, MMA tile (M x N x K), cluster, threads per block; on ``sm90.cu``
     ``overlap``: FP8 promotion overlapped with the next k-tile's MMAs, ``swizzle``: the persistent tile scheduler's
-    max swizzle (1, 2, 4, 8), ``raster``: its raster order (Heuristic, AlongM, AlongN), ``epi_n``: the epilogue
-    subtile's columns (its rows: 128 cooperative, 64 ping-pong; 0: CUTLASS's choice, 32 columns for bf16 output);
-    the defaults are CUTLASS's."""
+    max swizzle (1, 2, 4, 8; 0: chosen per problem by ``auto_swizzle``, the same cubin either way), ``raster``: its
+    raster order (Heuristic, AlongM, AlongN), ``epi_n``: the epilogue subtile's columns (its rows: 128 cooperative,
+    64 ping-pong; 0: CUTLASS's choice, 32 columns for bf16 output); the defaults are CUTLASS's but the swizzle's."""
 
     template: str
     tile: tuple[int, int, int]
@@ -65,7 +65,7 @@ class Config:
     schedule: str = ""
     threads: int = 256
     overlap: bool = False
-    swizzle: int = 1
+    swizzle: int = 0
     raster: str = "Heuristic"
     epi_n: int = 0
 
@@ -102,6 +102,10 @@ SM90_CANDIDATES: dict[str, tuple[Config, ...]] = {
     ),
     "fp8": (
         # the default (first): f32 promotion overlapped with the next k-tile's MMAs (``ov``, sm90_fp8_mainloop.cuh),
+        # its 2-CTA cluster along M, 128 x 64 epilogue subtiles: sustained at the H200's power limit with the
+        # runtime's swizzle (2026-12-02, docs/PERF.md "The tile scheduler's swizzle per problem") the fastest FP8
+        # promotion build on all 5 shapes timed, 0-2.8% ahead of the c1x2 default before it
+        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
         # measured on the H200 (commit 5ce8ab1, bench_gemm fp8-row, M = 8192 / 4096): 1287-1354 TFLOP/s where
         # CUTLASS's own promotion on the same tile (the next line, the default before) gave 963-1172
         Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True),
@@ -119,8 +123,6 @@ SM90_CANDIDATES: dict[str, tuple[Config, ...]] = {
         # their operands in L2 (8192^3's x and w are 64 MB each, past the 50 MB L2).
         Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True),
         Config("sm90.cu", (64, 128, 128), (2, 1), schedule="Pingpong", threads=384, overlap=True),
-        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True,
-               swizzle=4),
         Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, swizzle=4),
         Config("sm90.cu", (128, 192, 128), (1, 2), schedule="Cooperative", threads=384),
     ),
@@ -134,6 +136,9 @@ SM90_EXPLORE: dict[str, tuple[Config, ...]] = {
     # variants; none of the bf16 ones won a shape, these FP8 ones won one or two cells each (by less than the spread
     # between runs)
     "fp8": (
+        # (a candidate until 2026-12-02; a forced swizzle, which the runtime's choice, 8 past SWIZZLE_BYTES, beat)
+        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True,
+               swizzle=4),
         Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True,
                swizzle=2),
         Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True,
@@ -152,7 +157,7 @@ SM90_EXPLORE: dict[str, tuple[Config, ...]] = {
         # (cuBLASLt's rowwise FP8 kernels with promotion use none): each won several of the 18 FP8 cells of one
         # bench_gemm run (docs/PERF.md, "FP8 prefill GEMMs at the power limit"); 128 x 128 subtiles, and no cluster
         # with CUTLASS's subtile, won none
-        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
+        # (the first is the default since 2026-12-02: SM90_CANDIDATES)
         Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
         Config("sm90.cu", (128, 128, 128), (1, 1), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
         Config("sm90.cu", (128, 128, 128), (2, 1), schedule="PingpongFP8FastAccum", threads=384, epi_n=64),
@@ -168,13 +173,49 @@ SM90_EXPLORE: dict[str, tuple[Config, ...]] = {
 #: the tile scheduler's raster orders (RasterOrderOptions) -> their config_tag suffix (Heuristic: none)
 RASTER_TAGS = {"Heuristic": "", "AlongM": "rm", "AlongN": "rn"}
 
+#: ``auto_swizzle``: the bytes of the operand a wave of tiles reads whole past which the persistent scheduler
+#: swizzles (the H100's / H200's L2 is 50 MB): between the largest measured that swizzling slowed (16 MiB) and the
+#: smallest it sped up (32 MiB), see auto_swizzle
+SWIZZLE_BYTES = 24 << 20
+#: the max swizzle ``auto_swizzle`` takes past SWIZZLE_BYTES (CUTLASS's largest)
+AUTO_SWIZZLE = 8
+
+
+def swept_operand_bytes(m: int, n: int, k: int, elem_bits: int, tile: tuple[int, ...], cluster: tuple[int, int],
+                        raster: str = "Heuristic") -> int:
+    """Bytes of the operand the sm90 persistent scheduler sweeps whole while it walks one tile row or column: x
+    (``M x K``) when it rasterizes along M, w (``N x K``) along N. Heuristic rasterization (CUTLASS's) walks the
+    dimension with fewer tile blocks, so this is the smaller operand."""
+    def blocks(extent: int, size: int, cluster_size: int) -> int:  # tile blocks, rounded up to whole clusters
+        tiles = -(-extent // size)
+        return -(-tiles // cluster_size) * cluster_size
+
+    blocks_m, blocks_n = blocks(m, tile[0], cluster[0]), blocks(n, tile[1], cluster[1])
+    along_m = blocks_n > blocks_m if raster == "Heuristic" else raster == "AlongM"
+    return (m if along_m else n) * k * elem_bits // 8
+
+
+def auto_swizzle(m: int, n: int, k: int, elem_bits: int, tile: tuple[int, ...], cluster: tuple[int, int],
+                 raster: str = "Heuristic") -> int:
+    """The max swizzle for an ``m x n x k`` problem on the sm90 persistent scheduler, for configurations that leave it
+    open (``Config.swizzle`` 0). Unswizzled, the 132 tiles in flight lie along one or two tile rows (or columns), so
+    every wave reads the swept operand (``swept_operand_bytes``) whole; once that is past the L2 it comes from DRAM
+    again each wave. Swizzled by 8, a wave covers 8 rows by ~16 columns and the operand is read once per 8 rows.
+    Measured on the H200 (bench_gemm --sustain-all --swizzles 1,8: every build at the 690 W power limit, 2026-12-02,
+    docs/PERF.md "The tile scheduler's swizzle per problem"), swizzle 8 against none: FP8 1.11-1.13x with 64 MiB
+    swept (8192^3; the clock 1,150-1,230 -> 1,335-1,365 MHz), 1.02-1.06x with 32 MiB (8192 x 8192 x 4096,
+    16384 x 16384 x 2048), 0.98x with 16 MiB (4096^3, 8192 x 16384 x 2048: where the operand stays in L2 the
+    swizzle's longer strides cost a little); BF16 1.03-1.13x with 128 and 64 MiB, 1.01-1.09x with 32 MiB."""
+    swept = swept_operand_bytes(m, n, k, elem_bits, tile, cluster, raster)
+    return AUTO_SWIZZLE if swept > SWIZZLE_BYTES else 1
+
 
 def config_tag(cfg: Config) -> str:
     """A short name for a configuration, e.g. ``coop128x256x64c2x1``; the sm90 knobs where not CUTLASS's defaults:
     ``ov`` after the schedule (overlapped promotion), ``s4`` (max swizzle 4), ``rm`` / ``rn`` (raster along M / N),
     ``e64`` (64-column epilogue subtiles) at the end, e.g. ``coopov128x128x128c1x2s4``, ``coopov128x128x128c2x1e64``."""
     sched = cfg.schedule.replace("Cooperative", "coop").replace("Pingpong", "pp").replace("FP8FastAccum", "fa")
-    knobs = (f"{'s' + str(cfg.swizzle) if cfg.swizzle != 1 else ''}{RASTER_TAGS[cfg.raster]}"
+    knobs = (f"{'s' + str(cfg.swizzle) if cfg.swizzle else ''}{RASTER_TAGS[cfg.raster]}"
              f"{'e' + str(cfg.epi_n) if cfg.epi_n else ''}")
     return (f"{sched}{'ov' if cfg.overlap else ''}{'2sm' if cfg.two_sm else ''}{'x'.join(map(str, cfg.tile))}"
             f"c{cfg.cluster[0]}x{cfg.cluster[1]}{knobs}")
@@ -214,9 +255,9 @@ class ShapeRule:
 #: count: the thresholds between them are a guess (tuning on the target GPU measures the artifact's own shapes).
 #: Rules are few on purpose: each configuration an artifact uses is one more multi-minute nvcc build (cubin and
 #: Params probe) shared by all its linears of that configuration and epilogue. FP8 (f32 promotion) has no rule:
-#: its default, coopov128x128x128c1x2, was the fastest FP8 promotion candidate on 2 of the 3 shapes measured and
-#: within 1% on the third (4096^3: its c2x1 twin; the FP8FastAccum ones give other numerics and are not a
-#: per-shape choice).
+#: its default, coopov128x128x128c2x1e64, was the fastest FP8 promotion build sustained on all 5 shapes timed
+#: (2026-12-02; the FP8FastAccum ones give other numerics and are not a per-shape choice). The scheduler's swizzle
+#: is chosen per problem at launch (``auto_swizzle``), not here.
 SM90_SHAPE_RULES: tuple[ShapeRule, ...] = (
     # long reductions (a down projection; 8192^3 too, so before "large"): a 256-row tile loads each weight tile
     # once per 256 rows instead of 128, which pays where the main loop dominates

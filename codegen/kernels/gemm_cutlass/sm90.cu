@@ -5,7 +5,7 @@
 // wgmma + TMA: ${A_TYPE} x ${B_TYPE} -> f32 accumulators -> ${OUT_TYPE}; CTA tile
 // ${TILE_M}x${TILE_N}x${TILE_K}, cluster ${CLUSTER_M}x${CLUSTER_N}, schedule ${SCHEDULE}. x and w are
 // K-major (row-major x, w as stored by linear), out and residual row-major. Persistent, with max swizzle
-// ${MAX_SWIZZLE} and raster order ${RASTER}; FP8 promotion overlapped with the next k-tile's MMAs
+// ${MAX_SWIZZLE} (0: per problem) and raster order ${RASTER}; FP8 promotion overlapped with the next k-tile's MMAs
 // (sm90_fp8_mainloop.cuh): ${OVERLAP_PROMOTION}.
 using namespace cute;
 using ElementA = ${A_TYPE};
@@ -56,11 +56,20 @@ using GemmKernelBase = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int,
                                                             CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
 
 // The scheduler's run-time arguments as compile-time values: every caller of to_underlying_arguments (the host
-// shim, the Params probe, hence the layout cutlass_params.py derives) gets the same swizzle and raster order.
+// shim, the Params probe, hence the layout cutlass_params.py derives) gets the same raster order, and the swizzle
+// ${MAX_SWIZZLE} (0: none) unless the host shim's caller sets another for its next Params (launch.py: the swizzle
+// rule.auto_swizzle picks per problem, as cutlass_params.py does for the runtime's Params). The device code does not
+// depend on either.
+#if defined(INGOT_HOST_SHIM)
+static int ingot_max_swizzle = ${MAX_SWIZZLE};
+extern "C" void ${KERNEL}_set_max_swizzle(int max_swizzle) { ingot_max_swizzle = max_swizzle; }
+#else
+constexpr int ingot_max_swizzle = ${MAX_SWIZZLE};
+#endif
 struct GemmKernel : GemmKernelBase {
   static Params to_underlying_arguments(Arguments const& args, void* workspace) {
     Arguments with = args;
-    with.scheduler.max_swizzle_size = ${MAX_SWIZZLE};
+    with.scheduler.max_swizzle_size = ingot_max_swizzle;
     with.scheduler.raster_order = GemmKernelBase::TileScheduler::RasterOrderOptions::${RASTER};
     return GemmKernelBase::to_underlying_arguments(with, workspace);
   }
