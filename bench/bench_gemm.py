@@ -19,8 +19,8 @@ down 2048x8192), for
   [M] and [N] vectors: slightly more work than the reference, never less.
 
 Every candidate configuration of ``gemm_cutlass/rule.py`` (``SM90_CANDIDATES``, then ``SM90_EXPLORE``: tile,
-cluster, schedule; FP8 promotion overlapped or not, scheduler swizzle) is one shape-generic build (the shim's
-``_prepare_nk``): 27 on h200, about 5-8 minutes with ``INGOT_CUTLASS_JOBS=12`` on 16 cores (each nvcc job
+cluster, schedule; FP8 promotion overlapped or not, raster order, epilogue subtile) is one shape-generic build (the
+shim's ``_prepare_nk``): 25 on h200, about 5-8 minutes with ``INGOT_CUTLASS_JOBS=12`` on 16 cores (each nvcc job
 takes one core and 3-5 GB). Each is first checked against an f32 matmul of
 the same (dequantized) operands on fresh random inputs, output poisoned with NaN before the run; a
 candidate that fails the check is reported and not timed. Timing: ``--iters`` back-to-back launches

@@ -119,55 +119,38 @@ SM90_CANDIDATES: dict[str, tuple[Config, ...]] = {
         # every k-tile; the ``ov`` mainloop keeps the next k-tile's in flight (sm90_fp8_mainloop.cuh), for one more
         # accumulator set (3 x 64 floats a thread: 64x128 per warpgroup is the widest that fits without spills).
         # 256-wide tiles with promotion hold 2 x 128 and spill (coop256x128x128: 904 bytes); 128x192 holds 2 x 96
-        # and does not. ``s4``: the scheduler visits tiles in groups of 4 along the minor mode, which then share
-        # their operands in L2 (8192^3's x and w are 64 MB each, past the 50 MB L2).
+        # and does not. (Forced swizzles were candidates here until 2026-12-02: the swizzle is host-side Params, the
+        # same cubin, now chosen per problem at launch, ``auto_swizzle``.)
         Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True),
         Config("sm90.cu", (64, 128, 128), (2, 1), schedule="Pingpong", threads=384, overlap=True),
-        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, swizzle=4),
         Config("sm90.cu", (128, 192, 128), (1, 2), schedule="Cooperative", threads=384),
     ),
 }
 #: further sm_90a configurations ``bench/bench_gemm.py`` builds and times beside ``SM90_CANDIDATES`` but the
-#: autotuner does not (it times at most ``autotune.MAX_CANDIDATES`` = 8 per spec: the FP8 promotion candidates above
-#: are 8); one that wins a shape there moves into ``SM90_CANDIDATES`` (in place of one that never wins).
+#: autotuner does not (it times at most ``autotune.MAX_CANDIDATES`` = 8 per spec); one that wins a shape there moves
+#: into ``SM90_CANDIDATES`` (in place of one that never wins). Swizzles are no configurations: ``bench_gemm.py
+#: --swizzles 1,8`` times each build at each (the same cubin).
 SM90_EXPLORE: dict[str, tuple[Config, ...]] = {
-    # (2026-12-01) the tile scheduler's raster order and swizzle on the configurations that fell short of the
-    # reference: one bench_gemm run (docs/PERF.md, "Prefill GEMMs", sixteenth session) timed 4 bf16 and 8 FP8 such
+    # (2026-12-01) the tile scheduler's raster order on the configurations that fell short of the reference: one
+    # bench_gemm run (docs/PERF.md, "Prefill GEMMs", sixteenth session) timed 4 bf16 and 8 FP8 raster and swizzle
     # variants; none of the bf16 ones won a shape, these FP8 ones won one or two cells each (by less than the spread
     # between runs)
     "fp8": (
-        # (a candidate until 2026-12-02; a forced swizzle, which the runtime's choice, 8 past SWIZZLE_BYTES, beat)
-        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True,
-               swizzle=4),
-        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True,
-               swizzle=2),
         Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True,
                raster="AlongN"),
-        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="PingpongFP8FastAccum", threads=384, swizzle=2),
         Config("sm90.cu", (128, 128, 128), (2, 1), schedule="PingpongFP8FastAccum", threads=384,
                raster="AlongM"),
         Config("sm90.cu", (128, 128, 128), (1, 2), schedule="PingpongFP8FastAccum", threads=384),
-        Config("sm90.cu", (128, 256, 128), (2, 1), schedule="CooperativeFP8FastAccum", threads=384, swizzle=2),
-        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True,
-               swizzle=8),
         Config("sm90.cu", (64, 128, 128), (1, 2), schedule="Pingpong", threads=384, overlap=True),
         # ping-pong with CUTLASS's promotion: each warpgroup's epilogue overlaps the other's MMAs
         Config("sm90.cu", (64, 128, 128), (2, 1), schedule="Pingpong", threads=384),
         # (2026-12-02) epilogue subtiles of 128 x 64 (CUTLASS's: 128 x 32, four a 128 x 128 tile), and no cluster
         # (cuBLASLt's rowwise FP8 kernels with promotion use none): each won several of the 18 FP8 cells of one
         # bench_gemm run (docs/PERF.md, "FP8 prefill GEMMs at the power limit"); 128 x 128 subtiles, and no cluster
-        # with CUTLASS's subtile, won none
-        # (the first is the default since 2026-12-02: SM90_CANDIDATES)
+        # with CUTLASS's subtile, won none (coopov c2x1e64 is the default since 2026-12-02: SM90_CANDIDATES)
         Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
         Config("sm90.cu", (128, 128, 128), (1, 1), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
         Config("sm90.cu", (128, 128, 128), (2, 1), schedule="PingpongFP8FastAccum", threads=384, epi_n=64),
-        # (not yet timed) the same subtiles with the scheduler's swizzle: fewer DRAM reads where x and w exceed the
-        # 50 MB L2 (8192^3), which ran at a lower clock than cuBLASLt's under the power limit
-        # (bench/run_gemm_power_gpu.sh)
-        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True, swizzle=8,
-               epi_n=64),
-        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True, swizzle=4,
-               epi_n=64),
     ),
 }
 #: the tile scheduler's raster orders (RasterOrderOptions) -> their config_tag suffix (Heuristic: none)
@@ -213,7 +196,7 @@ def auto_swizzle(m: int, n: int, k: int, elem_bits: int, tile: tuple[int, ...], 
 def config_tag(cfg: Config) -> str:
     """A short name for a configuration, e.g. ``coop128x256x64c2x1``; the sm90 knobs where not CUTLASS's defaults:
     ``ov`` after the schedule (overlapped promotion), ``s4`` (max swizzle 4), ``rm`` / ``rn`` (raster along M / N),
-    ``e64`` (64-column epilogue subtiles) at the end, e.g. ``coopov128x128x128c1x2s4``, ``coopov128x128x128c2x1e64``."""
+    ``e64`` (64-column epilogue subtiles) at the end, e.g. ``coop128x128x128c1x2s4``, ``coopov128x128x128c2x1e64``."""
     sched = cfg.schedule.replace("Cooperative", "coop").replace("Pingpong", "pp").replace("FP8FastAccum", "fa")
     knobs = (f"{'s' + str(cfg.swizzle) if cfg.swizzle else ''}{RASTER_TAGS[cfg.raster]}"
              f"{'e' + str(cfg.epi_n) if cfg.epi_n else ''}")
