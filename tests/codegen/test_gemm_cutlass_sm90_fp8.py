@@ -232,6 +232,19 @@ def test_runtime_swizzle_follows_the_swept_operand():
     assert cp.sm90_max_swizzle(fp8 | {"max_swizzle": 4}, big, big, big) == 4
     assert cp.sm90_max_swizzle(fp8 | {"max_swizzle": 2}, 64, 64, 64) == 2
     assert cp.sm90_max_swizzle(base, big, big, big) == 1
+    # the host shim's caller (launch.py, hence bench_gemm) picks the same from the spec's values
+    from types import SimpleNamespace
+
+    from ingot.codegen.kernels.gemm_cutlass.launch import CutlassGemm
+
+    default, forced = variant_config("fp8", H200), _by_tag()["coopov128x128x128c1x2rn"]
+    for cfg in (default, forced, Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", swizzle=2)):
+        spec = linear_cutlass_spec("fp8", 0, 0, H200, config=cfg)
+        s = {"tile": list(cfg.tile[:2]), "cluster": list(cfg.cluster)} | cp.scheduler_knobs(dict(spec.values))
+        for shape in ((big, big, big), (8192, 16384, 2048), (4096, 4096, 4096), (16384, 8192, 4096)):
+            want = cp.sm90_max_swizzle(s, *shape)
+            assert CutlassGemm.max_swizzle(SimpleNamespace(spec=spec), *shape) == want, (config_tag(cfg), shape)
+            assert want == (cfg.swizzle or rule.auto_swizzle(*shape, 8, cfg.tile, cfg.cluster, cfg.raster))
     # and build_params writes it (log 3), unless told otherwise
     layout = {"version": cp.LAYOUT_VERSION, "template": bytes(32 + f["size"]).hex(), "problem_shape": 0,
               "sm_count": 16, "pointers": [], "tma": [], "block": [384, 1, 1], "cluster": [2, 1, 1], "smem": 0,

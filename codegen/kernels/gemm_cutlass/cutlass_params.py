@@ -321,14 +321,8 @@ def derive_layout(spec: KernelSpec, runs: Sequence[tuple[Any, ...]]) -> dict[str
         "scheduler": {"kind": kind, "offset": sched, "tile": list(cfg_tile),
                       "atom_m": 2 if spec.value("TWO_SM") else 1, "cluster": list(cluster)},
     }
-    values = dict(spec.values)
-    if int(values.get("MAX_SWIZZLE", 0)):  # sm90.cu's scheduler knobs (recorded where not CUTLASS's defaults)
-        layout["scheduler"]["max_swizzle"] = int(values["MAX_SWIZZLE"])
-    elif kind == "sm90":  # the swizzle left open: build_params picks it per problem (rule.auto_swizzle)
-        layout["scheduler"]["elem_bits"] = next(bits for ctype, bits, _ in OPERANDS.values()
-                                                if ctype == values["A_TYPE"])
-    if values.get("RASTER", "Heuristic") != "Heuristic":
-        layout["scheduler"]["raster_option"] = str(values["RASTER"])
+    if kind == "sm90":
+        layout["scheduler"] |= scheduler_knobs(dict(spec.values))
     # padding: bytes that differ between any shape's runs (all shapes: a byte left unset is unset in every run);
     # variable: everything build_params fills
     padding = {i for _, run, *others in runs for o in others for i in range(size) if run["blob"][i] != o["blob"][i]}
@@ -536,6 +530,20 @@ def _log_swizzle(blocks_m: int, blocks_n: int, max_swizzle: int) -> int:
         if max_swizzle >= size and least >= needs:
             return log
     return 0
+
+
+def scheduler_knobs(values: Mapping[str, Any]) -> dict[str, Any]:
+    """An sm90.cu spec's scheduler settings as its layout records them: ``max_swizzle`` where the spec fixes one,
+    else the operands' ``elem_bits`` (``sm90_max_swizzle`` then picks it per problem), and ``raster_option`` where
+    not CUTLASS's Heuristic."""
+    knobs: dict[str, Any] = {}
+    if int(values.get("MAX_SWIZZLE", 0)):
+        knobs["max_swizzle"] = int(values["MAX_SWIZZLE"])
+    else:
+        knobs["elem_bits"] = next(bits for ctype, bits, _ in OPERANDS.values() if ctype == values["A_TYPE"])
+    if values.get("RASTER", "Heuristic") != "Heuristic":
+        knobs["raster_option"] = str(values["RASTER"])
+    return knobs
 
 
 def sm90_max_swizzle(s: Mapping[str, Any], m: int, n: int, k: int) -> int:

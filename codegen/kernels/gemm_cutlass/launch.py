@@ -72,14 +72,11 @@ class CutlassGemm:
     def max_swizzle(self, m: int, n: int, k: int) -> int:
         """The sm90 scheduler's max swizzle the runtime's Params take for this problem (``cutlass_params``): the
         spec's ``MAX_SWIZZLE``, or ``rule.auto_swizzle``'s where that is 0."""
-        from .rule import OPERANDS, auto_swizzle
+        from .cutlass_params import scheduler_knobs, sm90_max_swizzle
 
         v = dict(self.spec.values)
-        if int(v.get("MAX_SWIZZLE", 0)):
-            return int(v["MAX_SWIZZLE"])
-        bits = next(b for ctype, b, _ in OPERANDS.values() if ctype == v["A_TYPE"])
-        return auto_swizzle(m, n, k, bits, (int(v["TILE_M"]), int(v["TILE_N"])),
-                            (int(v["CLUSTER_M"]), int(v["CLUSTER_N"])), str(v.get("RASTER", "Heuristic")))
+        s = {"tile": [int(v["TILE_M"]), int(v["TILE_N"])], "cluster": [int(v["CLUSTER_M"]), int(v["CLUSTER_N"])]}
+        return sm90_max_swizzle(s | scheduler_knobs(v), m, n, k)
 
     def prepare(self, pointers: dict[str, int], M: int, sm_count: int, N: int | None = None,
                 K: int | None = None, max_swizzle: int | None = None) -> Prepared:
