@@ -104,7 +104,8 @@ SM90_CANDIDATES: dict[str, tuple[Config, ...]] = {
         # the default (first): f32 promotion overlapped with the next k-tile's MMAs (``ov``, sm90_fp8_mainloop.cuh),
         # its 2-CTA cluster along M, 128 x 64 epilogue subtiles: sustained at the H200's power limit with the
         # runtime's swizzle (2026-12-02, docs/PERF.md "The tile scheduler's swizzle per problem") the fastest FP8
-        # promotion build on all 5 shapes timed, 0-2.8% ahead of the c1x2 default before it
+        # promotion build, or within 0.1% of it, on all 11 shapes timed in two runs; up to 2.8% ahead of the c1x2
+        # default before it
         Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
         # measured on the H200 (commit 5ce8ab1, bench_gemm fp8-row, M = 8192 / 4096): 1287-1354 TFLOP/s where
         # CUTLASS's own promotion on the same tile (the next line, the default before) gave 963-1172
