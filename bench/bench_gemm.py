@@ -345,10 +345,11 @@ def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], 
             if ops["xs"] is not None:
                 ptrs |= {"x_scale": ops["xs"].data_ptr(), "weight_scale": ops["ws"].data_ptr()}
             launches = {}
-            entries = [(tag if sw is None else f"{tag}@s{sw}", gemm, sw)
-                       for tag, gemm in gemms.get(_kind(mode), []) if _fits(mode, tag) for sw in (swizzles or (None,))]
-            row["runtime_swizzle"] = {tag: gemm.max_swizzle(m, n, k) for tag, gemm in gemms.get(_kind(mode), [])
-                                      if _fits(mode, tag) and gemm.spec.template == "sm90.cu"}
+            fitting = [(tag, gemm) for tag, gemm in gemms.get(_kind(mode), []) if _fits(mode, tag)]
+            entries = [(tag if sw is None else f"{tag}@s{sw}", gemm, sw) for tag, gemm in fitting
+                       for sw in (swizzles or (None,))]
+            row["runtime_swizzle"] = {tag: gemm.max_swizzle(m, n, k) for tag, gemm in fitting
+                                      if gemm.spec.template == "sm90.cu"}
             for tag, gemm, sw in entries:
                 try:
                     prepared = gemm.prepare(ptrs, m, sm_count, N=n, K=k, max_swizzle=sw)

@@ -68,7 +68,9 @@ from .rule import (
     config_tag,
     linear_cutlass_spec,
     plan,
+    rasterizes_along_m,
     shape_config,
+    sm90_blocks,
     variant_config,
 )
 
@@ -553,8 +555,7 @@ def sm90_max_swizzle(s: Mapping[str, Any], m: int, n: int, k: int) -> int:
     if "max_swizzle" in s:
         return int(s["max_swizzle"])
     if "elem_bits" in s:
-        return auto_swizzle(m, n, k, int(s["elem_bits"]), tuple(s["tile"]), tuple(s["cluster"]),
-                            s.get("raster_option", "Heuristic"))
+        return auto_swizzle(m, n, k, int(s["elem_bits"]), s["tile"], s["cluster"], s.get("raster_option", "Heuristic"))
     return 1
 
 
@@ -563,16 +564,12 @@ def _sm90_schedule(s: Mapping[str, Any], m: int, n: int, sm_count: int, blob: by
     """Writes PersistentTileSchedulerSm90Params into ``blob`` and returns its launch grid (``get_grid_shape``). The
     scheduler's Arguments: ``max_swizzle`` (``sm90_max_swizzle``) and the layout's ``raster_option`` (``sm90.cu``
     sets it at compile time), else CUTLASS's default, Heuristic rasterization."""
-    tm, tn = s["tile"]
     cm, cn = s["cluster"]
-    blocks_m = _round_up(_ceil(m, tm), cm)
-    blocks_n = _round_up(_ceil(n, tn), cn)
+    blocks_m, blocks_n = sm90_blocks(m, n, s["tile"], s["cluster"])
     log_swizzle = _log_swizzle(blocks_m, blocks_n, max_swizzle)
     blocks_m = _round_up(blocks_m, (1 << log_swizzle) * cm)
     blocks_n = _round_up(blocks_n, (1 << log_swizzle) * cn)
-    option = s.get("raster_option", "Heuristic")
-    along_m = blocks_n > blocks_m if option == "Heuristic" else option == "AlongM"
-    raster = 0 if along_m else 1  # AlongM : AlongN
+    raster = 0 if rasterizes_along_m(blocks_m, blocks_n, s.get("raster_option", "Heuristic")) else 1  # M : N
     total = blocks_m * blocks_n
     base, f = s["offset"], _SM90_SCHED
     major, minor = (cn, cm) if raster == 1 else (cm, cn)

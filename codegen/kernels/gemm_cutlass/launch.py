@@ -86,17 +86,16 @@ class CutlassGemm:
         unknown = set(pointers) - set(POINTERS)
         if unknown:
             raise ValueError(f"unknown pointers {sorted(unknown)}; known: {POINTERS}")
+        n, k = N or self.spec.value("N"), K or self.spec.value("K")
         if self._set_swizzle is not None:
-            n, k = N or self.spec.value("N"), K or self.spec.value("K")
             self._set_swizzle(self.max_swizzle(M, n, k) if max_swizzle is None else max_swizzle)
         size = int(self._size())
         buf = (ctypes.c_uint8 * size)()
         cfg = (ctypes.c_int * 10)()
-        ptrs = [pointers.get(n) or None for n in POINTERS]
+        ptrs = [pointers.get(name) or None for name in POINTERS]
         if N is None and K is None:
             rc = self._prepare(*ptrs, M, sm_count, buf, size, cfg)
         else:
-            n, k = N or self.spec.value("N"), K or self.spec.value("K")
             rc = self._prepare_nk(*ptrs, M, n, k, sm_count, buf, size, cfg)
         if rc != 0:
             raise RuntimeError(f"{self.spec.entry}_prepare failed with {rc} (see entry.cuh for the codes)")

@@ -165,21 +165,32 @@ SWIZZLE_BYTES = 24 << 20
 AUTO_SWIZZLE = 8
 
 
-def swept_operand_bytes(m: int, n: int, k: int, elem_bits: int, tile: tuple[int, ...], cluster: tuple[int, int],
+def sm90_blocks(m: int, n: int, tile: Sequence[int], cluster: Sequence[int]) -> tuple[int, int]:
+    """The sm90 persistent scheduler's tile blocks along M and N before any swizzle: tiles rounded up to whole
+    clusters."""
+    def blocks(extent: int, size: int, cluster_size: int) -> int:
+        tiles = -(-extent // size)
+        return -(-tiles // cluster_size) * cluster_size
+
+    return blocks(m, tile[0], cluster[0]), blocks(n, tile[1], cluster[1])
+
+
+def rasterizes_along_m(blocks_m: int, blocks_n: int, raster: str = "Heuristic") -> bool:
+    """Whether the sm90 scheduler walks along M: CUTLASS's Heuristic does where there are more column blocks (the
+    dimension with fewer blocks is walked), else the forced order."""
+    return blocks_n > blocks_m if raster == "Heuristic" else raster == "AlongM"
+
+
+def swept_operand_bytes(m: int, n: int, k: int, elem_bits: int, tile: Sequence[int], cluster: Sequence[int],
                         raster: str = "Heuristic") -> int:
     """Bytes of the operand the sm90 persistent scheduler sweeps whole while it walks one tile row or column: x
     (``M x K``) when it rasterizes along M, w (``N x K``) along N. Heuristic rasterization (CUTLASS's) walks the
     dimension with fewer tile blocks, so this is the smaller operand."""
-    def blocks(extent: int, size: int, cluster_size: int) -> int:  # tile blocks, rounded up to whole clusters
-        tiles = -(-extent // size)
-        return -(-tiles // cluster_size) * cluster_size
-
-    blocks_m, blocks_n = blocks(m, tile[0], cluster[0]), blocks(n, tile[1], cluster[1])
-    along_m = blocks_n > blocks_m if raster == "Heuristic" else raster == "AlongM"
+    along_m = rasterizes_along_m(*sm90_blocks(m, n, tile, cluster), raster)
     return (m if along_m else n) * k * elem_bits // 8
 
 
-def auto_swizzle(m: int, n: int, k: int, elem_bits: int, tile: tuple[int, ...], cluster: tuple[int, int],
+def auto_swizzle(m: int, n: int, k: int, elem_bits: int, tile: Sequence[int], cluster: Sequence[int],
                  raster: str = "Heuristic") -> int:
     """The max swizzle for an ``m x n x k`` problem on the sm90 persistent scheduler, for configurations that leave it
     open (``Config.swizzle`` 0). Unswizzled, the 132 tiles in flight lie along one or two tile rows (or columns), so
