@@ -250,9 +250,9 @@ class ShapeRule:
 #: count: the thresholds between them are a guess (tuning on the target GPU measures the artifact's own shapes).
 #: Rules are few on purpose: each configuration an artifact uses is one more multi-minute nvcc build (cubin and
 #: Params probe) shared by all its linears of that configuration and epilogue. FP8 (f32 promotion) has no rule:
-#: its default, coopov128x128x128c2x1e64, was the fastest FP8 promotion build sustained on all 5 shapes timed
-#: (2026-12-02; the FP8FastAccum ones give other numerics and are not a per-shape choice). The scheduler's swizzle
-#: is chosen per problem at launch (``auto_swizzle``), not here.
+#: its default, coopov128x128x128c2x1e64, was the fastest FP8 promotion build sustained, or within 0.1% of it, on
+#: all 11 shapes timed (2026-12-02; the FP8FastAccum ones give other numerics and are not a per-shape choice). The
+#: scheduler's swizzle is chosen per problem at launch (``auto_swizzle``), not here.
 SM90_SHAPE_RULES: tuple[ShapeRule, ...] = (
     # long reductions (a down projection; 8192^3 too, so before "large"): a 256-row tile loads each weight tile
     # once per 256 rows instead of 128, which pays where the main loop dominates
