@@ -120,8 +120,8 @@ SHAPE_CHOICES = [
     ("bf16", 256, 64, "pp128x128x64c2x1"),  # tiny: wide but small, the default
     ("bf16", 8192, 2048, "pp128x128x64c1x2"),  # the wide rule's edge: N = 4K = 8192
     ("bf16", 6144, 2048, "pp128x128x64c2x1"),  # 3x wide: the default
-    ("fp8", 16384, 2048, "coopov128x128x128c2x1e64"),  # FP8 (f32 promotion): the overlapped-promotion default,
-    ("fp8", 2048, 8192, "coopov128x128x128c2x1e64"),  # no per-shape rule (the fastest sustained on all timed)
+    ("fp8", 16384, 2048, "coopov128x128x128c2x1d"),  # FP8 (f32 promotion): the overlapped-promotion default,
+    ("fp8", 2048, 8192, "coopov128x128x128c2x1d"),  # no per-shape rule (the fastest sustained on all timed)
 ]
 
 

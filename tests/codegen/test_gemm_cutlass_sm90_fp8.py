@@ -47,7 +47,7 @@ slow_build = [pytest.mark.slow, needs_cutlass,
 #: all checked for spills below
 NEW_FP8 = ("coopov128x128x128c1x2", "coopov128x128x128c2x1", "ppov64x128x128c2x1", "coop128x192x128c1x2",
            "ppov64x128x128c1x2", "pp64x128x128c2x1", "coopov128x128x128c2x1e64", "coopov128x128x128c1x2e64",
-           "coopov128x128x128c1x1e64")
+           "coopov128x128x128c1x1e64", "coopov128x128x128c2x1d", "coopov128x128x128c1x2d")
 #: what bench_gemm --build builds in one go (each candidate a cubin and a host shim; 33: 6-9 minutes on the H200's 16
 #: cores, or --only a subset)
 MAX_CANDIDATES = 33
@@ -85,8 +85,9 @@ def test_candidates_are_well_formed():
     assert bench_configs("fp8", get_target("b200")) == (variant_config("fp8", get_target("b200")),)
     fp8 = _by_tag()
     assert set(NEW_FP8) <= set(fp8)
-    # the default: the overlapped promotion (measured ahead of CUTLASS's own on the H200, docs/PERF.md)
-    assert variant_config("fp8", H200) == fp8["coopov128x128x128c2x1e64"]
+    # the default: the overlapped promotion (measured ahead of CUTLASS's own on the H200, docs/PERF.md) with the
+    # direct epilogue (ahead of the TMA epilogue there)
+    assert variant_config("fp8", H200) == fp8["coopov128x128x128c2x1d"]
     for tag, cfg in fp8.items():
         assert cfg.template == "sm90.cu" and cfg.threads == 384
         assert cfg.swizzle in (0, 1, 2, 4, 8) and cfg.raster in RASTER_TAGS, tag
@@ -123,8 +124,9 @@ def test_new_candidates_render(tag):
         assert "${" not in src and 'extern "C" __global__' in src
         assert tag in spec.entry or cfg == variant_config("fp8", H200)
         values = dict(spec.values)
-        assert (values["OVERLAP_PROMOTION"], values["MAX_SWIZZLE"], values["RASTER"], values["EPI_N"]) == (
-            cfg.overlap, cfg.swizzle, cfg.raster, cfg.epi_n)
+        assert (values["OVERLAP_PROMOTION"], values["MAX_SWIZZLE"], values["RASTER"], values["EPI_N"],
+                values["DIRECT_EPILOGUE"]) == (cfg.overlap, cfg.swizzle, cfg.raster, cfg.epi_n, cfg.direct)
+        assert tag.endswith("d") == cfg.direct
         # the epilogue subtile: CUTLASS's (EPI_N 0) or kEpiM x EPI_N, kEpiM a warpgroup's rows of the tile
         assert f"cute::conditional_t<{cfg.epi_n} == 0, cutlass::epilogue::collective::EpilogueTileAuto," in src
         assert (f"e{cfg.epi_n}" in tag) == (cfg.epi_n != 0)
@@ -332,6 +334,7 @@ def test_swizzled_params_layout_reproduces_cutlass(cfg):
 @needs_cutlass
 @pytest.mark.parametrize("overlapped,plain", [("coopov128x128x128c1x2", "coop128x128x128c1x2"),
                                               ("coopov128x128x128c2x1e64", "coop128x128x128c1x2"),
+                                              ("coopov128x128x128c2x1d", "coop128x128x128c1x2"),
                                               ("ppov64x128x128c2x1", "pp64x128x128c2x1")])
 def test_overlapped_promotion_matches_cutlass_bit_for_bit(overlapped, plain):
     """The overlapped mainloop adds the same per-k-tile partials in the same order as CUTLASS's promotion: equal

@@ -60,20 +60,11 @@ static void ingot_probe_print_tmas() {
   }
 }
 
+// p: x, weight, x_block_scale, weight_block_scale, x_scale, weight_scale, bias, residual, out; the Arguments the
+// template's host shim builds (every template defines make_arguments for INGOT_HOST_SHIM)
 static typename GemmKernel::Arguments ingot_probe_arguments(const void* const* p, int M, int N, int K,
                                                             cutlass::KernelHardwareInfo hw) {
-  using K_ = GemmKernel;
-  auto sa = cutlass::make_cute_packed_stride(typename K_::StrideA{}, cute::make_shape(M, K, 1));
-  auto sb = cutlass::make_cute_packed_stride(typename K_::StrideB{}, cute::make_shape(N, K, 1));
-  auto sc = cutlass::make_cute_packed_stride(typename K_::StrideC{}, cute::make_shape(M, N, 1));
-  auto sd = cutlass::make_cute_packed_stride(typename K_::StrideD{}, cute::make_shape(M, N, 1));
-  // p: x, weight, x_block_scale, weight_block_scale, x_scale, weight_scale, bias, residual, out
-  return typename K_::Arguments{
-      cutlass::gemm::GemmUniversalMode::kGemm, {M, N, K, 1},
-      {static_cast<const ElementA*>(p[0]), sa, static_cast<const ElementB*>(p[1]), sb},
-      {Epi::arguments(p[4], p[5], p[6]), static_cast<const ElementOut*>(p[7]), sc,
-       static_cast<ElementOut*>(const_cast<void*>(p[8])), sd},
-      hw};
+  return make_arguments(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], const_cast<void*>(p[8]), M, N, K, hw);
 }
 
 // fills the stack below main with `byte`, so that two runs differing only in it show which Params

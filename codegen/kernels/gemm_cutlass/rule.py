@@ -68,6 +68,7 @@ class Config:
     swizzle: int = 0
     raster: str = "Heuristic"
     epi_n: int = 0
+    direct: bool = False
 
 
 def variant_config(kind: str, target: Target) -> Config:
@@ -102,10 +103,15 @@ SM90_CANDIDATES: dict[str, tuple[Config, ...]] = {
     ),
     "fp8": (
         # the default (first): f32 promotion overlapped with the next k-tile's MMAs (``ov``, sm90_fp8_mainloop.cuh),
-        # its 2-CTA cluster along M, 128 x 64 epilogue subtiles: sustained at the H200's power limit with the
-        # runtime's swizzle (2026-12-02, docs/PERF.md "The tile scheduler's swizzle per problem") the fastest FP8
-        # promotion build, or within 0.1% of it, on all 11 shapes timed in two runs; up to 2.8% ahead of the c1x2
-        # default before it
+        # its 2-CTA cluster along M, the direct epilogue (``d``, sm90_direct_epilogue.cuh: the tile's scales
+        # prefetched during its k-tiles, each warpgroup staging its rows by stmatrix and storing them itself, no
+        # CTA-wide barrier): against the TMA epilogue below on the H200 (2026-12-02, docs/PERF.md "The FP8 GEMM's
+        # epilogue") +0.8-4.0% short-burst on all six of issue 7's shapes, sustained at the power limit +0.8-1.3% on
+        # five and -0.8% on one (qkv), 4% more TFLOP/s per clock on 8192 x 16384 x 2048
+        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True, direct=True),
+        # the default before (2026-12-02), 128 x 64 epilogue subtiles: sustained at the H200's power limit with the
+        # runtime's swizzle (docs/PERF.md "The tile scheduler's swizzle per problem") the fastest FP8 promotion
+        # build with the TMA epilogue, or within 0.1% of it, on all 11 shapes timed in two runs
         Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
         # measured on the H200 (commit 5ce8ab1, bench_gemm fp8-row, M = 8192 / 4096): 1287-1354 TFLOP/s where
         # CUTLASS's own promotion on the same tile (the next line, the default before) gave 963-1172
@@ -148,10 +154,13 @@ SM90_EXPLORE: dict[str, tuple[Config, ...]] = {
         # (2026-12-02) epilogue subtiles of 128 x 64 (CUTLASS's: 128 x 32, four a 128 x 128 tile), and no cluster
         # (cuBLASLt's rowwise FP8 kernels with promotion use none): each won several of the 18 FP8 cells of one
         # bench_gemm run (docs/PERF.md, "FP8 prefill GEMMs at the power limit"); 128 x 128 subtiles, and no cluster
-        # with CUTLASS's subtile, won none (coopov c2x1e64 is the default since 2026-12-02: SM90_CANDIDATES)
+        # with CUTLASS's subtile, won none (coopov c2x1e64 became the default that day: SM90_CANDIDATES)
         Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
         Config("sm90.cu", (128, 128, 128), (1, 1), schedule="Cooperative", threads=384, overlap=True, epi_n=64),
         Config("sm90.cu", (128, 128, 128), (2, 1), schedule="PingpongFP8FastAccum", threads=384, epi_n=64),
+        # (2026-12-02) the direct epilogue on the other cluster shape (c2x1d is the default). bf16 builds with it
+        # (no scales to prefetch, CUTLASS's mainloop) measured 3-15% slower than with the TMA epilogue: not explored
+        Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True, direct=True),
     ),
 }
 #: the tile scheduler's raster orders (RasterOrderOptions) -> their config_tag suffix (Heuristic: none)
@@ -208,10 +217,11 @@ def auto_swizzle(m: int, n: int, k: int, elem_bits: int, tile: Sequence[int], cl
 def config_tag(cfg: Config) -> str:
     """A short name for a configuration, e.g. ``coop128x256x64c2x1``; the sm90 knobs where not CUTLASS's defaults:
     ``ov`` after the schedule (overlapped promotion), ``s4`` (max swizzle 4), ``rm`` / ``rn`` (raster along M / N),
-    ``e64`` (64-column epilogue subtiles) at the end, e.g. ``coop128x128x128c1x2s4``, ``coopov128x128x128c2x1e64``."""
+    ``e64`` (64-column epilogue subtiles), ``d`` (the direct epilogue) at the end, e.g. ``coop128x128x128c1x2s4``,
+    ``coopov128x128x128c2x1e64``, ``coopov128x128x128c2x1d``."""
     sched = cfg.schedule.replace("Cooperative", "coop").replace("Pingpong", "pp").replace("FP8FastAccum", "fa")
     knobs = (f"{'s' + str(cfg.swizzle) if cfg.swizzle else ''}{RASTER_TAGS[cfg.raster]}"
-             f"{'e' + str(cfg.epi_n) if cfg.epi_n else ''}")
+             f"{'e' + str(cfg.epi_n) if cfg.epi_n else ''}{'d' if cfg.direct else ''}")
     return (f"{sched}{'ov' if cfg.overlap else ''}{'2sm' if cfg.two_sm else ''}{'x'.join(map(str, cfg.tile))}"
             f"c{cfg.cluster[0]}x{cfg.cluster[1]}{knobs}")
 
@@ -250,9 +260,10 @@ class ShapeRule:
 #: count: the thresholds between them are a guess (tuning on the target GPU measures the artifact's own shapes).
 #: Rules are few on purpose: each configuration an artifact uses is one more multi-minute nvcc build (cubin and
 #: Params probe) shared by all its linears of that configuration and epilogue. FP8 (f32 promotion) has no rule:
-#: its default, coopov128x128x128c2x1e64, was the fastest FP8 promotion build sustained, or within 0.1% of it, on
-#: all 11 shapes timed (2026-12-02; the FP8FastAccum ones give other numerics and are not a per-shape choice). The
-#: scheduler's swizzle is chosen per problem at launch (``auto_swizzle``), not here.
+#: its default, coopov128x128x128c2x1d (the direct epilogue), was faster than the fastest TMA-epilogue build before it
+#: (coopov128x128x128c2x1e64) on all six shapes short-burst and five of six sustained (2026-12-02; the FP8FastAccum
+#: ones give other numerics and are not a per-shape choice). The scheduler's swizzle is chosen per problem at launch
+#: (``auto_swizzle``), not here.
 SM90_SHAPE_RULES: tuple[ShapeRule, ...] = (
     # long reductions (a down projection; 8192^3 too, so before "large"): a 256-row tile loads each weight tile
     # once per 256 rows instead of 128, which pays where the main loop dominates
@@ -322,11 +333,15 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
         "CLUSTER_M": cfg.cluster[0], "CLUSTER_N": cfg.cluster[1], "TWO_SM": cfg.two_sm,
         "HAS_RESIDUAL": residual, "ABI": ABI,
     }
+    if cfg.direct and (cfg.template != "sm90.cu" or not cfg.schedule.startswith("Cooperative") or cfg.tile[0] != 128):
+        raise ValueError(f"gemm_cutlass: the direct epilogue is for sm90.cu's cooperative schedules with 128-row tiles "
+                         f"(each consumer warpgroup stores its 64 rows; the scale prefetch follows one tile at a "
+                         f"time): {cfg}")
     if cfg.template == "sm90.cu":
         values["SCHEDULE"] = cfg.schedule
         values["EPILOGUE_SCHEDULE"] = "Cooperative" if cfg.schedule.startswith("Cooperative") else ""
         values |= {"OVERLAP_PROMOTION": cfg.overlap, "MAX_SWIZZLE": cfg.swizzle, "RASTER": cfg.raster,
-                   "EPI_N": cfg.epi_n}
+                   "EPI_N": cfg.epi_n, "DIRECT_EPILOGUE": cfg.direct}
     if cfg.template == "sm100_blockscaled.cu":
         values["SF_VECTOR"] = 16 if kind == "nvfp4" else 32
     cluster = cfg.cluster[0] * cfg.cluster[1]

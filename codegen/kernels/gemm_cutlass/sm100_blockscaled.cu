@@ -67,13 +67,6 @@ static typename GemmKernel::Arguments make_arguments(const void* x, const void* 
       hw};
 }
 
-// probe.cuh's ingot_probe_arguments(const void* const* p, ...) builds a plain mainloop's Arguments; this overload
-// is the better match for its call (p is a `const void* p[9]`: no qualification conversion) and gives the
-// block-scaled mainloop its scale-factor pointers and layouts (cutlass_params.py, the Params probe).
-[[maybe_unused]] static typename GemmKernel::Arguments ingot_probe_arguments(const void** p, int M, int N, int K,
-                                                                             cutlass::KernelHardwareInfo hw) {
-  return make_arguments(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], const_cast<void*>(p[8]), M, N, K, hw);
-}
 #endif
 
 #include "entry.cuh"

@@ -26,22 +26,30 @@ constexpr int kEpiM =
               ${TILE_M});
 using EpilogueTile = cute::conditional_t<${EPI_N} == 0, cutlass::epilogue::collective::EpilogueTileAuto,
                                          Shape<Int<kEpiM>, Int<(${EPI_N} == 0 ? 32 : ${EPI_N})>>>;
-using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+using TmaCollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, CtaTile, ClusterShape,
     EpilogueTile, float, float,
     typename Epi::ElementC, cutlass::layout::RowMajor, kAlignOut,
     ElementOut, cutlass::layout::RowMajor, kAlignOut,
     EpilogueSchedule, typename Epi::Tree>::CollectiveOp;
+// ${DIRECT_EPILOGUE}: the same arithmetic stored straight from the accumulators (sm90_direct_epilogue.cuh), its
+// vectors prefetched by the overlapped-promotion mainloop where that runs
+constexpr bool kDirectEpilogue = ${DIRECT_EPILOGUE};
+constexpr bool kOverlapPromotion = ${OVERLAP_PROMOTION};
+using CollectiveEpilogue = cute::conditional_t<
+    kDirectEpilogue, ingot::DirectCollectiveEpilogue<CtaTile, ElementOut, ${HAS_RESIDUAL}, kOverlapPromotion>,
+    TmaCollectiveEpilogue>;
+// the direct epilogue's static shared memory comes out of the mainloop's stages too (sm90_direct_epilogue.cuh)
+constexpr int kEpilogueSmem = int(sizeof(typename CollectiveEpilogue::SharedStorage)) +
+                              (kDirectEpilogue ? ingot::kDirectEpilogueSmem<${TILE_M}, ${TILE_N}> : 0);
 
 using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     ElementA, cutlass::layout::RowMajor, 128 / cutlass::sizeof_bits<ElementA>::value,
     ElementB, cutlass::layout::ColumnMajor, 128 / cutlass::sizeof_bits<ElementB>::value,
     float, CtaTile, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-        sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmem>,
     MainloopSchedule>::CollectiveOp;
-constexpr bool kOverlapPromotion = ${OVERLAP_PROMOTION};
 static_assert(!kOverlapPromotion || cute::is_same_v<typename CutlassMainloop::DispatchPolicy,
                                                     cutlass::gemm::MainloopSm90TmaGmmaWarpSpecializedFP8<
                                                         CutlassMainloop::DispatchPolicy::Stages, ClusterShape,
@@ -50,7 +58,11 @@ static_assert(!kOverlapPromotion || cute::is_same_v<typename CutlassMainloop::Di
 static_assert(!kOverlapPromotion || ${TILE_K} == 128,
               "one promotion per 128-deep k-tile: CUTLASS's default interval (4 wgmmas of K = 32)");
 using CollectiveMainloop =
-    cute::conditional_t<kOverlapPromotion, ingot::Sm90Fp8OverlapMainloop<CutlassMainloop>, CutlassMainloop>;
+    cute::conditional_t<kOverlapPromotion, ingot::Sm90Fp8OverlapMainloop<CutlassMainloop, kDirectEpilogue, ElementOut>,
+                        CutlassMainloop>;
+static_assert(!kDirectEpilogue || !kOverlapPromotion ||
+                  cute::is_same_v<EpilogueSchedule, cutlass::epilogue::TmaWarpSpecializedCooperative>,
+              "the prefetch reads every tile of the ring in order: both consumer warpgroups on one tile (cooperative)");
 
 using GemmKernelBase = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                             CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
@@ -76,21 +88,34 @@ struct GemmKernel : GemmKernelBase {
 };
 
 #if defined(INGOT_HOST_SHIM)
+template <bool kDirect = kDirectEpilogue>  // a template, so that `if constexpr` drops the other epilogue's branch
 static typename GemmKernel::Arguments make_arguments(const void* x, const void* w, const void*, const void*,
                                                      const void* x_scale, const void* w_scale, const void* bias,
                                                      const void* residual, void* out, int M, int N, int K,
                                                      cutlass::KernelHardwareInfo hw) {
-  using K_ = GemmKernel;
+  using K_ = cute::conditional_t<kDirect, GemmKernel, GemmKernel>;  // dependent: the discarded branch is not checked
   auto sa = cutlass::make_cute_packed_stride(typename K_::StrideA{}, cute::make_shape(M, K, 1));
   auto sb = cutlass::make_cute_packed_stride(typename K_::StrideB{}, cute::make_shape(N, K, 1));
   auto sc = cutlass::make_cute_packed_stride(typename K_::StrideC{}, cute::make_shape(M, N, 1));
   auto sd = cutlass::make_cute_packed_stride(typename K_::StrideD{}, cute::make_shape(M, N, 1));
-  return typename K_::Arguments{
-      cutlass::gemm::GemmUniversalMode::kGemm, {M, N, K, 1},
-      {static_cast<const ElementA*>(x), sa, static_cast<const ElementB*>(w), sb},
-      {Epi::arguments(x_scale, w_scale, bias), static_cast<const ElementOut*>(residual), sc,
-       static_cast<ElementOut*>(out), sd},
-      hw};
+  typename cute::conditional_t<kDirect, CollectiveMainloop, CollectiveMainloop>::Arguments mainloop{};  // dependent
+  mainloop.ptr_A = static_cast<const ElementA*>(x), mainloop.dA = sa;
+  mainloop.ptr_B = static_cast<const ElementB*>(w), mainloop.dB = sb;
+  if constexpr (kDirect) {
+    ingot::EpiVectorArgs vectors{static_cast<const float*>(x_scale), static_cast<const float*>(w_scale), bias};
+    if constexpr (kOverlapPromotion) {
+      mainloop.vectors = vectors;
+    }
+    using EpilogueArgs = typename cute::conditional_t<kDirect, CollectiveEpilogue, CollectiveEpilogue>::Arguments;
+    EpilogueArgs epilogue{vectors, static_cast<const ElementOut*>(residual), sc, static_cast<ElementOut*>(out), sd};
+    return typename K_::Arguments{cutlass::gemm::GemmUniversalMode::kGemm, {M, N, K, 1}, mainloop, epilogue, hw};
+  } else {
+    return typename K_::Arguments{
+        cutlass::gemm::GemmUniversalMode::kGemm, {M, N, K, 1}, mainloop,
+        {Epi::arguments(x_scale, w_scale, bias), static_cast<const ElementOut*>(residual), sc,
+         static_cast<ElementOut*>(out), sd},
+        hw};
+  }
 }
 #endif
 

@@ -15,22 +15,74 @@
 //
 // Same interface and pipeline contract as the base collective (the kernel calls mma then mma_tail): mma
 // releases every stage but the last k-tile's, which mma_tail releases after its warpgroup_wait<0>.
+//
+// kPrefetch (the direct epilogue, sm90_direct_epilogue.cuh): the producer warp writes each tile's coordinates into
+// a ring in shared memory before it loads the tile, and the consumers, once the tile's first k-tile has arrived
+// (its full barrier orders the producer's write before their read, and they read before they release that stage,
+// which the producer needs again only `Stages` k-tiles later: a ring of Stages + 1 tiles is never overwritten
+// unread), prefetch the tile's row and column scales and bias for the epilogue while the k-tiles run. The
+// Arguments and Params then carry those vectors' pointers and M and N.
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
+#include "sm90_direct_epilogue.cuh"
 
 namespace ingot {
 using namespace cute;
 
-template <class Base>
+template <class Base, bool kPrefetch = false, class ElementBias = cutlass::bfloat16_t>
 struct Sm90Fp8OverlapMainloop : Base {
   using typename Base::MainloopPipeline;
-  using typename Base::Params;
   using typename Base::PipelineState;
   using typename Base::SmemLayoutA;
   using typename Base::SmemLayoutB;
   using typename Base::TensorStorage;
   using typename Base::TiledMma;
+  using typename Base::TileShape;
   static_assert(Base::K_PIPE_MMAS == 1, "mma_tail releases exactly one stage (the last k-tile's)");
+  static constexpr int kTileM = cute::size<0>(TileShape{});
+  static constexpr int kTileN = cute::size<1>(TileShape{});
+  static constexpr int kRing = Base::DispatchPolicy::Stages + 1;
+  static_assert(!kPrefetch || kRing <= kRingCapacity, "the tile ring holds kRingCapacity tiles");
+
+  struct PrefetchArguments : Base::Arguments {
+    EpiVectorArgs vectors;
+  };
+  struct PrefetchParams : Base::Params {
+    EpiVectorArgs vectors;
+    int m, n;
+  };
+  // without the prefetch: the base collective's own (the same Params blob as before it existed)
+  using Arguments = cute::conditional_t<kPrefetch, PrefetchArguments, typename Base::Arguments>;
+  using Params = cute::conditional_t<kPrefetch, PrefetchParams, typename Base::Params>;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const& problem_shape, Arguments const& args,
+                                                  void* workspace) {
+    if constexpr (kPrefetch) {
+      auto shape = append<4>(problem_shape, 1);
+      return {Base::to_underlying_arguments(problem_shape, args, workspace), args.vectors, int(get<0>(shape)),
+              int(get<1>(shape))};
+    } else {
+      return Base::to_underlying_arguments(problem_shape, args, workspace);
+    }
+  }
+
+  // producer: the tile's coordinates into the ring (every lane the same value, the leader among them), then the
+  // base collective's TMA loads
+  int ring_tiles_ = 0;
+  template <class LoadInputs, class BlockCoord, class KTileIterator>
+  CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline, PipelineState smem_pipe_write,
+                           LoadInputs const& load_inputs, BlockCoord const& blk_coord, KTileIterator k_tile_iter,
+                           int k_tile_count, int thread_idx, uint32_t block_rank_in_cluster,
+                           TensorStorage& shared_tensors) {
+    if constexpr (kPrefetch) {
+      direct_shared<kTileM, kTileN>().ring[ring_tiles_ % kRing] = make_int2(int(get<0>(blk_coord)),
+                                                                            int(get<1>(blk_coord)));
+      ++ring_tiles_;
+    }
+    Base::load(params, pipeline, smem_pipe_write, load_inputs, blk_coord, k_tile_iter, k_tile_count, thread_idx,
+               block_rank_in_cluster, shared_tensors);
+  }
 
   // k-tile `read`'s wgmmas into `partial` (zeroed by the first), committed as one batch
   template <class FragA, class FragB, class Partial>
@@ -88,6 +140,12 @@ struct Sm90Fp8OverlapMainloop : Base {
     Tensor odd = make_fragment_like(accum);   // and of 1, 3, 5, ...
     PipelineState smem_pipe_release = smem_pipe_read;
     issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
+    if constexpr (kPrefetch) {  // the first k-tile has arrived, hence the tile's coordinates
+      int2 tile = direct_shared<kTileM, kTileN>().ring[ring_tiles_ % kRing];
+      ++ring_tiles_;
+      prefetch_vectors<kTileM, kTileN, ElementBias>(mainloop_params.vectors, mainloop_params.m, mainloop_params.n,
+                                                    tile.x, tile.y, thread_idx);
+    }
     int remaining = k_tile_count - 1;
     CUTLASS_PRAGMA_NO_UNROLL
     for (; remaining >= 2; remaining -= 2) {

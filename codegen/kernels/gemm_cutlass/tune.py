@@ -29,7 +29,7 @@ from . import cutlass_params as cp
 from .rule import OPERANDS, Config, candidate_configs
 
 KNOBS = ("TILE_M", "TILE_N", "TILE_K", "CLUSTER_M", "CLUSTER_N", "SCHEDULE", "EPILOGUE_SCHEDULE", "OVERLAP_PROMOTION",
-         "MAX_SWIZZLE", "RASTER", "EPI_N")
+         "MAX_SWIZZLE", "RASTER", "EPI_N", "DIRECT_EPILOGUE")
 #: rows timed where the launch's row bound is not among the bindings (lower.py's default step budget)
 DEFAULT_ROWS = 2048
 #: operand kind -> the numpy dtype name of x and w in the timing buffers
@@ -47,7 +47,8 @@ def config_of(spec: KernelSpec) -> Config:
     return Config(spec.template, (int(v["TILE_M"]), int(v["TILE_N"]), int(v["TILE_K"])),
                   (int(v["CLUSTER_M"]), int(v["CLUSTER_N"])), two_sm=bool(v["TWO_SM"]), schedule=str(v["SCHEDULE"]),
                   threads=spec.block[0], overlap=bool(v["OVERLAP_PROMOTION"]), swizzle=int(v["MAX_SWIZZLE"]),
-                  raster=str(v["RASTER"]), epi_n=int(v.get("EPI_N", 0)))
+                  raster=str(v["RASTER"]), epi_n=int(v.get("EPI_N", 0)),
+                  direct=bool(v.get("DIRECT_EPILOGUE", False)))
 
 
 def matches(spec: KernelSpec) -> bool:
