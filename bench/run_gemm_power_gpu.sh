@@ -17,7 +17,7 @@ S=${S:-1.0}
 cd "$(dirname "$0")/.."
 . bench/gpu_run_lib.sh
 
-FP8=coopov128x128x128c2x1e64,coopov128x128x128c1x2,coopov128x128x128c2x1
+FP8=coopov128x128x128c2x1d,coopov128x128x128c2x1e64,coopov128x128x128c1x2
 BF16=pp128x128x64c1x2,pp128x128x64c2x1,coop256x128x64c1x2,coop128x256x64c2x1
 # GEMM_KERNELS: a folder of these builds made beforehand (the same --build command on the CPU machine, ~5 minutes on 2
 # cores, 9 MB: carry it with the tree) to skip the build here
