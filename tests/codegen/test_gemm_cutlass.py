@@ -394,6 +394,23 @@ def test_sm90_linear_matches_numpy(kind):
         print(f"gemm_cutlass {kind} M={m} N={n} K={k}: max abs err {err:.3g} (max |ref| {np.abs(ref).max():.3g})")
 
 
+def load_generic(spec):
+    """A generic spec built (``cutlass_params.build_linear``) and its cubin loaded into the current context as the
+    CUDA backend does: the kernel function, its dynamic shared memory allowed, and the Params layout."""
+    from cuda.bindings import driver as drv
+
+    from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+
+    kernel, layout = cp.build_linear(spec)
+    err, module = drv.cuModuleLoadData(kernel.cubin)
+    assert err == drv.CUresult.CUDA_SUCCESS, err
+    err, fn = drv.cuModuleGetFunction(module, spec.entry.encode())
+    assert err == drv.CUresult.CUDA_SUCCESS, err
+    attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    assert drv.cuFuncSetAttribute(fn, attr, int(layout["smem"]))[0] == drv.CUresult.CUDA_SUCCESS
+    return fn, layout
+
+
 @pytest.mark.gpu
 @needs_cutlass
 @pytest.mark.parametrize("kind", ["bf16", "fp8"])
@@ -409,17 +426,8 @@ def test_sm90_generic_linear_from_python_params(kind):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU (H100/H200)")
-    from cuda.bindings import driver as drv
-
-    spec = cp.generic_linear_spec(kind, get_target("h200"))
-    kernel, layout = cp.build_linear(spec)
     torch.empty(1, device="cuda")  # the primary context
-    err, module = drv.cuModuleLoadData(kernel.cubin)
-    assert err == drv.CUresult.CUDA_SUCCESS, err
-    err, fn = drv.cuModuleGetFunction(module, spec.entry.encode())
-    assert err == drv.CUresult.CUDA_SUCCESS, err
-    attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    assert drv.cuFuncSetAttribute(fn, attr, int(layout["smem"]))[0] == drv.CUresult.CUDA_SUCCESS
+    fn, layout = load_generic(cp.generic_linear_spec(kind, get_target("h200")))
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     gen = rng()
     store, tdt, view = ((ml_dtypes.float8_e4m3fn, torch.float8_e4m3fn, np.uint8) if kind == "fp8"

@@ -14,7 +14,7 @@ from ingot.codegen.kernels.gemm_cutlass.rule import (
     variant_config,
 )
 from ingot.codegen.target import get_target
-from tests.codegen.test_gemm_cutlass import needs_cutlass
+from tests.codegen.test_gemm_cutlass import load_generic, needs_cutlass
 from tests.helpers import rng
 
 FP8_OV = Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True)
@@ -43,20 +43,14 @@ def test_direct_configurations_are_named_and_rendered():
             linear_cutlass_spec("bf16", 0, 0, h200, config=bad)
 
 
-def _run(spec, bufs, m, n, k):
-    """Launch a generic spec on ``bufs`` (torch tensors by pointer name) from a Python-built Params blob."""
+def _run(loaded, bufs, m, n, k):
+    """Launch a loaded generic spec (``load_generic``) on ``bufs`` (torch tensors by pointer name) from a Python-built
+    Params blob."""
     import torch
-    from cuda.bindings import driver as drv
 
     from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
 
-    kernel, layout = cp.build_linear(spec)
-    err, module = drv.cuModuleLoadData(kernel.cubin)
-    assert err == drv.CUresult.CUDA_SUCCESS, err
-    err, fn = drv.cuModuleGetFunction(module, spec.entry.encode())
-    assert err == drv.CUresult.CUDA_SUCCESS, err
-    attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    assert drv.cuFuncSetAttribute(fn, attr, int(layout["smem"]))[0] == drv.CUresult.CUDA_SUCCESS
+    fn, layout = loaded
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     blob, config = cp.build_params(layout, {name: t.data_ptr() for name, t in bufs.items()}, m, n, k, sm_count)
     cp.launch(fn, blob, config, torch.cuda.current_stream().cuda_stream)
@@ -81,6 +75,7 @@ def test_direct_epilogue_equals_tma_epilogue(kind, residual):
     h200 = get_target("h200")
     base = FP8_OV if kind == "fp8" else BF16
     specs = [cp.generic_linear_spec(kind, h200, residual=residual, config=c) for c in (base, _direct(base))]
+    loaded = [load_generic(spec) for spec in specs]
     gen = rng()
     store, tdt, view = ((ml_dtypes.float8_e4m3fn, torch.float8_e4m3fn, np.uint8) if kind == "fp8"
                         else (ml_dtypes.bfloat16, torch.bfloat16, np.uint16))
@@ -102,10 +97,10 @@ def test_direct_epilogue_equals_tma_epilogue(kind, residual):
             inputs["residual"] = torch.from_numpy(res.view(np.uint16)).cuda().view(torch.bfloat16)
             ref = ref + res.astype(np.float32)
         outs = []
-        for spec in specs:
+        for spec, launchable in zip(specs, loaded):
             # one row more than M x N, poisoned: the kernel writes M x N exactly
             padded = torch.full((m + 1, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            _run(spec, inputs | {"out": padded}, m, n, k)
+            _run(launchable, inputs | {"out": padded}, m, n, k)
             assert torch.isnan(padded[m]).all(), f"{spec.entry}: wrote past M x N for {m, n, k}"
             outs.append(padded[:m].cpu())
         tma, direct = outs
