@@ -79,11 +79,18 @@ def test_direct_epilogue_equals_tma_epilogue(kind, residual):
     gen = rng()
     store, tdt, view = ((ml_dtypes.float8_e4m3fn, torch.float8_e4m3fn, np.uint8) if kind == "fp8"
                         else (ml_dtypes.bfloat16, torch.bfloat16, np.uint16))
-    for m, n, k in ((1, 256, 128), (77, 960, 576), (300, 1064, 256), (2048, 3072, 2048)):
+    # the last: 1024 tiles of one k-tile each, ~8 a CTA, the producer up to its stage count of tiles ahead (the
+    # prefetch's tile ring at its fullest)
+    for m, n, k in ((1, 256, 128), (77, 960, 576), (300, 1064, 256), (2048, 3072, 2048), (4096, 4096, 128)):
         x = np.clip(gen.standard_normal((m, k)), -448, 448).astype(store)
         w = np.clip(gen.standard_normal((n, k)) * 0.1, -448, 448).astype(store)
         bias = gen.standard_normal(n).astype(ml_dtypes.bfloat16)
-        ref = x.astype(np.float32) @ w.astype(np.float32).T
+        if m * n * k > 2**30:  # f32 on the GPU (no TF32), numpy would take long
+            xf, wf = (torch.from_numpy(a.astype(np.float32)).cuda() for a in (x, w))
+            torch.backends.cuda.matmul.allow_tf32 = False
+            ref = (xf @ wf.T).cpu().numpy()
+        else:
+            ref = x.astype(np.float32) @ w.astype(np.float32).T
         inputs = {"x": torch.from_numpy(x.view(view)).cuda().view(tdt),
                   "weight": torch.from_numpy(w.view(view)).cuda().view(tdt),
                   "bias": torch.from_numpy(bias.view(np.uint16)).cuda().view(torch.bfloat16)}

@@ -10,9 +10,12 @@ the ``nvidia-cutlass`` wheel, built with nvcc; ``build.py`` says how and how a r
   tile scheduler's swizzle and raster order, FP8's f32 promotion CUTLASS's or overlapped with the next k-tile's
   MMAs (``sm90_fp8_mainloop.cuh``).
 
-Every variant has the same epilogue (``common.cuh``): ``out = w_scale[n] * (acc * x_scale[m]) +
-bias[n] (+ residual[m, n])``, the vectors optional at run time (FP8: per-token x per-channel
-scales), the residual a build-time choice (it is CUTLASS's C operand). Output is bf16.
+Every variant computes the same epilogue: ``out = w_scale[n] * (acc * x_scale[m]) + bias[n] (+ residual[m, n])``,
+the vectors optional at run time (FP8: per-token x per-channel scales), the residual a build-time choice. Output is
+bf16. It is CUTLASS's TMA epilogue with a visitor tree (``common.cuh``; the residual is its C operand), or on sm_90a
+cooperative 128-row tiles (``Config.direct``, the FP8 default) ingot's direct epilogue (``sm90_direct_epilogue.cuh``:
+the same arithmetic, bit for bit; the scales prefetched during the mainloop, each consumer warpgroup storing its own
+rows).
 
 Tile and cluster shapes are chosen here: ``variant_config`` is a kind's default on a target, ``shape_config``
 the choice for one linear's N and K (on h100/h200 a small table of rules, ``SM90_SHAPE_RULES``, from the
