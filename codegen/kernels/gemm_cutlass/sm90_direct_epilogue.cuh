@@ -1,4 +1,4 @@
-// CUTLASS GEMM family, sm_90a: an epilogue that stores straight from the accumulators, with the tile's scale
+// CUTLASS GEMM family, sm_90a: an epilogue whose consumer warpgroups store their own rows, with the tile's scale
 // vectors prefetched during its mainloop.
 //
 // CUTLASS's TMA epilogue (the visitor tree of common.cuh under TmaWarpSpecialized[Cooperative]) stages every
@@ -9,8 +9,9 @@
 // samples on the H200, where cuBLASLt's rowwise kernel spends ~10% (Nsight Compute warp-state sampling of both,
 // 2026-12-02, docs/PERF.md "The FP8 GEMM's epilogue").
 //
-// Here (DIRECT_EPILOGUE) each thread scales its own accumulators, rounds pairs of adjacent columns and stores them
-// with one 32-bit store each: no shared-memory staging, no barrier. With the overlapped-promotion mainloop
+// Here (DIRECT_EPILOGUE) each thread scales its own accumulators and rounds pairs of adjacent columns; each consumer
+// warpgroup stages its 64 rows by stmatrix in its own buffer, 64 columns a pass, and stores them as 16-byte rows,
+// with warpgroup barriers only (no CTA-wide one, no TMA store). With the overlapped-promotion mainloop
 // (sm90_fp8_mainloop.cuh) the tile's row and column scales and bias come in by cp.async while the tile's first
 // k-tile runs: the mainloop's producer warp writes each tile's coordinates into a small ring in shared memory
 // before it loads the tile (the consumers read them once they have waited for the tile's first k-tile, whose
@@ -116,15 +117,14 @@ CUTLASS_DEVICE void prefetch_vectors(EpiVectorArgs const& v, int m, int n, int m
   asm volatile("cp.async.commit_group;\n" ::);
 }
 
-template <int kTileM, int kTileN>
 CUTLASS_DEVICE void wait_vectors(int thread_idx) {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   warpgroup_barrier(thread_idx / cutlass::NumThreadsPerWarpGroup);
 }
 
 // out[m, n] = col_scale[n] * (acc[m, n] * row_scale[m]) + bias[n]  (+ residual[m, n]), row-major out and residual
-// of N columns, stored from registers. kPrefetched: the vectors are in the warpgroups' buffers (the overlapped
-// mainloop put them there); else they are read from global memory here.
+// of N columns, staged per warpgroup and stored as 16-byte rows. kPrefetched: the vectors are in the warpgroups'
+// buffers (the overlapped mainloop put them there); else they are read from global memory here.
 template <class CtaTile, class ElementOut_, bool kResidual, bool kPrefetched>
 class DirectEpilogue {
  public:
@@ -171,7 +171,7 @@ class DirectEpilogue {
                                               cutlass::CudaHostAdapter* = nullptr) {
     return cutlass::Status::kSuccess;
   }
-  // row-major out (and residual) with N a multiple of 8, 16-byte aligned: every pair a 4-byte store
+  // row-major out (and residual) with N a multiple of 8, 16-byte aligned: 16-byte row stores (4-byte residual loads)
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
     auto shape = append<4>(problem_shape, 1);
@@ -203,7 +203,7 @@ class DirectEpilogue {
     DirectShared<kTileM, kTileN>& shared = direct_shared<kTileM, kTileN>();
     EpiVectors<kTileM, kTileN> const& buf = shared.vectors[wg];
     if constexpr (kPrefetched) {
-      wait_vectors<kTileM, kTileN>(thread_idx);
+      wait_vectors(thread_idx);
     }
     EpiVectorArgs const& v = params_.vectors;
     bool const has_row = v.row_scale != nullptr, has_col = v.col_scale != nullptr, has_bias = v.bias != nullptr;
@@ -222,7 +222,8 @@ class DirectEpilogue {
         b[1] = float(reinterpret_cast<ElementOut const*>(&bp)[1]);
       } else {
         rs = has_row && in ? __ldg(v.row_scale + r) : 1.0f;
-        cs[0] = has_col && in ? __ldg(v.col_scale + c) : 1.0f, cs[1] = has_col && in ? __ldg(v.col_scale + c + 1) : 1.0f;
+        cs[0] = has_col && in ? __ldg(v.col_scale + c) : 1.0f;
+        cs[1] = has_col && in ? __ldg(v.col_scale + c + 1) : 1.0f;
         b[0] = has_bias && in ? float(bias[c]) : 0.0f, b[1] = has_bias && in ? float(bias[c + 1]) : 0.0f;
       }
       ElementOut out[2];
