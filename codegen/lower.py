@@ -64,7 +64,8 @@ configuration) with ``"tuned_as"``: that variant's entry.
 **Quantized prefill GEMM** (``codegen/quant_prefill.py``; on unless ``INGOT_QUANT_PREFILL_GEMM=0``): a weight-only
 ``quantized_linear`` becomes a dequantize launch (bf16 weight into a memory-plan temporary; ``"skip"`` up to the
 largest GEMV bucket, ``into`` the next launch) and the bf16 GEMM a ``linear`` of that shape gets, reading it, whose
-variants are the quantized GEMV buckets with their own ``"args"``.
+variants are the quantized GEMV buckets with their own ``"args"``; a W8A8 FP8 one the FP8 activation quantizer
+(e4m3 codes and row scales into temporaries, skipped the same way) and the FP8 CUTLASS GEMM reading them.
 
 **Rope-cache fusion** (``codegen/rope_cache_fusion.py``; on unless ``INGOT_ROPE_CACHE_FUSION=0``): a ``rope_qkv``
 launch whose k and v only a paged attention reads becomes ``codegen/kernels/rope/qkv_cache.cu``, which writes them

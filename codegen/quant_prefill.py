@@ -1,4 +1,5 @@
-"""quant-prefill-gemm: a weight-only ``quantized_linear`` in prefill steps as dequantize + the bf16 GEMM.
+"""quant-prefill-gemm: a weight-only ``quantized_linear`` in prefill steps as dequantize + the bf16 GEMM, a W8A8 FP8
+one as the activation quantizer + the FP8 GEMM.
 
 The quantized GEMV (``codegen/kernels/gemv/quant.cu``) is built for decode: its any-M launch walks the tokens in
 64-row chunks and reads the whole weight again for each, so a 2048-token prefill step reads it 32 times (docs/PERF.md,
@@ -40,8 +41,28 @@ live only during their node, so every layer's scratch shares the same bytes of t
 [N, K] bf16 weight once, not one per linear), and they are never among the io the decode graphs copy.
 
 Taken: weight-only FP8 (per-channel) and NVFP4 (linear scales) ``quantized_linear`` whose launch is the quantized
-GEMV (``dequant/rule.py`` ``applies``), with a row count that can exceed the largest bucket. Quantized activations
-(W8A8) keep the GEMV (the bf16 GEMM would not quantize x as the reference does; an FP8 GEMM is another step).
+GEMV (``dequant/rule.py`` ``applies``), with a row count that can exceed the largest bucket.
+
+**W8A8 FP8** (per-channel weight scales, activations per token or with the static ``input_scale``: the ``fp8`` and
+``fp8:static`` formats) runs the FP8 tensor cores instead: the pair is ::
+
+    {"kernel": "quant_act_fp8_k2048_...", "op": "quantized_linear", "rows_arg": "M", "skip": {"max_rows": 256, ...},
+     "args": {"x": ..., "input_scale": {"null": true}, "x_fp8": {"buffer": "<out>.x_fp8"},
+              "x_scale": {"buffer": "<out>.x_scale"}, "M": {"dim": "T"}}}
+    {"kernel": "linear_cutlass_fp8_...", "op": "quantized_linear",
+     "args": {"x": {"buffer": "<out>.x_fp8"}, "weight": ..., "x_scale": {"buffer": "<out>.x_scale"},
+              "weight_scale": ..., "bias": ..., "residual": ..., "out": ..., "M": {"dim": "T"}},
+     "variants": [<the quantized GEMV's buckets and its any-M launch, with their own arguments, as above>]}
+
+1. the **quantizer** (``codegen/kernels/quant_act/fp8.cu``) writes x's e4m3 codes and per-row scales exactly as
+   ``quantize_activation`` (the op's reference, and what the GEMV computes in its CTAs) into memory-plan temporaries
+   ``<out>.x_fp8`` e4m3[T, K] and ``<out>.x_scale`` f32[T]; skipped like the dequantize launch;
+2. the **FP8 GEMM** is the shape-generic CUTLASS one (``gemm_cutlass/sm90.cu`` on h100/h200, ``sm100.cu`` on b200;
+   ``cutlass_params.generic_linear_spec("fp8", ...)`` with ``rule.shape_config``'s configuration, autotuned like the
+   bf16 ones), its epilogue ``weight_scale[n] * (acc * x_scale[m]) + bias (+ residual)``: the reference's product up
+   to f32 summation order. There is no template alternative (no plain FP8 GEMM): ``w8a8_decline_reason`` keeps the
+   GEMV where CUTLASS cannot be built, with ``INGOT_NO_CUTLASS=1``, for per-tensor or block weight scales (not yet
+   in the GEMM's epilogue) and for K not a multiple of 16 or N of 8. Run on the H200; the b200 build is compiled only.
 ``INGOT_NO_GEMV=1`` (``gemv`` False): no variants, the pair runs at every row count.
 
 **On by default** (``INGOT_QUANT_PREFILL_GEMM=0`` turns it off at compile time; off, the kernel table is what it was
@@ -60,13 +81,15 @@ from typing import Any
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.llm import Linear
-from ..ir.types import DType, TensorType
+from ..ir.types import DType, TensorType, shape_numel
 from .kernel import KernelSpec
 from .kernels.attention.prefill_rule import DECODE_MAX_ROWS
 from .kernels.dequant import rule as dequant
 from .kernels.gemm.rule import linear_spec
 from .kernels.gemm_cutlass import cutlass_params
+from .kernels.gemm_cutlass.rule import shape_config, supports
 from .kernels.gemv.quant_rule import quant_variants
+from .kernels.quant_act.rule import FP8_MAX_K, fp8_quantizer_spec
 from .launch_list import Launch, by_node
 from .target import Target
 
@@ -74,6 +97,8 @@ from .target import Target
 ENV = "INGOT_QUANT_PREFILL_GEMM"
 #: the scratch buffers' names: the node's output name and these suffixes
 WEIGHT_SUFFIX, SCALE_SUFFIX = ".dequant_weight", ".dequant_scale"
+#: ... and of a W8A8 linear's quantized activations (e4m3 codes, per-row scales)
+X_FP8_SUFFIX, X_SCALE_SUFFIX = ".x_fp8", ".x_scale"
 #: steps of at most this many rows keep the quantized GEMV (its buckets, then the any-M launch as the last variant):
 #: the any-M GEMV reads the weight once per 64 rows, the pair ~5 bytes per weight (dequantize: read 1, write 2; GEMM:
 #: read 2) plus the GEMM, so by bytes they break even near 5 chunks. It is the attention's DECODE_MAX_ROWS (256), so
@@ -112,6 +137,33 @@ class QuantPrefill:
         return {j: [(mr, v, self.variant_args[j]) for mr, v in plans[j]] for j in self.variant_args if j in plans}
 
 
+def w8a8_decline_reason(node: Node, target: Target) -> str | None:
+    """Why a W8A8 FP8 ``quantized_linear`` keeps the quantized GEMV in prefill steps, or None when it gets the
+    quantizer + FP8 GEMM pair (any other node: a reason too)."""
+    op = node.op
+    if op.name != "quantized_linear" or getattr(op, "weight_format", "") != "fp8" or op.act_format != "fp8":
+        return "not a W8A8 FP8 quantized_linear"
+    if op.weight_granularity != "channel" or op.scale_layout != "linear":
+        return f"the FP8 GEMM's epilogue takes per-channel weight scales, not {op.weight_granularity!r}"
+    if not supports("fp8", target):
+        return f"target {target.name} has no FP8 CUTLASS GEMM"
+    w = node.inputs[1]
+    assert w is not None and w.type.shape is not None
+    n, k = int(w.type.shape[0]), int(op.in_features)
+    if k % 16 or n % 8 or k > FP8_MAX_K:
+        return f"the FP8 GEMM needs K % 16 == 0 (K <= {FP8_MAX_K}) and N % 8 == 0, got N={n} K={k}"
+    if os.environ.get("INGOT_NO_CUTLASS", "") not in ("", "0"):
+        return "INGOT_NO_CUTLASS=1 leaves CUTLASS out (the FP8 GEMM is a CUTLASS kernel)"
+    if not cutlass_params.cutlass_available():
+        return "the FP8 GEMM is a CUTLASS kernel: it needs nvcc and the nvidia-cutlass wheel's headers"
+    return None
+
+
+def _rows(x: Value) -> Any:
+    shape = x.type.shape or ()
+    return shape_numel(shape[:-1]) if len(shape) > 1 else 1
+
+
 def _bf16_linear(node: Node, n: int, k: int) -> Node:
     """A stand-in bf16 ``linear`` node of ``node``'s shape and epilogue, to ask the GEMM rules what it would get."""
     x, out = node.inputs[0], node.outputs[0]
@@ -131,13 +183,17 @@ def plan(graph: Graph, launches: Sequence[Launch], target: Target, gemv: bool = 
     for i, node, spec, args in launches:
         types = [v.type if v is not None else None for v in node.inputs]
         shape = dequant.applies(node.op, types, target) if node.op.name == "quantized_linear" else None
+        w8a8 = shape is None and node.op.name == "quantized_linear" and w8a8_decline_reason(node, target) is None
         rows = args.get("M", {}).get("dim")
-        variants = quant_variants(node.op, types, target) if gemv and shape is not None else []
+        variants = quant_variants(node.op, types, target) if gemv and (shape is not None or w8a8) else []
         if variants and spec is not None and dict(spec.values).get("ANY_M", False):
             variants.append((GEMV_MAX_ROWS, spec))  # the node's own any-M GEMV, now the largest variant
-        if (shape is None or spec is None or len(per_node[i]) != 1 or rows is None
+        if ((shape is None and not w8a8) or spec is None or len(per_node[i]) != 1 or rows is None
                 or (variants and isinstance(rows, int) and rows <= variants[-1][0])):
             taken.append((i, node, spec, args))
+            continue
+        if w8a8:
+            _plan_w8a8(out, taken, i, node, args, variants, target, names)
             continue
         n, k, fmt = shape.n, shape.k, shape.weight_format
         scratch, scale = f"{node.outputs[0].name}{WEIGHT_SUFFIX}", f"{node.outputs[0].name}{SCALE_SUFFIX}"
@@ -174,11 +230,54 @@ def plan(graph: Graph, launches: Sequence[Launch], target: Target, gemv: bool = 
     return out
 
 
+def _plan_w8a8(out: QuantPrefill, taken: list[Launch], i: int, node: Node, args: Mapping[str, Any],
+               variants: list[tuple[int, KernelSpec]], target: Target, names: set[str]) -> None:
+    """A W8A8 FP8 linear's pair, appended to ``taken`` and recorded in ``out``: the activation quantizer (x -> e4m3
+    codes + per-row scales, memory-plan temporaries) and the FP8 CUTLASS GEMM reading them with the weight's own
+    per-channel scale; the quantized GEMV (``variants``) for steps of at most ``GEMV_MAX_ROWS`` rows."""
+    x, o = node.inputs[0], node.outputs[0]
+    assert x is not None and node.inputs[1] is not None and node.inputs[1].type.shape is not None
+    n, k = int(node.inputs[1].type.shape[0]), int(node.op.in_features)
+    x_fp8, x_scale = f"{o.name}{X_FP8_SUFFIX}", f"{o.name}{X_SCALE_SUFFIX}"
+    if {x_fp8, x_scale} & names:
+        raise ValueError(f"quant-prefill-gemm: a value is named like the scratch of {o.name}")
+    static = node.op.act_granularity == "tensor"
+    q_args = {"x": args["x"], "input_scale": args["input_scale"] if static else {"null": True},
+              "x_fp8": {"buffer": x_fp8}, "x_scale": {"buffer": x_scale}, "M": args["M"]}
+    gemm_args = {"x": {"buffer": x_fp8}, "weight": args["weight"], "x_scale": {"buffer": x_scale},
+                 "weight_scale": args["weight_scale"], "bias": args["bias"], "residual": args["residual"],
+                 "out": args["out"], "M": args["M"]}
+    quantizer = fp8_quantizer_spec(k, target, static)
+    gemm = cutlass_params.generic_linear_spec("fp8", target, residual="buffer" in args["residual"],
+                                              config=shape_config("fp8", n, k, target))
+    for s, a in ((quantizer, q_args), (gemm, gemm_args)):
+        if {p.name for p in s.params} != set(a):  # the binding and the kernel must agree, as in plan_launches
+            raise ValueError(f"quant-prefill-gemm: {s.entry} takes {sorted(p.name for p in s.params)}, "
+                             f"bound {sorted(a)}")
+    jq, jg = len(taken), len(taken) + 1
+    taken += [(i, node, quantizer, q_args), (i, node, gemm, gemm_args)]
+    if variants:
+        out.variants[jg] = variants
+        out.variant_args[jg] = dict(args)
+        out.skips[jq] = ("M", variants[-1][0])
+        out.into[jq] = jg
+    rows = _rows(x)
+    out.temporaries[x_fp8] = (i, TensorType(DType.f8e4m3fn, (rows, k)))
+    out.temporaries[x_scale] = (i, TensorType(DType.f32, (rows,)))
+
+
 def temporaries(graph: Graph, table: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, TensorType]]:
     """The scratch buffers a kernel table's dequantize launches write, as ``plan_memory``'s ``temporaries`` (what
     ``lower_for_target`` planned; for tests and tools that rebuild an artifact's memory plan)."""
     found: dict[str, tuple[int, TensorType]] = {}
     for ln in table:
+        if str(ln.get("kernel", "")).startswith("quant_act_fp8_"):  # W8A8: the quantized activations
+            node = graph.nodes[int(ln["node"])]
+            x, k = node.inputs[0], int(getattr(node.op, "in_features", 0))
+            assert x is not None
+            found[ln["args"]["x_fp8"]["buffer"]] = (int(ln["node"]), TensorType(DType.f8e4m3fn, (_rows(x), k)))
+            found[ln["args"]["x_scale"]["buffer"]] = (int(ln["node"]), TensorType(DType.f32, (_rows(x),)))
+            continue
         if not str(ln.get("kernel", "")).startswith("dequant_"):
             continue
         node = graph.nodes[int(ln["node"])]

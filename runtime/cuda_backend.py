@@ -230,7 +230,7 @@ class CudaExecutor(DecodeSteps):
                                                     variants, layout, n, k, self.ctx.num_sms, pdl))
                 continue
             if layout is not None:  # the launch's plain alternative, taking the same arguments
-                if not ln.get("alternatives"):  # the block-scaled FP4 GEMM (W4A4 on b200) has none
+                if not ln.get("alternatives"):  # the block-scaled FP4 GEMM (W4A4 on b200), the W8A8 FP8 one: none
                     raise CudaArtifactError(f"{ln['op']} {ln['kernel']}: a CUTLASS GEMM without a plain alternative; "
                                             "this artifact needs the CUTLASS launch path (unset INGOT_NO_CUTLASS)")
                 fn, kspec = functions[ln["alternatives"][0]["kernel"]]

@@ -62,3 +62,15 @@ __device__ __forceinline__ float block_sum(float v) {
   v = lane < warps ? partial[lane] : 0.0f;
   return warp_sum(v);
 }
+
+// Max over the whole block (blockDim.x a multiple of 32; 0 where every value is below it); every thread gets it.
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();  // partial[] may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < warps ? partial[lane] : 0.0f;
+  return warp_max(v);
+}

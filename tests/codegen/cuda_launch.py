@@ -59,6 +59,8 @@ class Gpu:
                                           self.device)),
             check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
                                           self.device)))
+        self.sm_count = int(check(cu.cuDeviceGetAttribute(
+            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.device)))
 
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...], dtype, poison: bool = True) -> Buffer:

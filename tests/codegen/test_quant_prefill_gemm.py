@@ -25,7 +25,9 @@ from ingot.codegen import quant_prefill
 from ingot.codegen.decode_fusion import variant_reads
 from ingot.codegen.kernels.dequant.rule import CHUNK_CODES, PARAMS, dequant_reference, dequant_spec
 from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+from ingot.codegen.kernels.gemm_cutlass.rule import shape_config
 from ingot.codegen.kernels.gemv.quant_rule import PARAMS as GEMV_PARAMS
+from ingot.codegen.kernels.quant_act.rule import FP8_PARAMS
 from ingot.codegen.memory_plan import plan_memory
 from ingot.codegen.target import get_target
 from ingot.ir.ops.quantized import dequantize_weight
@@ -87,9 +89,11 @@ def _manifest(path: Path) -> dict:
     return json.loads((path / "manifest.json").read_text())
 
 
-def _compile(ckpt: Path, target: str, case: str, out: Path, monkeypatch, on: bool = True) -> tuple[Path, dict]:
+def _compile(ckpt: Path, target: str, case: str | dict, out: Path, monkeypatch, on: bool = True) -> tuple[Path, dict]:
+    """``case``: a name of ``CASES``, a format spec, or a quant config."""
     monkeypatch.setenv(quant_prefill.ENV, "1" if on else "0")
-    path = compile_quant(ckpt, target, CASES.get(case) or {"default": case}, out)
+    config = case if isinstance(case, dict) else CASES.get(case) or {"default": case}
+    path = compile_quant(ckpt, target, config, out)
     return path, _manifest(path)
 
 
@@ -250,7 +254,8 @@ def test_nvfp4_wo_for_b200(ckpt, tmp_path, monkeypatch, fake_cutlass):
 
 def test_switch_off_and_fp8_activations_keep_the_gemv(ckpt, tmp_path, monkeypatch):
     """On by default (unset: the table ``=1`` gives); off (``0``), the kernel table is the quantized GEMV's (any-M
-    launch + buckets); on, W8A8 linears keep it too (the bf16 GEMM would not quantize x as the reference does)."""
+    launch + buckets); on, W8A8 linears keep it too without CUTLASS (``INGOT_NO_CUTLASS=1``: there is no plain FP8
+    GEMM; the bf16 GEMM would not quantize x as the reference does)."""
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
     _, on = _compile(ckpt, "h200", "fp8-wo", tmp_path / "on.ingot", monkeypatch)
     monkeypatch.delenv(quant_prefill.ENV)
@@ -432,3 +437,68 @@ def test_executor_launches_pick_per_step(ckpt, tmp_path, monkeypatch):
             assert dq.values[dnames.index("out")].value == scratch == gemm.values[gnames.index("weight")].value
             assert calls[1][1] == gemm.params_addr and gemm.values[gnames.index("M")].value == t
     assert dq.skips == 7 and gemm.variant_launches == 7
+
+
+@pytest.mark.parametrize("target", ["h200", "b200"])
+@pytest.mark.parametrize("case", ["fp8", "fp8-static"])
+def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatch, fake_cutlass, target, case):
+    """A W8A8 FP8 linear (per token, or the static calibrated scale) becomes the activation quantizer (skipped up to
+    256 rows, into the GEMM) and the shape-generic FP8 CUTLASS GEMM reading its codes and row scales with the weight's
+    own per-channel scale; the GEMM's variants are the W8A8 GEMV buckets and any-M launch with the node's arguments,
+    the quantized activations temporaries of their node (e4m3 [T, K], f32 [T]) in the scratch region."""
+    static = case == "fp8-static"
+    _, off = _compile(ckpt, target, test_lower_quant.CASES[case], tmp_path / "off.ingot", monkeypatch, on=False)
+    path, manifest = _compile(ckpt, target, test_lower_quant.CASES[case], tmp_path / "on.ingot", monkeypatch)
+    cuda, tgt = manifest["cuda"], get_target(target)
+    launches = cuda["launches"]
+    qls = [(j, ln) for j, ln in enumerate(launches) if ln["op"] == "quantized_linear"]
+    assert len(qls) == 16
+    gemv = {ln["node"]: ln for ln in off["cuda"]["launches"] if ln["op"] == "quantized_linear"}
+    seen = set()
+    for (jq, q), (jg, gemm) in zip(qls[::2], qls[1::2]):
+        assert jg == jq + 1 and q["node"] == gemm["node"]
+        out = gemm["args"]["out"]["buffer"]
+        n, k, residual = LINEARS[out.split(".")[-1]]
+        seen.add(out)
+        own = gemv[q["node"]]["args"]  # the GEMV's launch arguments without this step
+        # 1. the quantizer: x -> the temporaries, the static scale where there is one
+        qspec = cuda["kernels"][q["kernel"]]["spec"]
+        assert qspec["family"] == "quant_act" and qspec["template"] == "fp8.cu"
+        assert qspec["values"] == {"K": k, "STATIC": static, "BLOCK": 256}
+        assert [p for p, _ in qspec["params"]] == [p for p, _ in FP8_PARAMS]
+        assert q["skip"] == {"max_rows": quant_prefill.GEMV_MAX_ROWS, "into": jg} and q["rows_arg"] == "M"
+        xq, xs = ({"buffer": f"{out}{sfx}"} for sfx in (quant_prefill.X_FP8_SUFFIX, quant_prefill.X_SCALE_SUFFIX))
+        assert q["args"] == {"x": own["x"], "input_scale": own["input_scale"] if static else {"null": True},
+                             "x_fp8": xq, "x_scale": xs, "M": {"dim": "T"}}
+        assert ("buffer" in q["args"]["input_scale"]) == static
+        # 2. the FP8 GEMM: the generic CUTLASS spec of the shape's configuration, no plain alternative
+        gspec = cuda["kernels"][gemm["kernel"]]["spec"]
+        want = cp.generic_linear_spec("fp8", tgt, residual=residual, config=shape_config("fp8", n, k, tgt))
+        assert gemm["kernel"] == want.entry and gspec["values"]["ABI"] == cp.ABI, gemm["kernel"]
+        assert gspec["template"] == ("sm90.cu" if target == "h200" else "sm100.cu")
+        assert [p for p, _ in gspec["params"]] == [p for p, _ in cp.FP8_LINEAR_PARAMS]
+        assert gemm["args"] == {"x": xq, "weight": own["weight"], "x_scale": xs, "weight_scale": own["weight_scale"],
+                                "bias": own["bias"], "residual": own["residual"], "out": own["out"],
+                                "M": {"dim": "T"}}
+        assert "alternatives" not in gemm and "skip" not in gemm
+        # its variants: the W8A8 GEMV's buckets, then its any-M launch, each with the node's own arguments
+        assert [v["max_rows"] for v in gemm["variants"]] == [8, 16, 32, 64, quant_prefill.GEMV_MAX_ROWS]
+        assert gemm["variants"][-1]["kernel"] == gemv[q["node"]]["kernel"]
+        for v in gemm["variants"]:
+            vspec = cuda["variant_kernels"][v["kernel"]]["spec"]
+            assert vspec["template"] == "quant.cu" and vspec["values"]["AFMT"] == (2 if static else 1)
+            assert v["args"] == own
+    assert len(seen) == 8
+    # the temporaries: planned per node in the scratch region, the plan the table rebuilds
+    graph, _ = load_graph(path)
+    plan = cuda["memory_plan"]
+    temps = quant_prefill.temporaries(graph, launches)
+    assert len(temps) == 16
+    for name, (node, t) in temps.items():
+        b = plan["buffers"][name]
+        assert b["region"] == "scratch" and b["dtype"] == t.dtype.value and b["shape"] == list(t.shape), name
+        x = graph.nodes[node].inputs[0]
+        assert b["shape"][0] == x.type.shape[0] and b["dtype"] in ("f8e4m3fn", "f32")
+    again = plan_memory(graph, plan["bindings"], reads=variant_reads(launches), temporaries=temps)
+    assert again.to_dict() == plan
+    assert fake_cutlass and all(e.startswith("linear_cutlass_fp8") for e in fake_cutlass)

@@ -6,8 +6,9 @@ the activation quantizer + the block-scaled CUTLASS GEMM, not yet run), and, to 
 GEMV, FP8 weight-only and FP8 with static activation and KV scales. The CPU backend runs the artifact's own (bf16,
 quantized) graph through the ops' references, so the two differ only by f32 summation order.
 
-Steps over 3 sequences exercise every kernel path: a 310-token batched prefill (the any-M GEMV in 64-token
-chunks, the one-split attention), mixed prefill/decode, then decode (the GEMV variants, split-KV attention with
+Steps over 3 sequences exercise every kernel path: a 310-token batched prefill (the prefill GEMMs of
+``codegen/quant_prefill.py``: dequantize + bf16 GEMM, or for W8A8 the activation quantizer + the FP8 GEMM; the
+one-split attention), mixed prefill/decode, then decode (the GEMV variants, split-KV attention with
 2 splits for the 300-token context), as plain launches and as CUDA graphs. The logits match relative to each
 step's largest logit (as ``tests/runtime/test_cuda_backend.py`` compares): weight-only formats within twice the
 bf16 rtol of ``tests/helpers.TOLERANCES``; with FP8 activations (and FP8 KV) within one e4m3 ulp (2^-3),
@@ -94,7 +95,9 @@ def test_quantized_artifact_matches_cpu(gpu_target, ckpt, tmp_path, case):
         # weight-only: long steps dequantize + bf16 GEMM (codegen/quant_prefill.py, on by default), steps of at
         # most GEMV_MAX_ROWS rows run the quantized GEMV variants of the GEMM launch (the dequantize is skipped)
         variants = {v["kernel"] for ln in launches for v in ln.get("variants", [])}
-        assert kernels and all(k.startswith(("dequant_", "linear_", "gemv_")) for k in kernels), kernels
+        # (W8A8: the activation quantizer + the FP8 CUTLASS GEMM, where CUTLASS is installed)
+        assert kernels and all(k.startswith(("dequant_", "quant_act_fp8_", "linear_", "gemv_")) for k in kernels), \
+            kernels
         # (FP8 weights: the skinny GEMM's from bucket 16 on, sm_90a)
         prefixes = ("gemv_", "skinny_fp8w_") if case == "fp8-wo" and gpu_target == "h200" else ("gemv_",)
         assert variants and all(k.startswith(prefixes) for k in variants), variants

@@ -4,16 +4,20 @@ on the CUDA backend against the CPU backend running the same quantized graph (``
 The tiny Llama of ``tests/codegen/test_lower_quant.py`` with FP8 weight-only and NVFP4 weight-only weights (h200;
 b200's default NVFP4 is W4A4: its weight-only form, ``nvfp4:wo``, lowers there as on h200 but has not run on a B200),
 its GEMMs the CUTLASS ones where nvcc and CUTLASS are installed and the
-template GEMM (``INGOT_NO_CUTLASS=1``). Steps with more rows than ``GEMV_MAX_ROWS`` (310 rows: the dequantize
-launch, then the GEMM) and with fewer (68 rows: the any-M GEMV variant; 17 rows, exactly 64 rows, decode: the GEMV
-buckets; the dequantize launch skipped in all of them), as plain launches and with CUDA graphs for the decode
-steps.
+template GEMM (``INGOT_NO_CUTLASS=1``); and W8A8 FP8 (per token, and with static activation scales), whose pair is
+the activation quantizer + the FP8 CUTLASS GEMM (no template form: without CUTLASS it keeps the GEMV). Steps with more
+rows than ``GEMV_MAX_ROWS`` (310 rows: the pair's first launch, then the GEMM) and with fewer (68 rows: the any-M GEMV
+variant; 17 rows, exactly 64 rows, decode: the GEMV buckets; the first launch skipped in all of them), as plain
+launches and with CUDA graphs for the decode steps.
 
-Tolerance: the same as the GEMV artifacts' weight-only bound in ``tests/runtime/test_quant_cuda.py`` (twice the
-bf16 rtol, relative to each step's largest logit). The prefill path computes the same products: the scratch holds
-the codes' exact values (e4m3, and e2m1 x e4m3 block scale, fit bf16), the GEMM accumulates in f32 and applies the
-per-channel scale to the accumulator in its epilogue, as the GEMV does; the scale is not folded into the bf16
-weights (that would round each weight by up to 2^-9 relative). Only the f32 summation order differs.
+Tolerance: weight-only, the same as the GEMV artifacts' weight-only bound in ``tests/runtime/test_quant_cuda.py``
+(twice the bf16 rtol, relative to each step's largest logit). The prefill path computes the same products: the
+scratch holds the codes' exact values (e4m3, and e2m1 x e4m3 block scale, fit bf16), the GEMM accumulates in f32 and
+applies the per-channel scale to the accumulator in its epilogue, as the GEMV does; the scale is not folded into the
+bf16 weights (that would round each weight by up to 2^-9 relative). Only the f32 summation order differs. W8A8: that
+module's bound with FP8 activations (one e4m3 ulp, relative: a one-ulp bf16 difference in an activation moves its
+code by a whole FP8 step), the quantizer's codes being the reference's bit for bit
+(``tests/codegen/test_quant_act_fp8_gpu.py``).
 """
 
 from __future__ import annotations
@@ -24,12 +28,16 @@ import pytest
 from ingot.codegen import quant_prefill
 from ingot.runtime.artifact import load_graph
 from ingot.runtime.paged import PagedModel
+from tests.codegen.test_lower_quant import CASES as QUANT_CASES
 from tests.codegen.test_lower_quant import compile_quant, quant_checkpoint
 from tests.helpers import rng
 from tests.runtime.serving_models import drive_steps
-from tests.runtime.test_quant_cuda import TOL, VOCAB, _rel
+from tests.runtime.test_quant_cuda import TOL, TOL_FP8_ACTIVATIONS, VOCAB, _rel
 
-CASES = {"fp8-wo": {"default": "fp8:wo"}, "nvfp4": {"default": "nvfp4"}}
+CASES = {"fp8-wo": {"default": "fp8:wo"}, "nvfp4": {"default": "nvfp4"}, "fp8": QUANT_CASES["fp8"],
+         "fp8-static": QUANT_CASES["fp8-static"]}
+#: the W8A8 cases: the activation quantizer + the FP8 CUTLASS GEMM (no template form)
+W8A8 = ("fp8", "fp8-static")
 NUM_BLOCKS = 64
 
 
@@ -62,6 +70,9 @@ def test_prefill_gemm_artifact_matches_cpu(gpu_target, ckpt, tmp_path, monkeypat
         pytest.skip("b200's default NVFP4 is W4A4 (the block-scaled GEMM, tests/runtime/test_quant_cuda.py)")
     if gemm == "cutlass" and not cutlass_available():
         pytest.skip("CUTLASS GEMMs need nvcc and the nvidia-cutlass wheel")
+    if gemm == "template" and case in W8A8:
+        pytest.skip("W8A8 has no template FP8 GEMM: without CUTLASS it keeps the GEMV (test_quant_cuda.py)")
+    tol = TOL_FP8_ACTIVATIONS if case in W8A8 else TOL
     monkeypatch.setenv(quant_prefill.ENV, "1")
     if gemm == "template":
         monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
@@ -70,7 +81,8 @@ def test_prefill_gemm_artifact_matches_cpu(gpu_target, ckpt, tmp_path, monkeypat
     path = compile_quant(ckpt, gpu_target, CASES[case], tmp_path / f"{case}-{gemm}.ingot")
     graph, manifest = load_graph(path)
     launches = manifest["cuda"]["launches"]
-    dequant = [j for j, ln in enumerate(launches) if ln["kernel"].startswith("dequant_")]
+    first = "quant_act_fp8_" if case in W8A8 else "dequant_"  # the pair's first launch
+    dequant = [j for j, ln in enumerate(launches) if ln["kernel"].startswith(first)]
     assert len(dequant) == 8 and all(launches[j]["skip"]["max_rows"] == quant_prefill.GEMV_MAX_ROWS
                                   for j in dequant)
     gemms = [j + 1 for j in dequant]
@@ -92,13 +104,13 @@ def test_prefill_gemm_artifact_matches_cpu(gpu_target, ckpt, tmp_path, monkeypat
         errs = [_rel(g, r) for g, r in zip(got, ref)]
         print(f"{case} {gemm} graphs={graphs}: logits rel. errors {[f'{e:.2e}' for e in errs]}, {ex.stats}")
         assert all(np.isfinite(g).all() for g in got)
-        assert max(errs) < TOL, (case, gemm, graphs, errs)
+        assert max(errs) < tol, (case, gemm, graphs, errs)
         assert all(ex.launches[j].skips > 0 for j in dequant), "the dequantize launches were never skipped"
         assert sum(ex.launches[j].variant_launches for j in gemms) > 0, "the quantized GEMV variants never ran"
         if graphs:
             assert ex.stats["graph_steps"] == 2, ex.stats
             diffs = [_rel(a, b) for a, b in zip(got, prev)]
-            assert max(diffs) < TOL, f"CUDA-graph replay differs from plain launches: {diffs}"
+            assert max(diffs) < tol, f"CUDA-graph replay differs from plain launches: {diffs}"
         else:  # which kernels ran, per step: the pair above GEMV_MAX_ROWS rows, the GEMV variants up to it
             for i, feeds in enumerate(seen[:4]):
                 rows = ex.profile(feeds, repeats=1)

@@ -81,6 +81,9 @@ POINTERS = ("x", "weight", "x_block_scale", "weight_block_scale", "x_scale", "we
 #: the generic spec's parameters: ``linear``'s launch arguments (codegen/lower.py bind_args), no N/K
 LINEAR_PARAMS = [("x", "ptr"), ("weight", "ptr"), ("weight_scale", "ptr"), ("bias", "ptr"), ("residual", "ptr"),
                  ("out", "ptr"), ("M", "i64")]
+#: the FP8 generic spec's: the same and x's per-row scale (W8A8 prefill, codegen/quant_prefill.py: the activation
+#: quantizer's ``x_scale``)
+FP8_LINEAR_PARAMS = [*LINEAR_PARAMS[:2], ("x_scale", "ptr"), *LINEAR_PARAMS[2:]]
 ABI = "cutlass-layout-v1"
 #: (M, N, K) the probe runs: the first derives the layout, all check it (M spans both raster orders)
 PROBE_SHAPES = ((37, 424, 472), (1000, 136, 4104), (1, 2048, 64), (4096, 8, 8), (300, 1064, 200))
@@ -120,7 +123,7 @@ def generic_linear_spec(kind: str, target: Target, residual: bool = False, confi
     """One shape-generic CUTLASS ``linear`` kernel per (kind, residual, configuration, target), taking ``linear``'s
     own launch arguments (``LINEAR_PARAMS``); the grid recorded is the persistent bound, the real one comes
     from the layout for each M. ``config`` defaults to the kind's (``variant_config``); another one is named in
-    the entry (``linear_cutlass_bf16_coop256x128x64c1x2_...``)."""
+    the entry (``linear_cutlass_bf16_coop256x128x64c1x2_...``). FP8 takes ``x_scale`` too (``FP8_LINEAR_PARAMS``)."""
     default = variant_config(kind, target)
     cfg = config or default
     base = linear_cutlass_spec(kind, 0, 0, target, residual=residual, config=cfg)
@@ -130,7 +133,8 @@ def generic_linear_spec(kind: str, target: Target, residual: bool = False, confi
            f"{cfg.cluster[0]}x{cfg.cluster[1]}, shape-generic; launched with a Params blob built from the "
            f"kernel table's layout (gemm_cutlass/cutlass_params.py, ABI {ABI})")
     name = f"linear_cutlass_{kind}{'_res' if residual else ''}{'' if cfg == default else '_' + config_tag(cfg)}"
-    return KernelSpec.make("gemm_cutlass", base.template, name, base.arch, values, LINEAR_PARAMS, base.block,
+    params = FP8_LINEAR_PARAMS if kind == "fp8" else LINEAR_PARAMS
+    return KernelSpec.make("gemm_cutlass", base.template, name, base.arch, values, params, base.block,
                            list(base.grid), smem=base.smem, doc=doc)
 
 

@@ -66,16 +66,6 @@ __device__ __forceinline__ void store_codes(unsigned char* __restrict__ dst, con
                                                 words[VEC / 8 > 3 ? 3 : 0]);
   }
 }
-
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float partial[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_max(v);
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < warps ? partial[lane] : 0.0f;
-  return warp_max(v);
-}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(${BLOCK}) ${KERNEL}(
