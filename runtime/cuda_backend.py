@@ -196,9 +196,12 @@ class CudaExecutor(DecodeSteps):
             module = cd.Module((self.path / k["cubin"]).read_bytes(), entry)
             self.modules[entry] = module
             fn, kspec = module.function(entry), KernelSpec.from_dict(k["spec"])
-            if kspec.smem > DEFAULT_SMEM_LIMIT:
+            # a CUTLASS GEMM's dynamic shared memory is its layout's (the spec's is the most a block may take: a
+            # kernel with static shared memory too, the FP8 direct epilogue's, may not opt into all of it)
+            smem = int(k["cutlass"]["smem"]) if "cutlass" in k else kspec.smem
+            if smem > DEFAULT_SMEM_LIMIT:
                 attr = cd.driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-                cd.check(cd.driver().cuFuncSetAttribute(fn, attr, kspec.smem), f"cuFuncSetAttribute({entry})")
+                cd.check(cd.driver().cuFuncSetAttribute(fn, attr, smem), f"cuFuncSetAttribute({entry})")
             functions[entry] = (fn, kspec)
             if needs_kv_tma(kspec):  # K/V by TMA: the tensor map over the whole KV region (every layer's cache)
                 if not self.kv_inputs:

@@ -120,7 +120,7 @@ def test_prefill_gemm_artifact_matches_cpu(gpu_target, ckpt, tmp_path, monkeypat
                 for j in gemms:
                     assert (ran[j]["kernel"] == launches[j]["kernel"]) == big, (i, ran[j])
                 if big:
-                    us = {k: sum(r["us"] for r in rows if r["launch"] in js) for k, js in (("dequant", dequant),
+                    us = {k: sum(r["us"] for r in rows if r["launch"] in js) for k, js in ((first.rstrip("_"), dequant),
                                                                                          ("gemm", gemms))}
                     print(f"{case} {gemm} step {i} ({len(feeds['input_ids'])} rows): {us}")
                 again = run(feeds)["logits"]
