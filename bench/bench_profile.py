@@ -87,8 +87,9 @@ def run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     from ingot.runtime.sampling import SamplingParams
 
     prompts, length = (int(x) for x in a.prefill.lower().split("x"))
-    engine = LLMEngine(path, device="cuda", max_num_seqs=max(a.batch, prompts),
-                       max_num_batched_tokens=a.max_num_batched_tokens, enable_prefix_caching=False)
+    budget = {} if a.max_num_batched_tokens is None else {"max_num_batched_tokens": a.max_num_batched_tokens}
+    engine = LLMEngine(path, device="cuda", max_num_seqs=max(a.batch, prompts), enable_prefix_caching=False,
+                       **budget)  # no budget given: the engine's default, clamped to the artifact's
     # the overlapped decode path (INGOT_DECODE_OVERLAP, on for the GPU) queues steps through submit_greedy_steps,
     # which StepCapture does not wrap: the plain path's steps run the same launches
     engine.decode_overlap = False

@@ -24,6 +24,7 @@ import string
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from .switches import env_choice
@@ -88,13 +89,15 @@ class KernelSpec:
         return KernelSpec(family, template, name, arch, tuple(sorted(values.items())),
                           tuple(Param(n, t) for n, t in params), blk, (g[0], g[1], g[2]), smem, doc)
 
-    @property
+    @cached_property
     def entry(self) -> str:
         """The ``extern "C"`` symbol: unique per spec, so an artifact can hold many variants."""
         return f"{self.name}_{self.key[:10]}"
 
-    @property
+    @cached_property
     def key(self) -> str:
+        """A hash of the spec (its JSON without the doc); computed once (a sha256 of the JSON costs ~10 us, and the
+        CUDA backend's launches name their entry on every launch)."""
         return hashlib.sha256(self.to_json(with_doc=False).encode()).hexdigest()
 
     def value(self, name: str) -> Value:

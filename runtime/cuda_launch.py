@@ -144,7 +144,8 @@ class CutlassLaunch(Launch):
         names = [p.name for p in spec.params]
         self.pointers = {nm: int(v.value or 0) for nm, v, p in zip(names, self.values, spec.params) if p.ctype == "ptr"}
         self.m_value = self.values[names.index("M")]
-        self.blobs: dict[int, tuple[bytes, dict[str, Any]]] = {}
+        #: (row count, stream) -> the launch prepared for it (Params blob and driver objects built once)
+        self.prepared: dict[tuple[int, int], Any] = {}
 
     def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> str | None:
         from ..codegen.kernels.gemm_cutlass import cutlass_params
@@ -156,10 +157,12 @@ class CutlassLaunch(Launch):
         entry = self._enqueue_variant(m, ints, dims, stream)
         if entry is not None:
             return entry
-        if m not in self.blobs:
-            self.blobs[m] = cutlass_params.build_params(self.layout, self.pointers, m, self.n, self.k, self.sm_count)
-        blob, config = self.blobs[m]
-        cutlass_params.launch(self.fn, blob, config, stream.handle)
+        key = (m, address_of(stream.handle))
+        prepared = self.prepared.get(key)
+        if prepared is None:
+            blob, config = cutlass_params.build_params(self.layout, self.pointers, m, self.n, self.k, self.sm_count)
+            prepared = self.prepared[key] = cutlass_params.PreparedLaunch(blob, config, stream.handle)
+        prepared(self.fn)
         return self.spec.entry
 
 

@@ -633,21 +633,37 @@ def build_params(layout: Mapping[str, Any], pointers: Mapping[str, int], m: int,
 def launch(function: Any, blob: bytes, config: Mapping[str, Any], stream: Any = 0) -> None:
     """``cuLaunchKernelEx`` of a CUTLASS kernel with its Params blob and cluster dimension (the function's
     max dynamic shared memory must already allow ``config["smem"]``)."""
-    from cuda.bindings import driver as drv
+    PreparedLaunch(blob, config, stream)(function)
 
-    cfg = drv.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = config["grid"]
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = config["block"]
-    cfg.sharedMemBytes = int(config["smem"])
-    cfg.hStream = stream if isinstance(stream, drv.CUstream) else drv.CUstream(int(stream))
-    attr = drv.CUlaunchAttribute()
-    attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = config["cluster"]
-    cfg.attrs = [attr]
-    cfg.numAttrs = 1
-    buf = ctypes.create_string_buffer(bytes(blob), len(blob))
-    args = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
-    err, = drv.cuLaunchKernelEx(cfg, function, ctypes.addressof(args), 0)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuLaunchKernelEx (CUTLASS, grid {config['grid']}, cluster {config['cluster']}): {err}")
+
+class PreparedLaunch:
+    """One CUTLASS launch's driver objects (the launch config with its cluster attribute, the Params blob's buffer
+    and argument array) built once, for launching the same blob on the same stream again: the CUDA backend keeps one
+    per row count, so a step's launch is the ``cuLaunchKernelEx`` call alone."""
+
+    def __init__(self, blob: bytes, config: Mapping[str, Any], stream: Any = 0) -> None:
+        from cuda.bindings import driver as drv
+
+        cfg = drv.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = config["grid"]
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = config["block"]
+        cfg.sharedMemBytes = int(config["smem"])
+        cfg.hStream = stream if isinstance(stream, drv.CUstream) else drv.CUstream(int(stream))
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = config["cluster"]
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        self.cfg, self.config = cfg, config
+        self.buf = ctypes.create_string_buffer(bytes(blob), len(blob))
+        self.args = (ctypes.c_void_p * 1)(ctypes.addressof(self.buf))
+        self.args_addr = ctypes.addressof(self.args)
+        self._launch = drv.cuLaunchKernelEx
+        self._ok = drv.CUresult.CUDA_SUCCESS
+
+    def __call__(self, function: Any) -> None:
+        err, = self._launch(self.cfg, function, self.args_addr, 0)
+        if err != self._ok:
+            raise RuntimeError(f"cuLaunchKernelEx (CUTLASS, grid {self.config['grid']}, cluster "
+                               f"{self.config['cluster']}): {err}")
 
