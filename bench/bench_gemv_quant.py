@@ -14,6 +14,9 @@
                                                            # also kernel.cu's other shapes and split-Ks
                                                            # (warps x steps x splits, cluster where it fits)
     python bench/bench_gemv_quant.py --dry-run --m 1 8     # CPU: print and compile the configurations, no GPU
+    python bench/bench_gemv_quant.py --formats fp8-w8a8 --pair --m 8 16 32 64 128 256
+                                                           # also W8A8's prefill pair (the activation quantizer +
+                                                           # the FP8 CUTLASS GEMM, codegen/quant_prefill.py)
 
 Formats: ``fp8-w8a16`` (FP8 weights, per-channel scales, bf16 activations), ``fp8-w8a8`` (plus per-token
 dynamic FP8 activations, quantized inside the kernel), ``nvfp4-w4a16`` (NVFP4 weights, bf16 activations).
@@ -32,6 +35,11 @@ rule's configuration has row groups (warps sharing a CTA's rows, each a part of 
 ``<format>-kw1`` row times the configuration the rule
 gives without them (``INGOT_GEMV_KW=0``) in the same run; ``--sweep-kw`` adds other row-group shapes
 (``<format>-w<warps> t<tiles> u<stage> sk<split> kw<kw>``). Every row records its ``config`` and ``kw``.
+M above the largest bucket (64) times the any-M launch (``-any``: 64-token chunks, the weight read once per chunk),
+what a W8A8 step of up to 256 rows runs. ``--pair`` adds a ``fp8-w8a8-pair`` row beside ``fp8-w8a8``: the
+activation quantizer (``quant_act/fp8.cu``) then the shape-generic FP8 CUTLASS GEMM (``cutlass_params``, Params built
+in Python, prepared once per weight copy as the CUDA backend does), both launches in the timed graph; its reference,
+``torch._scaled_mm``, is given x already quantized.
 """
 
 from __future__ import annotations
@@ -110,6 +118,47 @@ class SpecKernel:
         for _, fill in tensor_maps(self.spec):
             self.tma_region = (buf.data_ptr(), buf.numel() * buf.element_size())
             fill(self.module, self.spec, *self.tma_region)
+
+
+class W8A8Pair:
+    """W8A8's prefill pair for one shape and row count, launched like ``SpecKernel`` (the quantized GEMV's argument
+    names): the activation quantizer into its own x_fp8 / x_scale buffers, then the FP8 CUTLASS GEMM on them."""
+
+    def __init__(self, n: int, k: int, m: int, tgt) -> None:
+        import torch
+
+        from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+        from ingot.codegen.kernels.quant_act.rule import fp8_quantizer_spec
+
+        cu = _cu()
+        self.n, self.k, self.m = n, k, m
+        self.quantizer = SpecKernel(fp8_quantizer_spec(k, tgt, False))
+        self.gemm = cp.generic_linear_spec("fp8", tgt, config=cp.shape_config("fp8", n, k, tgt))
+        built, self.layout = cp.build_linear(self.gemm)
+        self.module = check(cu.cuModuleLoadData(built.cubin))
+        self.fn = check(cu.cuModuleGetFunction(self.module, self.gemm.entry.encode()))
+        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(cu.cuFuncSetAttribute(self.fn, attr, int(self.layout["smem"])))
+        self.x8 = torch.empty(m, k, device="cuda", dtype=torch.uint8)
+        self.xs = torch.empty(m, device="cuda", dtype=torch.float32)
+        self.sms = torch.cuda.get_device_properties(0).multi_processor_count
+        self.prepared: dict[tuple[int, int, int], object] = {}
+
+    def launch(self, pdl: bool = False, **args) -> None:
+        import torch
+
+        from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+
+        # plain launches, as the runtime's (the quantizer has no PDL prologue; the CUTLASS GEMM none either)
+        self.quantizer.launch(x=args["x"], input_scale=None, x_fp8=self.x8, x_scale=self.xs, M=self.m)
+        stream = torch.cuda.current_stream().cuda_stream
+        key = (args["weight"].data_ptr(), args["out"].data_ptr(), stream)
+        if key not in self.prepared:
+            ptrs = {"x": self.x8.data_ptr(), "weight": args["weight"].data_ptr(), "x_scale": self.xs.data_ptr(),
+                    "weight_scale": args["weight_scale"].data_ptr(), "out": args["out"].data_ptr()}
+            blob, config = cp.build_params(self.layout, ptrs, self.m, self.n, self.k, self.sms)
+            self.prepared[key] = cp.PreparedLaunch(blob, config, stream)
+        self.prepared[key](self.fn)
 
 
 def make_weights(fmt: str, n: int, k: int, copies: int, gen):
@@ -214,12 +263,13 @@ def dry_run(shapes, ms: list[int], fmts: list[str], tgt, sweep_kw: bool, kernel:
 
     for n, k, name in shapes:
         for m in ms:
-            mb = next(b for b in BUCKETS if b >= m)
+            mb = next((b for b in BUCKETS if b >= m), None)
             for label in fmts:
                 wfmt, act = FORMATS[label]
-                todo = [(cname, quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token", config=cfg))
-                        for cname, cfg in configs(n, k, mb, wfmt, act, sweep_kw)]
-                if kernel and label in KERNEL_WB:
+                todo = ([(cname, quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token", config=cfg))
+                         for cname, cfg in configs(n, k, mb, wfmt, act, sweep_kw)] if mb is not None else
+                        [("any", quant_gemv_spec(n, k, BUCKETS[-1], tgt, wfmt, act, "token", any_m=True))])
+                if kernel and label in KERNEL_WB and mb is not None:
                     todo += ([(cname, gemv_spec(n, k, mb, tgt, config=cfg, wb=KERNEL_WB[label]))
                               for cname, cfg in kernel_configs(n, k, mb, KERNEL_WB[label])] if sweep_kernel
                              else [("kernel", gemv_spec(n, k, mb, tgt, wb=KERNEL_WB[label]))])
@@ -241,7 +291,7 @@ def quantize_x(x):
 
 def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launches: int, reps: int, gen, tgt,
                 emit, pdl: bool = True, bulk: bool = False, sweep_kw: bool = False,
-                kernel: bool = False, sweep_kernel: bool = False) -> list[dict]:
+                kernel: bool = False, sweep_kernel: bool = False, pair: bool = False) -> list[dict]:
     import torch
 
     from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec, weight_bytes_per_row
@@ -272,10 +322,16 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
             nbytes = n * weight_bytes_per_row(wfmt, k)
             copies = max(1, -(-ROTATE_BYTES // nbytes))
             wq, wf = make_weights(wfmt, n, k, copies, gen)
-            mb = next(b for b in BUCKETS if b >= m)
-            todo = [(label if cname == "default" else f"{label}-{cname}", cname, cfg.kwarps,
-                     quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token", config=cfg))
-                    for cname, cfg in configs(n, k, mb, wfmt, act, sweep_kw)]
+            mb = next((b for b in BUCKETS if b >= m), None)
+            if mb is None:  # past the buckets: the any-M launch (64-token chunks)
+                mb = BUCKETS[-1]
+                todo = [(f"{label}-any", "any", 1, quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token", any_m=True))]
+            else:
+                todo = [(label if cname == "default" else f"{label}-{cname}", cname, cfg.kwarps,
+                         quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token", config=cfg))
+                        for cname, cfg in configs(n, k, mb, wfmt, act, sweep_kw)]
+            if pair and label == "fp8-w8a8":
+                todo.append((f"{label}-pair", "pair", 1, None))
             if bulk and label == "fp8-w8a16":
                 from ingot.codegen.kernels.gemv.bulk_rule import bulk_quant_spec
 
@@ -293,7 +349,9 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
                     kspec = gemv_spec(n, k, mb, tgt, wb=KERNEL_WB[label])
                     todo.append((label + "-kernel", "kernel", kspec.value("KW"), kspec))
             for variant, cname, kw, spec in todo:
-                kern = SpecKernel(spec)
+                kern = SpecKernel(spec) if spec is not None else W8A8Pair(n, k, m, tgt)
+                if spec is None:
+                    spec = kern.gemm
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 if act == "fp8":
                     q, s = quantize_x(x)
@@ -320,7 +378,7 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
                 t = time_graph(lambda i: ours(i, pdl=True), launches, reps) if pdl else t_plain
                 tbps = nbytes / t / 1e12
                 row = {"bench": "gemv_quant", "shape": name, "n": n, "k": k, "m": m, "format": variant, "mb": mb,
-                       "config": cname, "kw": kw, "splitk": spec.value("SPLITK"), "weight_mb": nbytes / 1e6,
+                       "config": cname, "kw": kw, "splitk": dict(spec.values).get("SPLITK"), "weight_mb": nbytes / 1e6,
                        "us": t * 1e6, "tbps": tbps,
                        "frac_of_4.19": tbps / COPY_TBPS, "rel_err": err, "pdl": pdl, "plain_us": t_plain * 1e6,
                        "bf16_matmul_us": t_bf16 * 1e6, "bf16_matmul_tbps": n * k * 2 / t_bf16 / 1e12,
@@ -356,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-kernel", action="store_true",
                     help="with --kernel: kernel.cu's variants over warps / stage / split-K / cluster configurations "
                          "(KERNEL_SWEEP_SHAPES x KERNEL_SWEEP_SPLITS) instead of the rule's alone")
+    ap.add_argument("--pair", action="store_true",
+                    help="with fp8-w8a8: also the prefill pair (activation quantizer + FP8 CUTLASS GEMM), -pair rows")
     ap.add_argument("--dry-run", action="store_true",
                     help="print and compile each configuration that would be timed (no GPU, no torch), then exit")
     a = ap.parse_args(argv)
@@ -377,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for n, k, name in shapes:
         rows += bench_shape(n, k, name, a.m, a.formats, a.launches, a.reps, gen, tgt, emit, a.pdl, a.bulk,
-                            a.sweep_kw, a.kernel, a.sweep_kernel)
+                            a.sweep_kw, a.kernel, a.sweep_kernel, a.pair)
         torch.cuda.empty_cache()
     print("\nsummary: ingot TB/s of weight bytes (fraction of 4.19) | _scaled_mm fp8 TB/s | bf16 matmul TB/s")
     for r in rows:

@@ -46,17 +46,20 @@ GEMV (``dequant/rule.py`` ``applies``), with a row count that can exceed the lar
 **W8A8 FP8** (per-channel weight scales, activations per token or with the static ``input_scale``: the ``fp8`` and
 ``fp8:static`` formats) runs the FP8 tensor cores instead: the pair is ::
 
-    {"kernel": "quant_act_fp8_k2048_...", "op": "quantized_linear", "rows_arg": "M", "skip": {"max_rows": 256, ...},
+    {"kernel": "quant_act_fp8_k2048_...", "op": "quantized_linear", "rows_arg": "M", "skip": {"max_rows": 16, ...},
      "args": {"x": ..., "input_scale": {"null": true}, "x_fp8": {"buffer": "<out>.x_fp8"},
               "x_scale": {"buffer": "<out>.x_scale"}, "M": {"dim": "T"}}}
     {"kernel": "linear_cutlass_fp8_...", "op": "quantized_linear",
      "args": {"x": {"buffer": "<out>.x_fp8"}, "weight": ..., "x_scale": {"buffer": "<out>.x_scale"},
               "weight_scale": ..., "bias": ..., "residual": ..., "out": ..., "M": {"dim": "T"}},
-     "variants": [<the quantized GEMV's buckets and its any-M launch, with their own arguments, as above>]}
+     "variants": [<the W8A8 GEMV's buckets 8 and 16, with their own arguments, as above>]}
+
+Unlike the weight-only pair, it takes over from the GEMV at 17 rows, not 257 (``W8A8_GEMM_ROWS``, measured; the
+variants are the W8A8 GEMV's buckets 8 and 16 only; ``INGOT_W8A8_GEMM_ROWS`` moves the boundary).
 
 1. the **quantizer** (``codegen/kernels/quant_act/fp8.cu``) writes x's e4m3 codes and per-row scales exactly as
    ``quantize_activation`` (the op's reference, and what the GEMV computes in its CTAs) into memory-plan temporaries
-   ``<out>.x_fp8`` e4m3[T, K] and ``<out>.x_scale`` f32[T]; skipped like the dequantize launch;
+   ``<out>.x_fp8`` e4m3[T, K] and ``<out>.x_scale`` f32[T]; skipped like the dequantize launch, up to 16 rows;
 2. the **FP8 GEMM** is the shape-generic CUTLASS one (``gemm_cutlass/sm90.cu`` on h100/h200, ``sm100.cu`` on b200;
    ``cutlass_params.generic_linear_spec("fp8", ...)`` with ``rule.shape_config``'s configuration, autotuned like the
    bf16 ones), its epilogue ``weight_scale[n] * (acc * x_scale[m]) + bias (+ residual)``: the reference's product up
@@ -105,6 +108,23 @@ X_FP8_SUFFIX, X_SCALE_SUFFIX = ".x_fp8", ".x_scale"
 #: decode batches up to that (their CUDA-graph buckets) run exactly the GEMV kernels, as they run the decode
 #: attention. The threshold itself is not tuned on the H200 (only 310-row and 2048-row steps were measured).
 GEMV_MAX_ROWS = DECODE_MAX_ROWS
+#: W8A8 FP8: steps of more rows than this run the quantizer + FP8 GEMM pair, smaller ones the W8A8 GEMV's variants up
+#: to it (a bucket's max rows, or GEMV_MAX_ROWS: the any-M launch too); ``INGOT_W8A8_GEMM_ROWS`` at compile time
+#: (0: the pair at every row count). 16: on the H200 the pair ran the 1B model's four linears 1.1-1.7x faster than
+#: the GEMV at 32 rows, 2.1-2.6x at 64 and 4.4-11x past the buckets (the any-M launch), 0.84-1.17x at 16 and 0.6-0.97x
+#: at 8; W8A8 decode at batch 64 went from 17.7k to 33.1k tok/s, batch 16 unchanged (docs/PERF.md, "W8A8 prefill on
+#: FP8 tensor cores")
+W8A8_ENV = "INGOT_W8A8_GEMM_ROWS"
+W8A8_GEMM_ROWS = 16
+
+
+def w8a8_gemm_rows() -> int:
+    """The W8A8 GEMV's largest step (``W8A8_ENV``; unset: ``W8A8_GEMM_ROWS``): 0, a GEMV bucket, or GEMV_MAX_ROWS."""
+    from .kernels.gemv.rule import BUCKETS
+    from .switches import env_choice
+
+    choices = {"": W8A8_GEMM_ROWS, **{str(r): r for r in (0, *BUCKETS, GEMV_MAX_ROWS)}}
+    return env_choice(W8A8_ENV, choices, f"one of {sorted(set(choices.values()))}")
 
 
 def enabled() -> bool:
@@ -256,6 +276,8 @@ def _plan_w8a8(out: QuantPrefill, taken: list[Launch], i: int, node: Node, args:
                              f"bound {sorted(a)}")
     jq, jg = len(taken), len(taken) + 1
     taken += [(i, node, quantizer, q_args), (i, node, gemm, gemm_args)]
+    limit = w8a8_gemm_rows()
+    variants = [(mr, v) for mr, v in variants if mr <= limit]
     if variants:
         out.variants[jg] = variants
         out.variant_args[jg] = dict(args)

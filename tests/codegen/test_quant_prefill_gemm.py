@@ -443,9 +443,10 @@ def test_executor_launches_pick_per_step(ckpt, tmp_path, monkeypatch):
 @pytest.mark.parametrize("case", ["fp8", "fp8-static"])
 def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatch, fake_cutlass, target, case):
     """A W8A8 FP8 linear (per token, or the static calibrated scale) becomes the activation quantizer (skipped up to
-    256 rows, into the GEMM) and the shape-generic FP8 CUTLASS GEMM reading its codes and row scales with the weight's
-    own per-channel scale; the GEMM's variants are the W8A8 GEMV buckets and any-M launch with the node's arguments,
-    the quantized activations temporaries of their node (e4m3 [T, K], f32 [T]) in the scratch region."""
+    16 rows, ``W8A8_GEMM_ROWS``, into the GEMM) and the shape-generic FP8 CUTLASS GEMM reading its codes and row scales
+    with the weight's own per-channel scale; the GEMM's variants are the W8A8 GEMV's buckets 8 and 16 with the node's
+    arguments, the quantized activations temporaries of their node (e4m3 [T, K], f32 [T]) in the scratch region."""
+    monkeypatch.delenv(quant_prefill.W8A8_ENV, raising=False)
     static = case == "fp8-static"
     _, off = _compile(ckpt, target, test_lower_quant.CASES[case], tmp_path / "off.ingot", monkeypatch, on=False)
     path, manifest = _compile(ckpt, target, test_lower_quant.CASES[case], tmp_path / "on.ingot", monkeypatch)
@@ -466,7 +467,7 @@ def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatc
         assert qspec["family"] == "quant_act" and qspec["template"] == "fp8.cu"
         assert qspec["values"] == {"K": k, "STATIC": static, "BLOCK": 256}
         assert [p for p, _ in qspec["params"]] == [p for p, _ in FP8_PARAMS]
-        assert q["skip"] == {"max_rows": quant_prefill.GEMV_MAX_ROWS, "into": jg} and q["rows_arg"] == "M"
+        assert q["skip"] == {"max_rows": quant_prefill.W8A8_GEMM_ROWS, "into": jg} and q["rows_arg"] == "M"
         xq, xs = ({"buffer": f"{out}{sfx}"} for sfx in (quant_prefill.X_FP8_SUFFIX, quant_prefill.X_SCALE_SUFFIX))
         assert q["args"] == {"x": own["x"], "input_scale": own["input_scale"] if static else {"null": True},
                              "x_fp8": xq, "x_scale": xs, "M": {"dim": "T"}}
@@ -481,9 +482,11 @@ def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatc
                                 "bias": own["bias"], "residual": own["residual"], "out": own["out"],
                                 "M": {"dim": "T"}}
         assert "alternatives" not in gemm and "skip" not in gemm
-        # its variants: the W8A8 GEMV's buckets, then its any-M launch, each with the node's own arguments
-        assert [v["max_rows"] for v in gemm["variants"]] == [8, 16, 32, 64, quant_prefill.GEMV_MAX_ROWS]
-        assert gemm["variants"][-1]["kernel"] == gemv[q["node"]]["kernel"]
+        # its variants: the W8A8 GEMV's buckets up to W8A8_GEMM_ROWS, each with the node's own arguments (the
+        # GEMV's own variants without this step)
+        assert [v["max_rows"] for v in gemm["variants"]] == [8, 16] == [quant_prefill.W8A8_GEMM_ROWS // 2,
+                                                                    quant_prefill.W8A8_GEMM_ROWS]
+        assert [v["kernel"] for v in gemm["variants"]] == [v["kernel"] for v in gemv[q["node"]]["variants"][:2]]
         for v in gemm["variants"]:
             vspec = cuda["variant_kernels"][v["kernel"]]["spec"]
             assert vspec["template"] == "quant.cu" and vspec["values"]["AFMT"] == (2 if static else 1)
@@ -502,3 +505,29 @@ def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatc
     again = plan_memory(graph, plan["bindings"], reads=variant_reads(launches), temporaries=temps)
     assert again.to_dict() == plan
     assert fake_cutlass and all(e.startswith("linear_cutlass_fp8") for e in fake_cutlass)
+
+
+@pytest.mark.parametrize("rows,variants", [("0", []), ("8", [8]), ("64", [8, 16, 32, 64]),
+                                           ("256", [8, 16, 32, 64, quant_prefill.GEMV_MAX_ROWS])])
+def test_w8a8_gemm_rows_moves_the_boundary(ckpt, tmp_path, monkeypatch, fake_cutlass, rows, variants):
+    """``INGOT_W8A8_GEMM_ROWS``: the W8A8 GEMV keeps the steps up to that many rows (its buckets up to it; 256: its
+    any-M launch too), the quantizer is skipped up to it, the pair takes the rest; 0: the pair at every step."""
+    monkeypatch.setenv(quant_prefill.W8A8_ENV, rows)
+    _, manifest = _compile(ckpt, "h200", "fp8", tmp_path / "w8a8.ingot", monkeypatch)
+    launches = manifest["cuda"]["launches"]
+    quantizers = [j for j, ln in enumerate(launches) if ln["kernel"].startswith("quant_act_fp8_")]
+    assert len(quantizers) == 8
+    for j in quantizers:
+        gemm = launches[j + 1]
+        assert gemm["kernel"].startswith("linear_cutlass_fp8")
+        assert [v["max_rows"] for v in gemm.get("variants", [])] == variants
+        assert ("skip" in launches[j]) == bool(variants)
+        if variants:
+            assert launches[j]["skip"] == {"max_rows": variants[-1], "into": j + 1}
+    assert manifest["cuda"]["switches"][quant_prefill.W8A8_ENV] == rows
+
+
+def test_w8a8_gemm_rows_names_what_it_takes(monkeypatch):
+    monkeypatch.setenv(quant_prefill.W8A8_ENV, "100")
+    with pytest.raises(ValueError, match="INGOT_W8A8_GEMM_ROWS='100': expected one of"):
+        quant_prefill.w8a8_gemm_rows()

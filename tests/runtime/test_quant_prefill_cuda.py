@@ -8,7 +8,8 @@ template GEMM (``INGOT_NO_CUTLASS=1``); and W8A8 FP8 (per token, and with static
 the activation quantizer + the FP8 CUTLASS GEMM (no template form: without CUTLASS it keeps the GEMV). Steps with more
 rows than ``GEMV_MAX_ROWS`` (310 rows: the pair's first launch, then the GEMM) and with fewer (68 rows: the any-M GEMV
 variant; 17 rows, exactly 64 rows, decode: the GEMV buckets; the first launch skipped in all of them), as plain
-launches and with CUDA graphs for the decode steps.
+launches and with CUDA graphs for the decode steps. W8A8 hands every step of more than 16 rows to its pair
+(``W8A8_GEMM_ROWS``: 310, 17, 64 and 68 rows here), the decode steps keep the GEMV.
 
 Tolerance: weight-only, the same as the GEMV artifacts' weight-only bound in ``tests/runtime/test_quant_cuda.py``
 (twice the bf16 rtol, relative to each step's largest logit). The prefill path computes the same products: the
@@ -82,9 +83,10 @@ def test_prefill_gemm_artifact_matches_cpu(gpu_target, ckpt, tmp_path, monkeypat
     graph, manifest = load_graph(path)
     launches = manifest["cuda"]["launches"]
     first = "quant_act_fp8_" if case in W8A8 else "dequant_"  # the pair's first launch
+    # the largest step the GEMV keeps: W8A8 hands steps of more than 16 rows to the FP8 GEMM
+    gemv_rows = quant_prefill.W8A8_GEMM_ROWS if case in W8A8 else quant_prefill.GEMV_MAX_ROWS
     dequant = [j for j, ln in enumerate(launches) if ln["kernel"].startswith(first)]
-    assert len(dequant) == 8 and all(launches[j]["skip"]["max_rows"] == quant_prefill.GEMV_MAX_ROWS
-                                  for j in dequant)
+    assert len(dequant) == 8 and all(launches[j]["skip"]["max_rows"] == gemv_rows for j in dequant)
     gemms = [j + 1 for j in dequant]
     assert all(("cutlass" in launches[j]["kernel"]) == (gemm == "cutlass") for j in gemms)
     steps = _steps()
@@ -115,7 +117,7 @@ def test_prefill_gemm_artifact_matches_cpu(gpu_target, ckpt, tmp_path, monkeypat
             for i, feeds in enumerate(seen[:4]):
                 rows = ex.profile(feeds, repeats=1)
                 ran = {r["launch"]: r for r in rows}
-                big = len(feeds["input_ids"]) > quant_prefill.GEMV_MAX_ROWS
+                big = len(feeds["input_ids"]) > gemv_rows
                 assert all((j in ran) == big for j in dequant), (i, len(feeds["input_ids"]))
                 for j in gemms:
                     assert (ran[j]["kernel"] == launches[j]["kernel"]) == big, (i, ran[j])
