@@ -51,26 +51,19 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32); every thread gets the result.
-__device__ __forceinline__ float block_sum(float v) {
+// Reduce over the whole block (blockDim.x a multiple of 32) with WarpOp (warp_sum, warp_max), 0 for the missing
+// warps' partials; every thread gets the result.
+template <float (*WarpOp)(float)>
+__device__ __forceinline__ float block_reduce(float v) {
   __shared__ float partial[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_sum(v);
+  v = WarpOp(v);
   __syncthreads();  // partial[] may still be read by a previous call
   if (lane == 0) partial[warp] = v;
   __syncthreads();
   v = lane < warps ? partial[lane] : 0.0f;
-  return warp_sum(v);
+  return WarpOp(v);
 }
-
-// Max over the whole block (blockDim.x a multiple of 32; 0 where every value is below it); every thread gets it.
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float partial[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();  // partial[] may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < warps ? partial[lane] : 0.0f;
-  return warp_max(v);
-}
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<warp_sum>(v); }
+// (0 where every value is below it)
+__device__ __forceinline__ float block_max(float v) { return block_reduce<warp_max>(v); }
