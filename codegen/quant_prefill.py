@@ -208,6 +208,8 @@ def plan(graph: Graph, launches: Sequence[Launch], target: Target, gemv: bool = 
         variants = quant_variants(node.op, types, target) if gemv and (shape is not None or w8a8) else []
         if variants and spec is not None and dict(spec.values).get("ANY_M", False):
             variants.append((GEMV_MAX_ROWS, spec))  # the node's own any-M GEMV, now the largest variant
+        if w8a8:  # the W8A8 GEMV keeps the steps of up to W8A8_GEMM_ROWS rows (a static count too), the pair the rest
+            variants = [(mr, v) for mr, v in variants if mr <= w8a8_gemm_rows()]
         if ((shape is None and not w8a8) or spec is None or len(per_node[i]) != 1 or rows is None
                 or (variants and isinstance(rows, int) and rows <= variants[-1][0])):
             taken.append((i, node, spec, args))
@@ -254,7 +256,7 @@ def _plan_w8a8(out: QuantPrefill, taken: list[Launch], i: int, node: Node, args:
                variants: list[tuple[int, KernelSpec]], target: Target, names: set[str]) -> None:
     """A W8A8 FP8 linear's pair, appended to ``taken`` and recorded in ``out``: the activation quantizer (x -> e4m3
     codes + per-row scales, memory-plan temporaries) and the FP8 CUTLASS GEMM reading them with the weight's own
-    per-channel scale; the quantized GEMV (``variants``) for steps of at most ``GEMV_MAX_ROWS`` rows."""
+    per-channel scale; the W8A8 GEMV (``variants``, up to ``W8A8_GEMM_ROWS``) for the steps they cover."""
     x, o = node.inputs[0], node.outputs[0]
     assert x is not None and node.inputs[1] is not None and node.inputs[1].type.shape is not None
     n, k = int(node.inputs[1].type.shape[0]), int(node.op.in_features)
@@ -276,8 +278,6 @@ def _plan_w8a8(out: QuantPrefill, taken: list[Launch], i: int, node: Node, args:
                              f"bound {sorted(a)}")
     jq, jg = len(taken), len(taken) + 1
     taken += [(i, node, quantizer, q_args), (i, node, gemm, gemm_args)]
-    limit = w8a8_gemm_rows()
-    variants = [(mr, v) for mr, v in variants if mr <= limit]
     if variants:
         out.variants[jg] = variants
         out.variant_args[jg] = dict(args)
