@@ -131,6 +131,11 @@ def cutlass_nk(weight: Mapping[str, Any]) -> tuple[int, int]:
     return n, 2 * k if weight["dtype"] == "u8" else k
 
 
+#: prepared CUTLASS launches kept per launch (a few KB each: the decode buckets and the usual prefill sizes fit; a
+#: rebuild costs ~0.1 ms of host time)
+PREPARED_MAX = 64
+
+
 class CutlassLaunch(Launch):
     """A launch of a CUTLASS GEMM from the cubin alone (``codegen/kernels/gemm_cutlass/cutlass_params.py``): the
     Params blob is built here from the kernel table's layout, once per row count M (buffers are fixed in the
@@ -144,7 +149,8 @@ class CutlassLaunch(Launch):
         names = [p.name for p in spec.params]
         self.pointers = {nm: int(v.value or 0) for nm, v, p in zip(names, self.values, spec.params) if p.ctype == "ptr"}
         self.m_value = self.values[names.index("M")]
-        #: (row count, stream) -> the launch prepared for it (Params blob and driver objects built once)
+        #: (row count, stream) -> the launch prepared for it (Params blob and driver objects built once); at most
+        #: PREPARED_MAX, then started afresh (chunked prefill makes a new row count almost every step)
         self.prepared: dict[tuple[int, int], Any] = {}
 
     def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> str | None:
@@ -160,6 +166,8 @@ class CutlassLaunch(Launch):
         key = (m, address_of(stream.handle))
         prepared = self.prepared.get(key)
         if prepared is None:
+            if len(self.prepared) >= PREPARED_MAX:
+                self.prepared.clear()
             blob, config = cutlass_params.build_params(self.layout, self.pointers, m, self.n, self.k, self.sm_count)
             prepared = self.prepared[key] = cutlass_params.PreparedLaunch(blob, config, stream.handle)
         prepared(self.fn)

@@ -61,3 +61,7 @@ def test_cutlass_launch_prepares_each_row_count_once(monkeypatch):
     for t in (2048, 2048, 310, 2048, 310):
         ln.enqueue({"T": t}, Stream())  # type: ignore[arg-type]
     assert built == [2048, 310] and launched == ["blob2048", "blob2048", "blob310", "blob2048", "blob310"]
+    # bounded: chunked prefill makes a new row count almost every step
+    for t in range(1, 3 * cl.PREPARED_MAX):
+        ln.enqueue({"T": t}, Stream())  # type: ignore[arg-type]
+    assert 0 < len(ln.prepared) <= cl.PREPARED_MAX and launched[-1] == f"blob{3 * cl.PREPARED_MAX - 1}"
