@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..ir.graph import Node
+from ..ir.graph import Node, Value
+from ..ir.types import Dim, shape_numel
 from .kernel import KernelSpec
 
 Launch = tuple[int, Node, KernelSpec | None, dict[str, Any]]
@@ -23,3 +24,10 @@ def by_node(launches: Sequence[Launch]) -> dict[int, list[int]]:
     for j, (i, _, _, _) in enumerate(launches):
         out.setdefault(i, []).append(j)
     return out
+
+
+def token_rows(x: Value) -> Dim:
+    """The rows of an activation ``x`` [..., K]: the product of its leading dims (a bound's name such as ``T``, or a
+    static count), 1 for a vector; a linear's ``M``, the size of its per-row temporaries."""
+    shape = x.type.shape or ()
+    return shape_numel(shape[:-1]) if len(shape) > 1 else 1

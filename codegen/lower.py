@@ -119,7 +119,7 @@ from .kernels.attention import prefill_rule
 from .kernels.copy.rule import plan as plan_copy
 from .kernels.gemm_cutlass import blockscaled_rule, cutlass_params
 from .kernels.gemv import skinny_rule
-from .launch_list import Launch, by_node
+from .launch_list import Launch, by_node, token_rows
 from .memory_plan import KV_DIM, plan_memory
 from .registry import plan_node, plan_variants
 from .rope_cache_fusion import fuse as fuse_rope_cache
@@ -204,8 +204,7 @@ def _dim(d: Dim) -> dict[str, Any]:
 
 
 def _rows(v: Value) -> dict[str, Any]:
-    shape = v.type.shape or ()
-    return _dim(shape_numel(shape[:-1]) if len(shape) > 1 else 1)
+    return _dim(token_rows(v))
 
 
 def _in(node: Node, i: int) -> Value | None:

@@ -84,7 +84,7 @@ from typing import Any
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.ops.llm import Linear
-from ..ir.types import DType, TensorType, shape_numel
+from ..ir.types import DType, TensorType
 from .kernel import KernelSpec
 from .kernels.attention.prefill_rule import DECODE_MAX_ROWS
 from .kernels.dequant import rule as dequant
@@ -93,7 +93,7 @@ from .kernels.gemm_cutlass import cutlass_params
 from .kernels.gemm_cutlass.rule import shape_config, supports
 from .kernels.gemv.quant_rule import quant_variants
 from .kernels.quant_act.rule import FP8_MAX_K, fp8_quantizer_spec
-from .launch_list import Launch, by_node
+from .launch_list import Launch, by_node, token_rows
 from .target import Target
 
 #: set to 0 to lower without the dequantize + GEMM prefill path (the kernel table as before it existed); unset: on
@@ -179,11 +179,6 @@ def w8a8_decline_reason(node: Node, target: Target) -> str | None:
     return None
 
 
-def _rows(x: Value) -> Any:
-    shape = x.type.shape or ()
-    return shape_numel(shape[:-1]) if len(shape) > 1 else 1
-
-
 def _bf16_linear(node: Node, n: int, k: int) -> Node:
     """A stand-in bf16 ``linear`` node of ``node``'s shape and epilogue, to ask the GEMM rules what it would get."""
     x, out = node.inputs[0], node.outputs[0]
@@ -257,8 +252,8 @@ def _plan_w8a8(out: QuantPrefill, taken: list[Launch], i: int, node: Node, args:
     """A W8A8 FP8 linear's pair, appended to ``taken`` and recorded in ``out``: the activation quantizer (x -> e4m3
     codes + per-row scales, memory-plan temporaries) and the FP8 CUTLASS GEMM reading them with the weight's own
     per-channel scale; the W8A8 GEMV (``variants``, up to ``W8A8_GEMM_ROWS``) for the steps they cover."""
-    x, o = node.inputs[0], node.outputs[0]
-    assert x is not None and node.inputs[1] is not None and node.inputs[1].type.shape is not None
+    o = node.outputs[0]
+    assert node.inputs[1] is not None and node.inputs[1].type.shape is not None
     n, k = int(node.inputs[1].type.shape[0]), int(node.op.in_features)
     x_fp8, x_scale = f"{o.name}{X_FP8_SUFFIX}", f"{o.name}{X_SCALE_SUFFIX}"
     if {x_fp8, x_scale} & names:
@@ -283,22 +278,27 @@ def _plan_w8a8(out: QuantPrefill, taken: list[Launch], i: int, node: Node, args:
         out.variant_args[jg] = dict(args)
         out.skips[jq] = ("M", variants[-1][0])
         out.into[jq] = jg
-    rows = _rows(x)
-    out.temporaries[x_fp8] = (i, TensorType(DType.f8e4m3fn, (rows, k)))
-    out.temporaries[x_scale] = (i, TensorType(DType.f32, (rows,)))
+    codes, scales = _w8a8_types(node)
+    out.temporaries[x_fp8], out.temporaries[x_scale] = (i, codes), (i, scales)
+
+
+def _w8a8_types(node: Node) -> tuple[TensorType, TensorType]:
+    """The types of a W8A8 linear's quantized activations: e4m3 codes [rows, K] and per-row f32 scales [rows]."""
+    x = node.inputs[0]
+    assert x is not None
+    rows = token_rows(x)
+    return TensorType(DType.f8e4m3fn, (rows, int(node.op.in_features))), TensorType(DType.f32, (rows,))
 
 
 def temporaries(graph: Graph, table: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, TensorType]]:
-    """The scratch buffers a kernel table's dequantize launches write, as ``plan_memory``'s ``temporaries`` (what
-    ``lower_for_target`` planned; for tests and tools that rebuild an artifact's memory plan)."""
+    """The scratch buffers a kernel table's dequantize and W8A8 quantizer launches write, as ``plan_memory``'s
+    ``temporaries`` (what ``lower_for_target`` planned; for tests and tools that rebuild an artifact's memory plan)."""
     found: dict[str, tuple[int, TensorType]] = {}
     for ln in table:
         if str(ln.get("kernel", "")).startswith("quant_act_fp8_"):  # W8A8: the quantized activations
-            node = graph.nodes[int(ln["node"])]
-            x, k = node.inputs[0], int(getattr(node.op, "in_features", 0))
-            assert x is not None
-            found[ln["args"]["x_fp8"]["buffer"]] = (int(ln["node"]), TensorType(DType.f8e4m3fn, (_rows(x), k)))
-            found[ln["args"]["x_scale"]["buffer"]] = (int(ln["node"]), TensorType(DType.f32, (_rows(x),)))
+            codes, scales = _w8a8_types(graph.nodes[int(ln["node"])])
+            found[ln["args"]["x_fp8"]["buffer"]] = (int(ln["node"]), codes)
+            found[ln["args"]["x_scale"]["buffer"]] = (int(ln["node"]), scales)
             continue
         if not str(ln.get("kernel", "")).startswith("dequant_"):
             continue

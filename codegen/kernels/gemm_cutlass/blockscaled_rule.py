@@ -32,8 +32,9 @@ import os
 from typing import Any
 
 from ....ir.graph import Graph, Node, Value
-from ....ir.types import DType, TensorType, shape_numel
+from ....ir.types import DType, TensorType
 from ...kernel import KernelSpec
+from ...launch_list import token_rows
 from ...target import Target
 from ..quant_act.rule import ATOM_ROWS, quantizer_spec, scale_cols
 from . import cutlass_params
@@ -91,11 +92,6 @@ def _names(node: Node) -> dict[str, str]:
     return {s: f"{node.outputs[0].name}.{s}" for s in SCRATCH}
 
 
-def _rows(x: Value) -> Any:
-    shape = x.type.shape or ()
-    return shape_numel(shape[:-1]) if len(shape) > 1 else 1
-
-
 def plan_launches(node: Node, target: Target) -> list[tuple[KernelSpec, dict[str, dict[str, Any]]]]:
     """The node's two launches (quantizer, GEMM) and their arguments (``codegen/lower.py``'s format)."""
     op, x, out = node.op, node.inputs[0], node.outputs[0]
@@ -106,7 +102,7 @@ def plan_launches(node: Node, target: Target) -> list[tuple[KernelSpec, dict[str
     def buf(v: Value | None) -> dict[str, Any]:
         return {"null": True} if v is None else {"buffer": v.name}
 
-    rows = {"dim": _rows(x)}
+    rows = {"dim": token_rows(x)}
     x_scale = {"buffer": names["x_scale"]} if fmt == "nvfp4" else {"null": True}
     quant = {"x": buf(x), "input_scale": buf(_input(node, 4) if static else None),
              "weight_scale_2": buf(_input(node, 3) if fmt == "nvfp4" else None),
@@ -130,7 +126,7 @@ def temporaries(graph: Graph, target: Target) -> dict[str, tuple[int, TensorType
             continue
         x = node.inputs[0]
         assert x is not None
-        rows, k, fmt = _rows(x), int(node.op.in_features), node.op.weight_format
+        rows, k, fmt = token_rows(x), int(node.op.in_features), node.op.weight_format
         sf_rows = -(-rows // ATOM_ROWS) * ATOM_ROWS if isinstance(rows, int) else f"({rows}+{ATOM_ROWS - 1})"
         names = _names(node)
         found[names["x_fp4"]] = (i, TensorType(DType.u8, (rows, k // 2)))
