@@ -13,9 +13,10 @@ Two compilers, same result shape:
 
 ``compiler="auto"`` takes NVRTC where it loads, else nvcc. The cache key is the sha256 of the
 source, the options, the architecture and the compiler's version, so an unchanged kernel is
-never compiled twice; entries are written atomically (temp file + rename), so concurrent
-compiles of the same kernel are safe. The cache lives in ``$INGOT_CACHE_DIR`` (default
-``~/.cache/ingot/kernels``).
+never compiled twice; entries are written atomically (temp file + rename), and a compile that misses the cache
+holds the entry's lock file while it builds (``entry_lock``: ``flock``), so concurrent compiles of one kernel
+(two ``ingot compile`` runs, pytest-xdist workers) build it once, the others waiting for it. The cache lives in
+``$INGOT_CACHE_DIR`` (default ``~/.cache/ingot/kernels``).
 
 Kernel sources include no CUDA headers (``codegen/kernels/common.cuh`` defines the storage
 types), so neither compiler needs a toolkit's include directory; CUTLASS sources are the exception.
@@ -23,6 +24,7 @@ types), so neither compiler needs a toolkit's include directory; CUTLASS sources
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -31,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +70,27 @@ class CompiledKernel:
 
 def cache_dir() -> Path:
     return Path(os.environ.get("INGOT_CACHE_DIR") or Path.home() / ".cache" / "ingot" / "kernels")
+
+
+@contextlib.contextmanager
+def entry_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock, across processes, on the cache entry ``path`` while it is built (``flock`` on
+    ``<path>.lock``, created beside it and left there): a second process compiling the same kernel waits here and
+    then finds the entry, instead of running the same minutes of nvcc beside the first. Callers check the cache
+    again once they hold it. Where ``fcntl`` is missing (not Linux) nothing is locked; the atomic writes keep
+    concurrent builds correct either way."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - ingot's CUDA targets are Linux
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # -- compilers ------------------------------------------------------------------------------------
@@ -227,19 +251,28 @@ def compile_source(source: str, arch: str, name: str = "kernel.cu", options: tup
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     folder = cache_dir() / key[:2]
     cubin_path, ptx_path = folder / f"{key}.cubin", folder / f"{key}.ptx"
-    if use_cache and cubin_path.is_file() and ptx_path.is_file():
-        return CompiledKernel(arch, cubin_path.read_bytes(), ptx_path.read_text(), key, which, cached=True)
-    if which == "nvrtc":
-        cubin, ptx_text, log = _nvrtc_compile(source, name, arch, opts)
-    else:
-        cubin, ptx_text, log = _nvcc_compile(source, name, arch, opts, ptx=ptx)
-    if use_cache:
-        folder.mkdir(parents=True, exist_ok=True)
-        for path, data in ((ptx_path, ptx_text.encode()), (cubin_path, cubin)):  # cubin last: it marks completion
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+    def cached() -> CompiledKernel | None:
+        if use_cache and cubin_path.is_file() and ptx_path.is_file():
+            return CompiledKernel(arch, cubin_path.read_bytes(), ptx_path.read_text(), key, which, cached=True)
+        return None
+
+    hit = cached()
+    if hit is not None:
+        return hit
+    with entry_lock(cubin_path) if use_cache else contextlib.nullcontext():
+        hit = cached()  # built by another process while this one waited for the lock
+        if hit is not None:
+            return hit
+        if which == "nvrtc":
+            cubin, ptx_text, log = _nvrtc_compile(source, name, arch, opts)
+        else:
+            cubin, ptx_text, log = _nvcc_compile(source, name, arch, opts, ptx=ptx)
+        if use_cache:
+            for path, data in ((ptx_path, ptx_text.encode()), (cubin_path, cubin)):  # cubin last: marks completion
+                fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
     return CompiledKernel(arch, cubin, ptx_text, key, which, log)
 
 

@@ -24,6 +24,9 @@ def _session_seed() -> tuple[int, bool]:
 # Compiles in the tests use the heuristics' kernel configurations, also on a GPU machine (where ingot.compile would
 # otherwise autotune: codegen/autotune.py); tests of autotuning set INGOT_AUTOTUNE themselves.
 os.environ.setdefault("INGOT_AUTOTUNE", "0")
+# pytest -n N (CI: 2 workers on 2 cores): one CUTLASS nvcc job a worker (each takes a core and 3-5 GB), not two
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("INGOT_CUTLASS_JOBS", "1")
 
 # Inputs are fresh random draws each run (STYLE.md); the header prints the seed, and setting
 # INGOT_TEST_SEED to it replays exactly the same inputs (hypothesis prints its own reproducer).

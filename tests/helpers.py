@@ -105,6 +105,10 @@ def assert_text_roundtrip(graph) -> None:
 
 def session_cache_dir(tmp_path_factory) -> str:
     """The kernel cache the whole test session shares: ``$INGOT_TEST_KERNEL_CACHE`` where set (reruns instant), else
-    ``kernel-cache`` under the session's base temporary directory. Whole-model compiles use it (their kernels are
-    the same whichever module compiles them), and tests/conftest.py makes it every test's default."""
-    return os.environ.get("INGOT_TEST_KERNEL_CACHE") or str(Path(tmp_path_factory.getbasetemp()) / "kernel-cache")
+    ``kernel-cache`` under the session's base temporary directory (with pytest-xdist the root its workers share:
+    a kernel one worker builds the others wait for, ``compile.entry_lock``). Whole-model compiles use it (their
+    kernels are the same whichever module compiles them), and tests/conftest.py makes it every test's default."""
+    base = Path(tmp_path_factory.getbasetemp())
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: each worker has its own basetemp under one shared root
+        base = base.parent
+    return os.environ.get("INGOT_TEST_KERNEL_CACHE") or str(base / "kernel-cache")

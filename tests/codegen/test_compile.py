@@ -92,6 +92,46 @@ def test_cache_hit_and_key():
     assert other.key != first.key
 
 
+def test_entry_lock_makes_a_second_builder_wait(tmp_path):
+    """``entry_lock`` is exclusive between open files (as between processes): a second holder waits for the first."""
+    import threading
+
+    entry = tmp_path / "ab" / "key.cubin"
+    acquired = threading.Event()
+
+    def second() -> None:
+        with cc.entry_lock(entry):
+            acquired.set()
+
+    with cc.entry_lock(entry):
+        t = threading.Thread(target=second)
+        t.start()
+        assert not acquired.wait(0.5), "the second holder got the lock while the first held it"
+    assert acquired.wait(10), "the second holder never got the lock after the first released it"
+    t.join()
+    assert (tmp_path / "ab" / "key.cubin.lock").is_file() and not entry.exists()
+
+
+@needs_compiler
+def test_concurrent_compiles_of_one_kernel_build_it_once(tmp_path):
+    """Two processes compiling the same (new) source at once into one cache: one builds, the other waits for the
+    entry lock and reads the cache (pytest-xdist workers and parallel ``ingot compile`` runs share caches)."""
+    import os
+    import secrets
+
+    source = f'// {secrets.token_hex(8)}\nextern "C" __global__ void k(float* p) {{ p[threadIdx.x] *= 2.0f; }}\n'
+    (tmp_path / "k.cu").write_text(source)
+    script = ("import sys; from pathlib import Path; from ingot.codegen import compile as cc; "
+              "k = cc.compile_source(Path(sys.argv[1]).read_text(), 'sm_90a'); "
+              "print('cached' if k.cached else 'built')")
+    env = {**os.environ, "INGOT_CACHE_DIR": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "k.cu")], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in results]
+    assert sorted(out.strip() for out, _ in results) == ["built", "cached"]
+
+
 @needs_compiler
 def test_compile_error_carries_the_log():
     with pytest.raises(cc.CompileError, match="undefined_thing"):

@@ -25,6 +25,7 @@ spec has ``HAS_RESIDUAL``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import os
@@ -40,6 +41,7 @@ from ...compile import (
     cache_dir,
     compile_source,
     cutlass_include_dirs,
+    entry_lock,
     key_options,
     nvcc_path,
     nvcc_version,
@@ -93,6 +95,14 @@ def build_shim(spec: KernelSpec, use_cache: bool = True) -> Path:
     nvcc = nvcc_path()
     if nvcc is None:
         raise CompileError("nvcc not found: install a CUDA toolkit or pip install nvidia-cuda-nvcc")
+    with entry_lock(path) if use_cache else contextlib.nullcontext():
+        if use_cache and path.is_file():  # built by another process while this one waited
+            return path
+        _build_shim(spec, source, opts, nvcc, path)
+    return path
+
+
+def _build_shim(spec: KernelSpec, source: str, opts: tuple[str, ...], nvcc: str, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with _jobs(), tempfile.TemporaryDirectory(prefix="ingot-shim-") as tmp:
         src = Path(tmp) / f"{spec.entry}.cu"
@@ -106,4 +116,3 @@ def build_shim(spec: KernelSpec, use_cache: bool = True) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(out.read_bytes())
         os.replace(tmp_path, path)
-    return path

@@ -34,6 +34,7 @@ dimension in its values; never compiled), and what is compiled for a shaped spec
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -54,6 +55,7 @@ from ...compile import (
     CompileError,
     cache_dir,
     compile_source,
+    entry_lock,
     key_options,
     nvcc_path,
     nvcc_version,
@@ -420,12 +422,15 @@ def params_layout(spec: KernelSpec, use_cache: bool = True) -> dict[str, Any]:
     path = cache_dir() / key[:2] / f"{key}.layout.json"
     if use_cache and path.is_file():
         return json.loads(path.read_text())
-    layout = derive_layout(spec, _probe(spec))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(layout, f)
-    os.replace(tmp, path)
+    with entry_lock(path) if use_cache else contextlib.nullcontext():
+        if use_cache and path.is_file():  # probed by another process while this one waited
+            return json.loads(path.read_text())
+        layout = derive_layout(spec, _probe(spec))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(layout, f)
+        os.replace(tmp, path)
     return layout
 
 
