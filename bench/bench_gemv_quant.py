@@ -17,6 +17,8 @@
     python bench/bench_gemv_quant.py --formats fp8-w8a8 --pair --m 8 16 32 64 128 256
                                                            # also W8A8's prefill pair (the activation quantizer +
                                                            # the FP8 CUTLASS GEMM, codegen/quant_prefill.py)
+    python bench/bench_gemv_quant.py --formats fp8-w8a16 nvfp4-w4a16 --pair --m 64 128 256
+                                                           # also weight-only's pair (dequantize + bf16 GEMM)
 
 Formats: ``fp8-w8a16`` (FP8 weights, per-channel scales, bf16 activations), ``fp8-w8a8`` (plus per-token
 dynamic FP8 activations, quantized inside the kernel), ``nvfp4-w4a16`` (NVFP4 weights, bf16 activations).
@@ -36,10 +38,12 @@ rule's configuration has row groups (warps sharing a CTA's rows, each a part of 
 gives without them (``INGOT_GEMV_KW=0``) in the same run; ``--sweep-kw`` adds other row-group shapes
 (``<format>-w<warps> t<tiles> u<stage> sk<split> kw<kw>``). Every row records its ``config`` and ``kw``.
 M above the largest bucket (64) times the any-M launch (``-any``: 64-token chunks, the weight read once per chunk),
-what a W8A8 step of up to 256 rows runs. ``--pair`` adds a ``fp8-w8a8-pair`` row beside ``fp8-w8a8``: the
-activation quantizer (``quant_act/fp8.cu``) then the shape-generic FP8 CUTLASS GEMM (``cutlass_params``, Params built
-in Python, prepared once per weight copy as the CUDA backend does), both launches in the timed graph; its reference,
-``torch._scaled_mm``, is given x already quantized.
+what a W8A8 step of up to 256 rows runs. ``--pair`` adds a ``<format>-pair`` row beside each format: the prefill
+pair of ``codegen/quant_prefill.py``, both launches in the timed graph, the shape-generic CUTLASS GEMM's Params
+built in Python and prepared once per weight copy as the CUDA backend does. W8A8: the activation quantizer
+(``quant_act/fp8.cu``) then the FP8 CUTLASS GEMM (its reference, ``torch._scaled_mm``, is given x already
+quantized); weight-only FP8 / NVFP4: the dequantize launch (``dequant/kernel.cu``, the weight as bf16 into a scratch)
+then the bf16 CUTLASS GEMM with the column scale in its epilogue.
 """
 
 from __future__ import annotations
@@ -120,45 +124,87 @@ class SpecKernel:
             fill(self.module, self.spec, *self.tma_region)
 
 
-class W8A8Pair:
-    """W8A8's prefill pair for one shape and row count, launched like ``SpecKernel`` (the quantized GEMV's argument
-    names): the activation quantizer into its own x_fp8 / x_scale buffers, then the FP8 CUTLASS GEMM on them."""
+class CutlassPair:
+    """A prefill pair for one shape and row count, launched like ``SpecKernel`` (the quantized GEMV's argument names):
+    a first launch into its own scratch buffers (``first``), then a shape-generic CUTLASS GEMM (``kind``) on them,
+    built and launched as the CUDA backend does (the layout's Params blob, prepared once per weight copy)."""
 
-    def __init__(self, n: int, k: int, m: int, tgt) -> None:
+    def __init__(self, kind: str, n: int, k: int, m: int, tgt) -> None:
         import torch
 
         from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
-        from ingot.codegen.kernels.quant_act.rule import fp8_quantizer_spec
 
         cu = _cu()
         self.n, self.k, self.m = n, k, m
-        self.quantizer = SpecKernel(fp8_quantizer_spec(k, tgt, False))
-        self.gemm = cp.generic_linear_spec("fp8", tgt, config=cp.shape_config("fp8", n, k, tgt))
+        self.gemm = cp.generic_linear_spec(kind, tgt, config=cp.shape_config(kind, n, k, tgt))
         built, self.layout = cp.build_linear(self.gemm)
         self.module = check(cu.cuModuleLoadData(built.cubin))
         self.fn = check(cu.cuModuleGetFunction(self.module, self.gemm.entry.encode()))
         attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         check(cu.cuFuncSetAttribute(self.fn, attr, int(self.layout["smem"])))
-        self.x8 = torch.empty(m, k, device="cuda", dtype=torch.uint8)
-        self.xs = torch.empty(m, device="cuda", dtype=torch.float32)
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
         self.prepared: dict[tuple[int, int, int], object] = {}
+
+    def first(self, args: dict) -> dict:
+        """Launch the first kernel; the GEMM's pointers it leaves (x, weight, x_scale, weight_scale)."""
+        raise NotImplementedError
 
     def launch(self, pdl: bool = False, **args) -> None:
         import torch
 
         from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
 
-        # plain launches, as the runtime's (the quantizer has no PDL prologue; the CUTLASS GEMM none either)
-        self.quantizer.launch(x=args["x"], input_scale=None, x_fp8=self.x8, x_scale=self.xs, M=self.m)
+        # plain launches, as the runtime's (neither first launch has a PDL prologue; the CUTLASS GEMM none either)
+        ptrs = self.first(args)
         stream = torch.cuda.current_stream().cuda_stream
         key = (args["weight"].data_ptr(), args["out"].data_ptr(), stream)
         if key not in self.prepared:
-            ptrs = {"x": self.x8.data_ptr(), "weight": args["weight"].data_ptr(), "x_scale": self.xs.data_ptr(),
-                    "weight_scale": args["weight_scale"].data_ptr(), "out": args["out"].data_ptr()}
-            blob, config = cp.build_params(self.layout, ptrs, self.m, self.n, self.k, self.sms)
+            blob, config = cp.build_params(self.layout, {**ptrs, "out": args["out"].data_ptr()}, self.m, self.n,
+                                           self.k, self.sms)
             self.prepared[key] = cp.PreparedLaunch(blob, config, stream)
         self.prepared[key](self.fn)
+
+
+class W8A8Pair(CutlassPair):
+    """W8A8's prefill pair: the activation quantizer into its own x_fp8 / x_scale buffers, then the FP8 CUTLASS GEMM
+    on them with the weight's per-channel scale."""
+
+    def __init__(self, n: int, k: int, m: int, tgt) -> None:
+        import torch
+
+        from ingot.codegen.kernels.quant_act.rule import fp8_quantizer_spec
+
+        super().__init__("fp8", n, k, m, tgt)
+        self.quantizer = SpecKernel(fp8_quantizer_spec(k, tgt, False))
+        self.x8 = torch.empty(m, k, device="cuda", dtype=torch.uint8)
+        self.xs = torch.empty(m, device="cuda", dtype=torch.float32)
+
+    def first(self, args: dict) -> dict:
+        self.quantizer.launch(x=args["x"], input_scale=None, x_fp8=self.x8, x_scale=self.xs, M=self.m)
+        return {"x": self.x8.data_ptr(), "weight": args["weight"].data_ptr(), "x_scale": self.xs.data_ptr(),
+                "weight_scale": args["weight_scale"].data_ptr()}
+
+
+class WeightOnlyPair(CutlassPair):
+    """Weight-only FP8 / NVFP4's prefill pair (``codegen/quant_prefill.py``): the dequantize launch into a bf16 [N, K]
+    scratch (NVFP4: and its f32 [N] column scale), then the bf16 CUTLASS GEMM with that column scale."""
+
+    def __init__(self, wfmt: str, n: int, k: int, m: int, tgt) -> None:
+        import torch
+
+        from ingot.codegen.kernels.dequant.rule import dequant_spec
+
+        super().__init__("bf16", n, k, m, tgt)
+        self.wfmt = wfmt
+        self.dequant = SpecKernel(dequant_spec(wfmt, n, k, tgt))
+        self.scratch = torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
+        self.scale = torch.empty(n, device="cuda", dtype=torch.float32) if wfmt != "fp8" else None
+
+    def first(self, args: dict) -> dict:
+        self.dequant.launch(weight=args["weight"], weight_scale=args["weight_scale"],
+                            weight_scale_2=args["weight_scale_2"], out=self.scratch, out_scale=self.scale, M=self.m)
+        scale = args["weight_scale"] if self.scale is None else self.scale
+        return {"x": args["x"].data_ptr(), "weight": self.scratch.data_ptr(), "weight_scale": scale.data_ptr()}
 
 
 def make_weights(fmt: str, n: int, k: int, copies: int, gen):
@@ -330,7 +376,7 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
                 todo = [(label if cname == "default" else f"{label}-{cname}", cname, cfg.kwarps,
                          quant_gemv_spec(n, k, mb, tgt, wfmt, act, "token", config=cfg))
                         for cname, cfg in configs(n, k, mb, wfmt, act, sweep_kw)]
-            if pair and label == "fp8-w8a8":
+            if pair:
                 todo.append((f"{label}-pair", "pair", 1, None))
             if bulk and label == "fp8-w8a16":
                 from ingot.codegen.kernels.gemv.bulk_rule import bulk_quant_spec
@@ -349,7 +395,10 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
                     kspec = gemv_spec(n, k, mb, tgt, wb=KERNEL_WB[label])
                     todo.append((label + "-kernel", "kernel", kspec.value("KW"), kspec))
             for variant, cname, kw, spec in todo:
-                kern = SpecKernel(spec) if spec is not None else W8A8Pair(n, k, m, tgt)
+                if spec is not None:
+                    kern = SpecKernel(spec)
+                else:
+                    kern = W8A8Pair(n, k, m, tgt) if act == "fp8" else WeightOnlyPair(wfmt, n, k, m, tgt)
                 if spec is None:
                     spec = kern.gemm
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -415,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --kernel: kernel.cu's variants over warps / stage / split-K / cluster configurations "
                          "(KERNEL_SWEEP_SHAPES x KERNEL_SWEEP_SPLITS) instead of the rule's alone")
     ap.add_argument("--pair", action="store_true",
-                    help="with fp8-w8a8: also the prefill pair (activation quantizer + FP8 CUTLASS GEMM), -pair rows")
+                    help="also the prefill pair (W8A8: activation quantizer + FP8 CUTLASS GEMM; weight-only: "
+                         "dequantize + bf16 CUTLASS GEMM), -pair rows")
     ap.add_argument("--dry-run", action="store_true",
                     help="print and compile each configuration that would be timed (no GPU, no torch), then exit")
     a = ap.parse_args(argv)

@@ -116,15 +116,32 @@ GEMV_MAX_ROWS = DECODE_MAX_ROWS
 #: FP8 tensor cores")
 W8A8_ENV = "INGOT_W8A8_GEMM_ROWS"
 W8A8_GEMM_ROWS = 16
+#: weight-only FP8 / NVFP4: steps of more rows than this run the dequantize + bf16 GEMM pair, smaller ones the
+#: quantized GEMV's variants up to it (``GEMV_MAX_ROWS``: the any-M launch too, the default before 2026-12-03);
+#: ``INGOT_WO_GEMM_ROWS`` at compile time (0: the pair at every row count). 64, the largest bucket: measured on the H200
+#: (bench_gemv_quant.py --pair, docs/PERF.md "Weight-only steps of 65-256 rows") the any-M GEMV ran the 1B model's
+#: linears at 0.08-0.62 TB/s of weight bytes at 128 and 256 rows, 0.2-0.5x cuBLAS bf16 on the same shapes
+WO_ENV = "INGOT_WO_GEMM_ROWS"
+WO_GEMM_ROWS = 64
+
+
+def _gemv_rows(env: str, default: int) -> int:
+    from .kernels.gemv.rule import BUCKETS
+    from .switches import env_choice
+
+    choices = {"": default, **{str(r): r for r in (0, *BUCKETS, GEMV_MAX_ROWS)}}
+    return env_choice(env, choices, f"one of {sorted(set(choices.values()))}")
 
 
 def w8a8_gemm_rows() -> int:
     """The W8A8 GEMV's largest step (``W8A8_ENV``; unset: ``W8A8_GEMM_ROWS``): 0, a GEMV bucket, or GEMV_MAX_ROWS."""
-    from .kernels.gemv.rule import BUCKETS
-    from .switches import env_choice
+    return _gemv_rows(W8A8_ENV, W8A8_GEMM_ROWS)
 
-    choices = {"": W8A8_GEMM_ROWS, **{str(r): r for r in (0, *BUCKETS, GEMV_MAX_ROWS)}}
-    return env_choice(W8A8_ENV, choices, f"one of {sorted(set(choices.values()))}")
+
+def wo_gemm_rows() -> int:
+    """The weight-only quantized GEMV's largest step (``WO_ENV``; unset: ``WO_GEMM_ROWS``): 0, a GEMV bucket, or
+    GEMV_MAX_ROWS (the any-M launch's steps too)."""
+    return _gemv_rows(WO_ENV, WO_GEMM_ROWS)
 
 
 def enabled() -> bool:
@@ -203,8 +220,9 @@ def plan(graph: Graph, launches: Sequence[Launch], target: Target, gemv: bool = 
         variants = quant_variants(node.op, types, target) if gemv and (shape is not None or w8a8) else []
         if variants and spec is not None and dict(spec.values).get("ANY_M", False):
             variants.append((GEMV_MAX_ROWS, spec))  # the node's own any-M GEMV, now the largest variant
-        if w8a8:  # the W8A8 GEMV keeps the steps of up to W8A8_GEMM_ROWS rows (a static count too), the pair the rest
-            variants = [(mr, v) for mr, v in variants if mr <= w8a8_gemm_rows()]
+        if variants:  # the GEMV keeps the steps of up to W8A8_GEMM_ROWS / WO_GEMM_ROWS rows (a static count too)
+            most = w8a8_gemm_rows() if w8a8 else wo_gemm_rows()
+            variants = [(mr, v) for mr, v in variants if mr <= most]
         if ((shape is None and not w8a8) or spec is None or len(per_node[i]) != 1 or rows is None
                 or (variants and isinstance(rows, int) and rows <= variants[-1][0])):
             taken.append((i, node, spec, args))

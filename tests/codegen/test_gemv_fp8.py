@@ -634,7 +634,7 @@ def test_lowering_fuses_into_the_quantized_gemm_launch(lowered):
     assert len(dequants) == 8 and gemms == [j + 1 for j in dequants]
     for j in gemms:
         ln, dq = launches[j], launches[j - 1]
-        assert dq["skip"] == {"max_rows": quant_prefill.GEMV_MAX_ROWS, "into": j} and dq["node"] == ln["node"]
+        assert dq["skip"] == {"max_rows": quant_prefill.WO_GEMM_ROWS, "into": j} and dq["node"] == ln["node"]
         assert ln["args"]["weight"]["buffer"].endswith(quant_prefill.WEIGHT_SUFFIX)  # the GEMM reads the scratch
         assert ln["args"]["weight"] == dq["args"]["out"]
         _check_weight_args(fmt, dq["args"], base_args[ln["node"]])  # the dequantize reads the node's operands
@@ -644,20 +644,16 @@ def test_lowering_fuses_into_the_quantized_gemm_launch(lowered):
         else:  # FP8's per-channel scale as it is
             assert ln["args"]["weight_scale"] == dq["args"]["weight_scale"]
             assert dq["args"]["out_scale"] == {"null": True}
-        assert [v["max_rows"] for v in ln["variants"]] == [*BUCKETS, quant_prefill.GEMV_MAX_ROWS]
+        # the buckets only: steps past them take the pair (WO_GEMM_ROWS, not the any-M GEMV)
+        assert [v["max_rows"] for v in ln["variants"]] == [*BUCKETS] and BUCKETS[-1] == quant_prefill.WO_GEMM_ROWS
         assert all("args" in v for v in ln["variants"])
-        *buckets, any_m = ln["variants"]
-        for v in buckets:
+        for v in ln["variants"]:
             spec = _spec(cuda, v["kernel"])
             assert v["kernel"].startswith(fmt.variant) and spec["template"] == "kernel.cu"
             assert spec["values"]["WB"] == fmt.wb and {p for p, _ in spec["params"]} == set(v["args"])
             _check_weight_args(fmt, v["args"], base_args[ln["node"]])
             if not spec["values"]["PROLOGUE"] and not spec["values"]["ROPE"]:  # unfused: the quantized arguments
                 assert v["args"] == base_args[ln["node"]], v["kernel"]
-        spec = _spec(cuda, any_m["kernel"])
-        assert any_m["kernel"].startswith(fmt.any_m) and "_any_" in any_m["kernel"]
-        assert spec["template"] == "quant.cu" and spec["values"]["ANY_M"]
-        assert any_m["args"] == base_args[ln["node"]]
     _check_fusion(fmt, cuda, base_args)
     _check_memory_plan(path, cuda)
     # the quantized graph still runs on the CPU backend
@@ -699,8 +695,7 @@ def test_executor_runs_the_fused_variant_in_small_steps(lowered, monkeypatch):
     """The first layer's norm, dequantize, qkv GEMM and rope launches on the executor's ``Launch`` objects (built as
     ``CudaExecutor`` builds them; the driver's launch recorded, no GPU): up to 8 rows only the fused kernel.cu variant
     runs, with the norm's input, the norm weight and the quantized weight (and its scales); up to 64 the norm, the
-    plain kernel.cu bucket and the rope launch; up to 256 the any-M GEMV; above, the dequantize kernel and the
-    GEMM."""
+    plain kernel.cu bucket and the rope launch; above (``WO_GEMM_ROWS``), the dequantize kernel and the GEMM."""
     from ingot.codegen.kernel import KernelSpec
     from ingot.runtime import cuda_driver
     from ingot.runtime import cuda_launch as cl
@@ -744,9 +739,9 @@ def test_executor_runs_the_fused_variant_in_small_steps(lowered, monkeypatch):
             assert ("null" in scale_2) == (fmt.name == "fp8")
             assert own.values[names.index("weight_scale_2")].value == \
                 (0 if "null" in scale_2 else address(scale_2["buffer"]))
-        elif t <= quant_prefill.GEMV_MAX_ROWS:
+        elif t <= quant_prefill.WO_GEMM_ROWS:
             bucket = next(v for v in gemm["variants"] if t <= v["max_rows"])
             assert ran == [norm["kernel"], bucket["kernel"], rope["kernel"]], (t, ran)
-            assert bucket["kernel"].startswith(fmt.variant if t <= 64 else fmt.any_m)
+            assert bucket["kernel"].startswith(fmt.variant)
         else:
             assert ran == [norm["kernel"], dq["kernel"], gemm["kernel"], rope["kernel"]], (t, ran)

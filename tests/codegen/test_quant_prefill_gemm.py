@@ -97,8 +97,16 @@ def _compile(ckpt: Path, target: str, case: str | dict, out: Path, monkeypatch, 
     return path, _manifest(path)
 
 
+def _gemv_variants() -> list[int]:
+    """The weight-only GEMM launch's variants' max rows at this test's ``INGOT_WO_GEMM_ROWS``: the GEMV buckets up to
+    the boundary (64 by default), then the any-M GEMV where it is GEMV_MAX_ROWS."""
+    rows = quant_prefill.wo_gemm_rows()
+    return [b for b in (8, 16, 32, 64) if b <= rows] + ([rows] if rows == quant_prefill.GEMV_MAX_ROWS else [])
+
+
 def _check_pairs(path: Path, cuda: dict, fmt: str, cutlass: bool, target: str) -> None:
     launches = cuda["launches"]
+    variants = _gemv_variants()
     qls = [(j, ln) for j, ln in enumerate(launches) if ln["op"] == "quantized_linear"]
     assert len(qls) == 16  # 2 layers x (qkv, o_proj, gate_up, down) x (dequantize, GEMM)
     seen = set()
@@ -112,7 +120,7 @@ def _check_pairs(path: Path, cuda: dict, fmt: str, cutlass: bool, target: str) -
         assert spec["family"] == "dequant" and spec["values"] == {"N": n, "K": k, "WFMT": {"fp8": 0, "nvfp4": 1}[fmt],
                                                                  "THREADS": 256}
         assert [p for p, _ in spec["params"]] == [p for p, _ in PARAMS]
-        assert dq["skip"] == {"max_rows": quant_prefill.GEMV_MAX_ROWS, "into": jg} and dq["rows_arg"] == "M"
+        assert dq["skip"] == {"max_rows": variants[-1], "into": jg} and dq["rows_arg"] == "M"
         assert "variants" not in dq
         scratch = f"{out}{quant_prefill.WEIGHT_SUFFIX}"
         assert dq["args"]["out"] == gemm["args"]["weight"] == {"buffer": scratch}
@@ -141,8 +149,8 @@ def _check_pairs(path: Path, cuda: dict, fmt: str, cutlass: bool, target: str) -
             assert dq["args"]["weight_scale_2"]["buffer"].endswith(".weight_scale_2")
         assert ("buffer" in gemm["args"]["residual"]) == residual and gemm["args"]["bias"] == {"null": True}
         # its variants: the quantized GEMV buckets, with the node's own (quantized) arguments
-        assert [v["max_rows"] for v in gemm["variants"]] == [8, 16, 32, 64, quant_prefill.GEMV_MAX_ROWS]
-        for v in gemm["variants"]:  # the buckets, then the any-M GEMV the launch had without this step
+        assert [v["max_rows"] for v in gemm["variants"]] == variants
+        for v in gemm["variants"]:  # the buckets (then the any-M GEMV the launch had without this step, at 256)
             vspec = cuda["variant_kernels"][v["kernel"]]["spec"]
             any_m = v["max_rows"] == quant_prefill.GEMV_MAX_ROWS
             assert vspec["template"] == "quant.cu" and vspec["values"]["ANY_M"] == any_m
@@ -211,6 +219,35 @@ def test_weight_only_linears_lower_to_dequantize_and_gemm_for_h200(ckpt, tmp_pat
     assert logits.shape == (1, 260) and np.isfinite(logits).all()
 
 
+@pytest.mark.parametrize("rows,variants", [("256", [8, 16, 32, 64, 256]), ("16", [8, 16]), ("0", [])])
+def test_wo_gemm_rows_moves_the_boundary(ckpt, tmp_path, monkeypatch, fake_cutlass, rows, variants):
+    """``INGOT_WO_GEMM_ROWS``: the weight-only GEMV keeps the steps up to that many rows (256: its any-M launch too,
+    the default before 2026-12-03), the dequantize + GEMM pair the rest (0: every step)."""
+    monkeypatch.setenv(quant_prefill.WO_ENV, rows)
+    assert _gemv_variants() == variants
+    path, manifest = _compile(ckpt, "h200", "nvfp4", tmp_path / "x.ingot", monkeypatch)
+    cuda = manifest["cuda"]
+    gemms = [ln for ln in cuda["launches"] if ln["op"] == "quantized_linear" and ln["kernel"].startswith("linear")]
+    assert len(gemms) == 8
+    for ln in gemms:
+        assert [v["max_rows"] for v in ln.get("variants", [])] == variants
+    dequants = [ln for ln in cuda["launches"] if ln["kernel"].startswith("dequant_")]
+    assert [("skip" in ln) for ln in dequants] == [bool(variants)] * 8
+    if rows == "0":
+        return
+    _check_pairs(path, cuda, "nvfp4", cutlass=True, target="h200")
+
+
+def test_wo_gemm_rows_names_what_it_takes(monkeypatch):
+    monkeypatch.delenv(quant_prefill.WO_ENV, raising=False)
+    assert quant_prefill.wo_gemm_rows() == quant_prefill.WO_GEMM_ROWS == 64
+    monkeypatch.setenv(quant_prefill.WO_ENV, " 256 ")
+    assert quant_prefill.wo_gemm_rows() == quant_prefill.GEMV_MAX_ROWS
+    monkeypatch.setenv(quant_prefill.WO_ENV, "100")
+    with pytest.raises(ValueError, match="INGOT_WO_GEMM_ROWS='100': expected one of"):
+        quant_prefill.wo_gemm_rows()
+
+
 def test_template_gemm_without_cutlass(ckpt, tmp_path, monkeypatch):
     """Without CUTLASS (``INGOT_NO_CUTLASS=1`` or no nvcc) the GEMM is the template GEMM, as for a bf16 linear."""
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
@@ -243,13 +280,11 @@ def test_nvfp4_wo_for_b200(ckpt, tmp_path, monkeypatch, fake_cutlass):
     monkeypatch.delenv("INGOT_GEMV_NVFP4")  # the default: kernel.cu's decode buckets
     _, manifest = _compile(ckpt, "b200", "nvfp4:wo", tmp_path / "b200-kernel.ingot", monkeypatch)
     for ln in (ln for ln in manifest["cuda"]["launches"] if "variants" in ln and ln["op"] == "quantized_linear"):
-        *buckets, any_m = ln["variants"]
-        assert [v["max_rows"] for v in buckets] == [8, 16, 32, 64]
-        for v in buckets:
+        assert [v["max_rows"] for v in ln["variants"]] == [8, 16, 32, 64]
+        for v in ln["variants"]:
             spec = manifest["cuda"]["variant_kernels"][v["kernel"]]["spec"]
             assert v["kernel"].startswith("gemv_nvfp4w_") and spec["template"] == "kernel.cu", v["kernel"]
             assert spec["values"]["WB"] == 0 and spec["arch"] == "sm_100a"
-        assert any_m["kernel"].startswith("gemv_nvfp4_a16_") and "_any_" in any_m["kernel"]
 
 
 def test_switch_off_and_fp8_activations_keep_the_gemv(ckpt, tmp_path, monkeypatch):
@@ -391,16 +426,19 @@ def test_cutlass_tuning_shape_of_a_quantized_linear():
         assert cp.kernel_spec(shaped) == generic
 
 
-def test_executor_launches_pick_per_step(ckpt, tmp_path, monkeypatch):
+@pytest.mark.parametrize("any_m", [False, True])
+def test_executor_launches_pick_per_step(ckpt, tmp_path, monkeypatch, any_m):
     """The kernel table runs on the executor's launches unchanged (``runtime/cuda_launch.Launch``, built as
-    ``CudaExecutor`` builds them; the driver's launch recorded, no GPU): up to 256 rows the dequantize launch is
-    skipped and the GEMM launch runs the quantized GEMV (a bucket up to 64 rows, the any-M launch up to 256) with the
-    quantized weight's pointers; above, the dequantize kernel writes the scratch and the GEMM reads it."""
+    ``CudaExecutor`` builds them; the driver's launch recorded, no GPU): up to 64 rows (``any_m``,
+    ``INGOT_WO_GEMM_ROWS=256``: 256) the dequantize launch is skipped and the GEMM launch runs the quantized GEMV (a
+    bucket up to 64 rows, the any-M launch up to 256) with the quantized weight's pointers; above, the dequantize
+    kernel writes the scratch and the GEMM reads it."""
     from ingot.codegen.kernel import KernelSpec
     from ingot.runtime import cuda_driver
     from ingot.runtime import cuda_launch as cl
 
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
+    monkeypatch.setenv(quant_prefill.WO_ENV, "256" if any_m else "")
     _, manifest = _compile(ckpt, "h200", "fp8-wo", tmp_path / "x.ingot", monkeypatch)
     cuda = manifest["cuda"]
     buffers = cuda["memory_plan"]["buffers"]
@@ -419,11 +457,13 @@ def test_executor_launches_pick_per_step(ckpt, tmp_path, monkeypatch):
     gemm = cl.Launch(gemm_ln["kernel"], specs[gemm_ln["kernel"]], gemm_ln["args"], address, "gemm", variants)
     scratch, weight = address(gemm_ln["args"]["weight"]["buffer"]), address(dq_ln["args"]["weight"]["buffer"])
     assert scratch >= base["scratch"] and weight < base["io"]
+    most = variants[-1][0]
+    assert most == (quant_prefill.GEMV_MAX_ROWS if any_m else 64)
     for t in (1, 8, 9, 17, 64, 65, 256, 257, 310, 2048):
         calls.clear()
         dq.enqueue({"T": t}, None)  # type: ignore[arg-type]
         gemm.enqueue({"T": t}, None)  # type: ignore[arg-type]
-        if t <= quant_prefill.GEMV_MAX_ROWS:
+        if t <= most:
             bucket = next(v for v in variants if t <= v[0])
             assert bool(dict(bucket[2].values)["ANY_M"]) == (t > 64), bucket[1]
             assert [c[0] for c in calls] == [bucket[1]], t
@@ -436,7 +476,7 @@ def test_executor_launches_pick_per_step(ckpt, tmp_path, monkeypatch):
             dnames, gnames = [p.name for p in dq.spec.params], [p.name for p in gemm.spec.params]
             assert dq.values[dnames.index("out")].value == scratch == gemm.values[gnames.index("weight")].value
             assert calls[1][1] == gemm.params_addr and gemm.values[gnames.index("M")].value == t
-    assert dq.skips == 7 and gemm.variant_launches == 7
+    assert (dq.skips, gemm.variant_launches) == ((7, 7) if any_m else (5, 5))
 
 
 @pytest.mark.parametrize("target,case", [("h200", "fp8"), ("h200", "fp8-static"), ("b200", "fp8")])

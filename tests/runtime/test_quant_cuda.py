@@ -93,7 +93,7 @@ def test_quantized_artifact_matches_cpu(gpu_target, ckpt, tmp_path, case):
         assert kernels and all(k.startswith(("quant_act_nvfp4_", "linear_cutlass_nvfp4")) for k in kernels)
     else:
         # weight-only: long steps dequantize + bf16 GEMM (codegen/quant_prefill.py, on by default), steps of at
-        # most GEMV_MAX_ROWS rows run the quantized GEMV variants of the GEMM launch (the dequantize is skipped)
+        # most WO_GEMM_ROWS (64) rows run the quantized GEMV variants of the GEMM launch (the dequantize is skipped)
         variants = {v["kernel"] for ln in launches for v in ln.get("variants", [])}
         # (W8A8: the activation quantizer + the FP8 CUTLASS GEMM, where CUTLASS is installed)
         assert kernels and all(k.startswith(("dequant_", "quant_act_fp8_", "linear_", "gemv_")) for k in kernels), \

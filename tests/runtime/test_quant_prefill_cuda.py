@@ -6,10 +6,10 @@ b200's default NVFP4 is W4A4: its weight-only form, ``nvfp4:wo``, lowers there a
 its GEMMs the CUTLASS ones where nvcc and CUTLASS are installed and the
 template GEMM (``INGOT_NO_CUTLASS=1``); and W8A8 FP8 (per token, and with static activation scales), whose pair is
 the activation quantizer + the FP8 CUTLASS GEMM (no template form: without CUTLASS it keeps the GEMV). Steps with more
-rows than ``GEMV_MAX_ROWS`` (310 rows: the pair's first launch, then the GEMM) and with fewer (68 rows: the any-M GEMV
-variant; 17 rows, exactly 64 rows, decode: the GEMV buckets; the first launch skipped in all of them), as plain
-launches and with CUDA graphs for the decode steps. W8A8 hands every step of more than 16 rows to its pair
-(``W8A8_GEMM_ROWS``: 310, 17, 64 and 68 rows here), the decode steps keep the GEMV.
+rows than ``WO_GEMM_ROWS`` (64: 310 and 68 rows, the pair's first launch, then the GEMM) and with fewer (17 rows,
+exactly 64 rows, decode: the GEMV buckets; the first launch skipped in all of them), as plain launches and with CUDA
+graphs for the decode steps. W8A8 hands every step of more than 16 rows to its pair (``W8A8_GEMM_ROWS``: 310, 17, 64
+and 68 rows here), the decode steps keep the GEMV.
 
 Tolerance: weight-only, the same as the GEMV artifacts' weight-only bound in ``tests/runtime/test_quant_cuda.py``
 (twice the bf16 rtol, relative to each step's largest logit). The prefill path computes the same products: the
@@ -54,7 +54,7 @@ def _steps() -> list[list[tuple[int, list[int]]]]:
         [(0, p[0]), (1, p[1][:10])],  # 310 rows: dequantize + GEMM
         [(1, p[1][10:]), (0, [7]), (2, p[2])],  # 17 rows: the GEMV's 32-row bucket
         [(3, p[3][:64])],  # exactly the largest bucket: still the GEMV
-        [(3, p[3][64:]), (0, [11]), (1, [12]), (2, [13])],  # 68 rows: past the buckets, the any-M GEMV variant
+        [(3, p[3][64:]), (0, [11]), (1, [12]), (2, [13])],  # 68 rows: past the buckets, the pair (weight-only too)
         [(0, [14]), (1, [15]), (2, [16]), (3, [17])],  # decode (a CUDA graph with graphs on)
         [(2, [18])],
     ]
@@ -84,7 +84,7 @@ def test_prefill_gemm_artifact_matches_cpu(gpu_target, ckpt, tmp_path, monkeypat
     launches = manifest["cuda"]["launches"]
     first = "quant_act_fp8_" if case in W8A8 else "dequant_"  # the pair's first launch
     # the largest step the GEMV keeps: W8A8 hands steps of more than 16 rows to the FP8 GEMM
-    gemv_rows = quant_prefill.W8A8_GEMM_ROWS if case in W8A8 else quant_prefill.GEMV_MAX_ROWS
+    gemv_rows = quant_prefill.W8A8_GEMM_ROWS if case in W8A8 else quant_prefill.WO_GEMM_ROWS
     dequant = [j for j, ln in enumerate(launches) if ln["kernel"].startswith(first)]
     assert len(dequant) == 8 and all(launches[j]["skip"]["max_rows"] == gemv_rows for j in dequant)
     gemms = [j + 1 for j in dequant]
@@ -113,7 +113,7 @@ def test_prefill_gemm_artifact_matches_cpu(gpu_target, ckpt, tmp_path, monkeypat
             assert ex.stats["graph_steps"] == 2, ex.stats
             diffs = [_rel(a, b) for a, b in zip(got, prev)]
             assert max(diffs) < tol, f"CUDA-graph replay differs from plain launches: {diffs}"
-        else:  # which kernels ran, per step: the pair above GEMV_MAX_ROWS rows, the GEMV variants up to it
+        else:  # which kernels ran, per step: the pair above gemv_rows rows, the GEMV variants up to it
             for i, feeds in enumerate(seen[:4]):
                 rows = ex.profile(feeds, repeats=1)
                 ran = {r["launch"]: r for r in rows}
