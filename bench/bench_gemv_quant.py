@@ -165,6 +165,16 @@ class CutlassPair:
         self.prepared[key](self.fn)
 
 
+class CutlassGemm(CutlassPair):
+    """The bf16 shape-generic CUTLASS GEMM alone (a bf16 ``linear``'s primary launch), as the CUDA backend runs it."""
+
+    def __init__(self, n: int, k: int, m: int, tgt) -> None:
+        super().__init__("bf16", n, k, m, tgt)
+
+    def first(self, args: dict) -> dict:
+        return {"x": args["x"].data_ptr(), "weight": args["weight"].data_ptr()}
+
+
 class W8A8Pair(CutlassPair):
     """W8A8's prefill pair: the activation quantizer into its own x_fp8 / x_scale buffers, then the FP8 CUTLASS GEMM
     on them with the weight's per-channel scale."""

@@ -7,6 +7,9 @@
     python bench/bench_skinny.py --shapes "3072,2048" --m 64 --splitk 4 --warpgroups 1 2   # 64-row tiles (label -w1)
     python bench/bench_skinny.py --fp8 --m 16 32 64    # e4m3 weights (weight-only FP8): kernel.cu's and skinny wb=1
     python bench/bench_skinny.py --nvfp4 --m 16 32     # NVFP4 weights: kernel.cu's and skinny wb=0
+    python bench/bench_skinny.py --shapes "3072,2048;2048,2048;2048,8192" --m 65 128 256
+                                                       # past 64 tokens: the any-M variant (skinny_rule.any_m_spec)
+                                                       # beside the bf16 CUTLASS GEMM the launch ran before it
     python bench/bench_skinny.py --dry-run             # no GPU: compile every kernel the run would launch
 
 Each kernel is first checked against torch's f32 product of the same bf16 operands (output poisoned with NaN before),
@@ -45,6 +48,11 @@ def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | 
     from ingot.codegen.target import get_target
 
     tgt = get_target("h200")
+    if m > BUCKETS[-1]:  # past the buckets: the rule's any-M variant (narrow matrices), and bf16's CUTLASS GEMM
+        from ingot.codegen.kernels.gemv.skinny_rule import any_m_spec
+
+        any_m = any_m_spec(n, k, tgt, wb=wb)
+        return ([("skinny-any", any_m)] if any_m is not None else []) + ([("cutlass", None)] if wb == 2 else [])
     out: list[tuple[str, object]] = [("kernel.cu", gemv_spec(n, k, next(b for b in BUCKETS if b >= m), tgt, wb=wb))]
     mb = next((b for b in SKINNY_BUCKETS if b >= m), None)
     for wg in warpgroups:
@@ -105,7 +113,16 @@ def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
         gs_t = torch.tensor([float(gs)], device="cuda", dtype=torch.float32)
     for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), wb):
         outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-        if a.fp8 or a.nvfp4:  # kernel.cu's quantized variant and the skinny wb=1 / 0 ones take the quantized
+        if spec is None:  # the bf16 CUTLASS GEMM a linear's launch runs past its variants (the runtime's build)
+            from bench_gemv_quant import CutlassGemm
+
+            from ingot.codegen.target import get_target
+
+            kern = CutlassGemm(n, k, m, get_target("h200"))
+
+            def launch(i: int, kern=kern, outs=outs) -> None:
+                kern.launch(x=x, weight=ws[i % copies], out=outs[i % copies])
+        elif a.fp8 or a.nvfp4:  # kernel.cu's quantized variant and the skinny wb=1 / 0 ones take the quantized
             # linear's inputs by name
             kern = SpecKernel(spec)
             kern.map_over(call)

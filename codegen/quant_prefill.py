@@ -92,6 +92,7 @@ from .kernels.gemm.rule import linear_spec
 from .kernels.gemm_cutlass import cutlass_params
 from .kernels.gemm_cutlass.rule import shape_config, supports
 from .kernels.gemv.quant_rule import quant_variants
+from .kernels.gemv.rule import BUCKETS
 from .kernels.quant_act.rule import FP8_MAX_K, fp8_quantizer_spec
 from .launch_list import Launch, by_node, token_rows
 from .target import Target
@@ -126,7 +127,6 @@ WO_GEMM_ROWS = 64
 
 
 def _gemv_rows(env: str, default: int) -> int:
-    from .kernels.gemv.rule import BUCKETS
     from .switches import env_choice
 
     choices = {"": default, **{str(r): r for r in (0, *BUCKETS, GEMV_MAX_ROWS)}}

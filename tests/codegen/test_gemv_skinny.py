@@ -82,7 +82,7 @@ def test_rule_persistent_on_wide_matrices_split_k_on_narrow_ones(monkeypatch):
     # streamed (its quarter of x, 256 KB, does not fit)
     narrow = {8: "kernel.cu", 16: "skinny.cu/sk4", 32: "skinny.cu/sk4", 64: "skinny.cu/sk4"}
     assert _variants(3072, 2048) == _variants(2048, 2048, residual=True) == narrow
-    assert _variants(2048, 8192, residual=True) == {**narrow, 64: "skinny.cu/sk4/xs"}
+    assert _variants(2048, 8192, residual=True) == {**narrow, 64: "skinny.cu/sk4/xs", 256: "skinny.cu/sk4/xs"}
     assert set(_variants(3072, 2112).values()) == {"kernel.cu"}  # K (33 x 64) not a multiple of 4 x 64
     assert set(_variants(16384, 2048, target=B200).values()) == {"kernel.cu"}  # wgmma: sm_90a
     # K 4096: x of 32 tokens (256 KB) does not fit whole, 16 tokens does
@@ -214,6 +214,61 @@ def test_split_k_launch():
         skinny_spec(3072, 2048, 8, H200, splitk=2, prologue=gemv.Prologue("rms_norm", 1e-5))
     with pytest.raises(ValueError, match="needs all of K in one CTA"):  # decode fusion leaves such a pair unfused
         gemv.fused_spec(skinny_spec(3072, 2048, 8, H200, splitk=2), gemv.Prologue("rms_norm", 1e-5), H200)
+
+
+def test_any_m_variant_of_narrow_long_k_matrices(monkeypatch):
+    """Narrow matrices with K >= ANY_MIN_K (the 1B model's down) take the split-K variant of bucket 64 in 64-token
+    chunks on grid.z for steps of 65-256 tokens (``any_m_spec``); K = 2048 ones (qkv, o) and wide ones (whose GEMM
+    fills the SMs) keep the GEMM there; ``INGOT_GEMV_SKINNY_ANY=0``: none. No prologue; none for e4m3 weights (their
+    bucket 64 at such K is kernel.cu's)."""
+    from ingot.codegen.kernels.gemv.skinny_rule import ANY_ENV, ANY_M_ROWS, ANY_MIN_K, any_m_on, any_m_spec
+
+    for var in (ENV, SPLITK_ENV, XS_ENV, ANY_ENV):
+        monkeypatch.delenv(var, raising=False)
+    assert any_m_on() and (ANY_M_ROWS, ANY_MIN_K) == (256, 8192)
+    narrow = {8: "kernel.cu", 16: "skinny.cu/sk4", 32: "skinny.cu/sk4", 64: "skinny.cu/sk4"}
+    assert _variants(2048, 8192, residual=True) == {**narrow, 64: "skinny.cu/sk4/xs", 256: "skinny.cu/sk4/xs"}
+    assert _variants(3072, 2048) == _variants(2048, 2048, residual=True) == narrow  # K = 2048: the GEMM's
+    assert 256 not in _variants(16384, 2048) and 256 not in _variants(128256, 2048)  # wide: the GEMM's
+    assert 256 not in _variants(2048, 8192, target=B200)
+    spec = any_m_spec(2048, 8192, H200, residual=True)
+    v = dict(spec.values)
+    assert (v["CHUNKS"], v["MB"], v["SPLITK"], v["XS"], v["HAS_RESIDUAL"]) == (True, 64, 4, True, True)
+    assert spec.grid_dims({"M": 65}) == (16, 4, 2) and spec.grid_dims({"M": 256}) == (16, 4, 4)
+    assert spec.entry.rsplit("_", 1)[0].endswith("_sk4_xs_r_any") and "any M in chunks of 64" in spec.doc
+    assert not dict(skinny_spec(2048, 8192, 64, H200, splitk=4, x_stream=True).values)["CHUNKS"]
+    # e4m3 weights: at K >= 8192 x's quarter (64 x 2048 tokens) is streamed, and that bucket 64 is kernel.cu's
+    assert any_m_spec(2048, 8192, H200, wb=1) is None and any_m_spec(1024, 8192, H200, wb=1) is None
+    monkeypatch.setenv(ANY_ENV, "0")
+    assert _variants(2048, 8192) == {**narrow, 64: "skinny.cu/sk4/xs"} and any_m_spec(2048, 8192, H200) is None
+    with pytest.raises(ValueError, match="any-M launch takes no prologue"):
+        skinny_spec(3072, 2048, 64, H200, prologue=gemv.Prologue("rms_norm", 1e-5), any_m=True)
+    monkeypatch.setenv(ANY_ENV, "yes")
+    with pytest.raises(ValueError, match="INGOT_GEMV_SKINNY_ANY='yes': expected 0 or 1"):
+        any_m_on()
+
+
+@needs_compiler
+@pytest.mark.parametrize("n,k,splitk,xs,residual,wb", [(3072, 2048, 4, False, False, 2),
+                                                       (2048, 8192, 4, True, True, 2), (2048, 2048, 4, False, True, 1)])
+def test_any_m_compiles_with_the_chunk_offsets(n, k, splitk, xs, residual, wb):
+    """The any-M build: the bucket-64 kernel with its rows offset by grid.z's chunk (ctaid.z), wgmma m64n64, no local
+    memory, the one grid-dependency wait."""
+    from ingot.codegen.compile import compile_spec
+    from ingot.codegen.sass import disassemble
+
+    spec = skinny_spec(n, k, 64, H200, splitk=splitk, x_stream=xs, bias=residual, residual=residual, wb=wb,
+                       any_m=True)
+    built = compile_spec(spec)
+    assert "%ctaid.z" in built.ptx and not re.search(r"\.local\b", built.ptx)
+    assert f"wgmma.mma_async.sync.aligned.m64n64k16.f32.{'f16.f16' if wb == 1 else 'bf16.bf16'}" in built.ptx
+    sass = disassemble(built.cubin)
+    ops = Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]*)", sass))
+    assert ops["ACQBULK"] == 1 and not any(o.startswith(("LDL", "STL")) for o in ops)
+    assert "S2R" in ops and "SR_CTAID.Z" in sass
+    plain = compile_spec(skinny_spec(n, k, 64, H200, splitk=splitk, x_stream=xs, bias=residual, residual=residual,
+                                     wb=wb))
+    assert "%ctaid.z" not in plain.ptx
 
 
 def test_bias_and_residual_in_the_epilogue():

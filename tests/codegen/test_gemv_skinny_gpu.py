@@ -82,7 +82,7 @@ def _check(gpu, spec, r: np.random.Generator, ref: np.ndarray, bias: np.ndarray 
         res = (r.standard_normal((m, n), np.float32) * 20.0).astype(BF16)
         ref = ref + bias.astype(np.float64) + res.astype(np.float64)
         epilogue = {"bias": gpu.upload(bias), "residual": gpu.upload(res)}
-    out = gpu.alloc((mb, n), BF16)
+    out = gpu.alloc((max(mb, -(-m // mb) * mb + mb), n), BF16)  # any M: whole chunks, and one more
     gpu.launch(spec, out=out, M=m, **epilogue, **args)
     full = gpu.download(out)
     assert (full[m:].view(np.uint16) == 0xFFFF).all(), f"M={m}: rows past M written"
@@ -90,6 +90,39 @@ def _check(gpu, spec, r: np.random.Generator, ref: np.ndarray, bias: np.ndarray 
     assert np.isfinite(got).all(), f"N={n} M={m} {what}: unwritten or non-finite outputs"
     err = np.abs(got - ref).max() / np.abs(ref).max()
     assert err < 1e-2, f"N={n} MB={mb} M={m} {what}: relative error {err:.2e} ({spec.doc})"
+
+
+@pytest.mark.parametrize("n,k,ms,splitk,xs,epi,wb", [
+    # the rule's any-M variants of the 1B model's qkv, o (residual) and down (x streamed, residual): 64-token chunks
+    # on grid.z, every chunk count to 4 and partial last chunks
+    (3072, 2048, (65, 128, 200), 4, False, False, 2), (2048, 2048, (1, 64, 129, 256), 4, False, True, 2),
+    (2048, 8192, (100, 256), 4, True, True, 2),
+    # a small matrix off the row tiles with 2 slices; e4m3 weights (weight-only FP8) with the residual
+    (1000, 256, (65, 190), 2, False, False, 2), (3072, 2048, (66, 256), 4, False, True, 1),
+])
+def test_any_m_matches_numpy(gpu, n, k, ms, splitk, xs, epi, wb):
+    """The any-M launch (``skinny_rule.any_m_spec``, ``CHUNKS``): the 64-token variant walking the step's tokens in
+    chunks on grid.z, against numpy (rows past M poisoned and left so, the last chunk partial)."""
+    if gpu.arch != "sm_90a":
+        pytest.skip(f"skinny.cu is sm_90a only (this GPU is {gpu.arch})")
+    r = rng()
+    spec = skinny_spec(n, k, 64, gpu_target(gpu), splitk=splitk, x_stream=xs, bias=epi, residual=epi, wb=wb,
+                       any_m=True)
+    if wb == 1:
+        c = r.integers(0, 256, (n, k), dtype=np.uint8)
+        c[(c & 0x7F) == 0x7F] = 0x3F  # no NaN codes
+        scale = (r.random(n, np.float32) * 0.02 + 0.001).astype(np.float32)
+        w = c.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * scale.astype(np.float64)[:, None]
+        args = {"weight": gpu.upload(c.view(ml_dtypes.float8_e4m3fn)), "weight_scale": gpu.upload(scale),
+                "weight_scale_2": None, "input_scale": None}
+    else:
+        wq = r.standard_normal((n, k), np.float32).astype(BF16)
+        w = wq.astype(np.float64)
+        args = {"weight": gpu.upload(wq), "weight_scale": None}
+    bias = (r.standard_normal(n, np.float32) * 4.0).astype(BF16) if epi else None
+    for m in ms:
+        x = r.standard_normal((m, k), np.float32).astype(BF16)
+        _check(gpu, spec, r, x.astype(np.float64) @ w.T, bias, "any M", x=gpu.upload(x), **args)
 
 
 @pytest.mark.parametrize("n,k,mb,ms,wgs,splitk,xs,epi", [

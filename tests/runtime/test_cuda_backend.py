@@ -360,7 +360,7 @@ def test_skinny_gemm_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
 
 
 def _steps_match_cpu(ckpt: Path, gpu: Path, tmp_path: Path, seed: int, vocab: int, prompt_len, decode: tuple[int, ...],
-                     **compile_kwargs: object) -> list[float]:
+                     num_blocks: int = 64, **compile_kwargs: object) -> list[float]:
     """One prefill step of ``decode[0]`` sequences (``prompt_len(s)`` random tokens each), then decode steps of
     ``decode`` sequences, on ``gpu`` without and with CUDA graphs (the same bits) and on the CPU backend's compile of
     ``ckpt`` (with ``compile_kwargs``, e.g. its quantization; within 5e-2 relative): the relative errors per step."""
@@ -371,10 +371,10 @@ def _steps_match_cpu(ckpt: Path, gpu: Path, tmp_path: Path, seed: int, vocab: in
     steps = [[(s, [int(t) for t in r.integers(3, vocab, prompt_len(s))]) for s in range(decode[0])]]
     for n in decode:
         steps.append([(s, [int(r.integers(3, vocab))]) for s in range(n)])
-    ref = drive_steps(PagedModel(load_graph(cpu)[0], 64), steps)
+    ref = drive_steps(PagedModel(load_graph(cpu)[0], num_blocks), steps)
     runs = {}
     for graphs in (False, True):
-        ex = CudaExecutor.from_artifact(gpu, num_blocks=64, cuda_graphs=graphs)
+        ex = CudaExecutor.from_artifact(gpu, num_blocks=num_blocks, cuda_graphs=graphs)
         runs[graphs] = drive_steps(CudaPagedModel(ex), steps)
         ex.close()
     assert_same_steps(runs, False, "plain launches")
@@ -414,6 +414,30 @@ def test_skinny_split_k_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
     assert lm_head == [(mb, 0) for mb in (8, 16, 32, 64)], lm_head
     REPORT["skinny_split_k"] = _steps_match_cpu(ckpt, gpu, tmp_path, 7, cfg["vocab_size"], lambda s: 2 + s % 4,
                                                 (40, 40, 24, 12, 3))
+
+
+@pytest.mark.gpu
+def test_skinny_any_m_variant_matches_cpu(gpu_target, tmp_path, monkeypatch):
+    """The skinny GEMM's any-M variant (``skinny_rule.any_m_spec``, the default): a 2-layer model of hidden 512 and
+    intermediate 8192, whose down projections (512 x 8192: narrow, K >= ANY_MIN_K, the residual in the epilogue) run
+    decode steps of 65-256 rows as 64-token chunks of their split-K variant on grid.z (2 to 4 chunks, the last one
+    partial). Decode steps of 200, 130 and 65 sequences match the CPU backend within bf16 tolerance, the same bits with
+    and without CUDA graphs (the decode graphs' buckets up to 256)."""
+    if gpu_target != "h200":
+        pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
+    for var in ("INGOT_GEMV_SKINNY", "INGOT_GEMV_SKINNY_SPLITK", "INGOT_GEMV_SKINNY_ANY", "INGOT_GEMV_BULK"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = {**SMOLLM2_CONFIG, "num_hidden_layers": 2, "hidden_size": 512, "intermediate_size": 8192,
+           "num_attention_heads": 8, "num_key_value_heads": 2}
+    ckpt = write_checkpoint(tmp_path / "i8192", cfg, random_weights(cfg, np.random.default_rng(5)))
+    gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot")
+    cuda = load_graph(gpu)[1]["cuda"]
+    chunked = {e for e, k in cuda["variant_kernels"].items() if k["spec"]["values"].get("CHUNKS")}
+    found = [(v["max_rows"], ln["args"]["residual"] != {"null": True}) for ln in cuda["launches"]
+             for v in ln.get("variants", ()) if v["kernel"] in chunked]
+    assert found == [(256, True)] * 2, found  # each layer's down, with the residual
+    REPORT["skinny_any_m"] = _steps_match_cpu(ckpt, gpu, tmp_path, 11, cfg["vocab_size"], lambda s: 2 + s % 3,
+                                              (200, 200, 130, 65), num_blocks=512)
 
 
 @pytest.mark.gpu

@@ -702,6 +702,12 @@ def variants(op: Op, inputs: Sequence[TensorType | None], target: Target) -> lis
     out = [(mb, variant(mb)) for mb in BUCKETS]
     if skinny_rule.split8() and skinny_rule.is_skinny(out[0][1]):  # up to 4 tokens stay kernel.cu's (split8)
         out.insert(0, (skinny_rule.SPLIT8_ROWS, gemv_spec(n, k, BUCKETS[0], target, bias, residual)))
+    # narrow matrices: steps of 65-256 tokens on the skinny kernel's split-K variant in 64-token chunks, where the
+    # GEMM's 128-row tiles would leave most SMs idle (skinny_rule.any_m_spec; INGOT_GEMV_SKINNY_ANY)
+    if skinny_rule.is_skinny(out[-1][1]):
+        any_m = skinny_rule.any_m_spec(n, k, target, bias, residual)
+        if any_m is not None:
+            out.append((skinny_rule.ANY_M_ROWS, any_m))
     return out
 
 

@@ -55,6 +55,10 @@
 //   times 2^-4, element by element). The scale bytes of 4 stages are one 16-byte load a row (bytes 4 u + t4: stage u),
 //   loaded a group ahead (the next row tile's first group at a tile's last). Epilogue: times the global scale, 2^14
 //   and 16 (kernel.cu's NVFP4 order).
+// - any M (CHUNKS = ${CHUNKS}; skinny_rule.any_m_spec): grid.z walks the step's tokens in chunks of MB, each z a
+//   launch of this kernel on its MB rows of x, the residual and out (rows past M: zeros, not written). The weights
+//   are read once per chunk, mostly from L2 (the chunks' CTAs run side by side): for narrow matrices, whose row tiles
+//   leave most SMs idle in a 128-row-tile GEMM, a decode step of 65-256 tokens.
 // - programmatic dependent launch: only the consumers wait for the grid before (the wait is placed in their code);
 //   the producer's weight copies start at once.
 // - prologue (${PROLOGUE}; codegen/decode_fusion.py, as kernel.cu's): 1: rms_norm, x is the norm's input and
@@ -282,6 +286,15 @@ extern "C" __global__ void SKINNY_CLUSTER_DIMS __launch_bounds__(NT, 1)
 #endif
 #if ${PROLOGUE} != 1
   const bf16* const norm_weight = nullptr;  // only the rms_norm prologue has this parameter
+#endif
+#if ${CHUNKS}
+  {  // any M: token chunk blockIdx.z, rows [MB z, MB z + MB) of x, the residual and out
+    const i64 z0 = (i64)blockIdx.z * MB;
+    x += z0 * K;
+    out += z0 * N;
+    if (HAS_RESIDUAL) residual += z0 * N;
+    rows = rows - z0 < MB ? rows - z0 : MB;
+  }
 #endif
   extern __shared__ __align__(1024) unsigned char sk_shared[];
   const unsigned sx = (att_smem(sk_shared) + 1023u) & ~1023u, sw = sx + XBYTES, bars = sw + STAGES * WTILE;

@@ -103,6 +103,16 @@ FP8_ENV = "INGOT_GEMV_SKINNY_FP8"
 #: where x fits whole and K slices are whole 256-column scale groups (``wb=0``); unset or 0: kernel.cu's (opt-in until
 #: run on a GPU)
 NVFP4_ENV = "INGOT_GEMV_SKINNY_NVFP4"
+#: compile time: unset or 1 gives narrow matrices with long reductions the any-M variant for steps of 65 to
+#: ``ANY_M_ROWS`` tokens (``any_m_spec``); 0: none (those steps run the launch's GEMM)
+ANY_ENV = "INGOT_GEMV_SKINNY_ANY"
+ANY_DEFAULT = True
+#: the shortest reduction given the any-M variant (``any_m_spec``: measured faster than the GEMM at K = 8192, not at
+#: 2048)
+ANY_MIN_K = 8192
+#: the any-M variant's max rows: the decode CUDA graphs' largest bucket (the attention's DECODE_MAX_ROWS); longer
+#: steps are prefill chunks, where the weights are re-read once per 64 tokens and the GEMM gets enough row tiles
+ANY_M_ROWS = 256
 #: compile time: at most this many weight stages in the rule's variants (default: as many as fit, ``max_stages``);
 #: fewer stages leave shared memory for the previous kernel's CTAs, so programmatic dependent launch can start this
 #: one's weight stream beside them (an experiment for bucket 8: docs/PERF.md, "The skinny wgmma GEMM")
@@ -169,7 +179,7 @@ def supported(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stag
 
 def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, stages: int | None = None,
                 prologue: Prologue | None = None, splitk: int = 1, bias: bool = False,
-                residual: bool = False, x_stream: bool = False, wb: int = 2) -> KernelSpec:
+                residual: bool = False, x_stream: bool = False, wb: int = 2, any_m: bool = False) -> KernelSpec:
     """The launch for ``out[M, n] = x[M, k] @ w[n, k]^T`` with ``M <= mb``: one persistent CTA per SM (at most one
     per row tile of ``64 x warpgroups`` rows), ``128 x (warpgroups + 1)`` threads; ``stages`` by default as many as
     fit (``max_stages``). ``prologue``: ``rms_norm`` (x is the norm's input, an extra ``norm_weight`` parameter, as
@@ -180,8 +190,11 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
     prologue). ``wb=1``: a weight-only FP8 ``quantized_linear`` (e4m3 ``w[n, k]``, f32 ``weight_scale[n]``; its
     inputs by name, ``rule.QUANT_PARAMS``), ``wb=0`` a weight-only NVFP4 one (e2m1 codes ``u8[n, k / 2]``, e4m3 block
     scales, the global scale; x staged whole, K slices of whole 256 columns): the codes turned into f16 A fragments in
-    registers, x staged in f16 in their order (no prologue; the template's header)."""
+    registers, x staged in f16 in their order (no prologue; the template's header). ``any_m``: any M, in chunks of
+    ``mb`` tokens on grid.z (``ceil(M / mb)``), each chunk this variant on its rows (no prologue)."""
     pro = prologue or Prologue()
+    if any_m and pro.kind != "none":
+        raise ValueError("skinny wgmma GEMM: the any-M launch takes no prologue")
     if wb not in (0, 1, 2) or (wb != 2 and pro.kind != "none"):
         raise ValueError(f"skinny wgmma GEMM: wb must be 2 (bf16 weights), 1 (e4m3) or 0 (NVFP4; those two without a "
                          f"prologue), got {wb} with a {pro.kind} prologue")
@@ -202,14 +215,16 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
     norm = pro.kind == "rms_norm"
     values = {"N": n, "K": k, "MB": mb, "WGS": warpgroups, "STAGES": stages, "W_TMA": True,
               "PROLOGUE": PROLOGUES[pro.kind], "EPS": float(pro.eps), "SPLITK": splitk, "HAS_BIAS": bias,
-              "HAS_RESIDUAL": residual, "XS": x_stream, "WB": wb}
+              "HAS_RESIDUAL": residual, "XS": x_stream, "WB": wb, "CHUNKS": any_m}
     grid = ([GridDim(const=tiles), GridDim(const=splitk)] if splitk > 1
-            else [GridDim(const=min(tiles, target.num_sms))])
+            else [GridDim(const=min(tiles, target.num_sms)), GridDim(const=1)])
+    if any_m:
+        grid.append(GridDim("M", mb))
     return KernelSpec.make("gemv", "skinny.cu",
                            f"skinny_{WB_NAMES[wb]}_n{n}_k{k}_m{mb}_wg{warpgroups}_s{stages}"
                            + ("_rms_norm" if norm else "")
                            + (f"_sk{splitk}" if splitk > 1 else "") + ("_xs" if x_stream else "")
-                           + ("_b" if bias else "") + ("_r" if residual else ""),
+                           + ("_b" if bias else "") + ("_r" if residual else "") + ("_any" if any_m else ""),
                            target.arch or "", values,
                            QUANT_PARAMS if wb != 2 else PARAMS + [("norm_weight", "ptr")] if norm else PARAMS,
                            128 * (warpgroups + 1), grid,
@@ -219,7 +234,8 @@ def skinny_spec(n: int, k: int, mb: int, target: Target, warpgroups: int = 2, st
                                + (f"split-K {splitk} in a cluster" if splitk > 1 else "persistent")
                                + (", x streamed" if x_stream else "") + (", rms_norm prologue" if norm else "")
                                + (", bias" if bias else "")
-                               + (", residual" if residual else ""))
+                               + (", residual" if residual else "")
+                               + (f", any M in chunks of {mb}" if any_m else ""))
 
 
 def fused_skinny_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> KernelSpec:
@@ -317,6 +333,33 @@ def rule_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
         return None
     return skinny_spec(n, k, mb, target, stages=rule_stages(k, mb, target, splitk, xs), splitk=splitk, bias=bias,
                        residual=residual, x_stream=xs, wb=wb)
+
+
+def any_m_spec(n: int, k: int, target: Target, bias: bool = False, residual: bool = False,
+               wb: int = 2) -> KernelSpec | None:
+    """The any-M variant for steps of more tokens than the buckets (up to ``ANY_M_ROWS``) where the matrix is narrow
+    and its reduction long (K >= ``ANY_MIN_K``): the rule's split-K variant of
+    the largest bucket (``rule_spec``) walking the tokens in chunks on grid.z, or None (wide matrices: their GEMM fills
+    the SMs; ``INGOT_GEMV_SKINNY_ANY=0``; no split-K variant at that bucket). A narrow matrix has few row tiles: the 1B
+    model's down (2048 x 8192) 16 of 128 rows at up to 256 tokens, so the bf16 CUTLASS GEMM runs 16 CTAs each over all
+    of K = 8192 (79 us at 65-256 rows on the H200, 0.19-0.26x cuBLAS); 64-token chunks of the split-K variant ran it
+    in 34 / 37 / 56 us at 65 / 128 / 256 rows (2.3x / 2.1x / 1.4x). On qkv and o (K = 2048) the GEMM's CTAs are
+    short: the chunks were 1.2-1.4x faster at 65 rows, even at 128, 0.5-0.7x at 256 (docs/PERF.md "Decode steps of
+    65-256 rows"), so they keep the GEMM."""
+    if not any_m_on() or k < ANY_MIN_K:
+        return None
+    plain = rule_spec(n, k, BUCKETS[-1], target, bias, residual, wb)
+    if plain is None or int(plain.value("SPLITK")) == 1:
+        return None
+    v = dict(plain.values)
+    return skinny_spec(n, k, BUCKETS[-1], target, stages=int(v["STAGES"]), splitk=int(v["SPLITK"]), bias=bias,
+                       residual=residual, x_stream=bool(v["XS"]), wb=wb, any_m=True)
+
+
+def any_m_on() -> bool:
+    """``INGOT_GEMV_SKINNY_ANY``: whether narrow long-K matrices get the any-M variant (``any_m_spec``; unset or 1:
+    yes; 0: no, their steps of 65-256 rows go to the GEMM as before)."""
+    return env_choice(ANY_ENV, {"": ANY_DEFAULT, "0": False, "1": True}, "0 or 1")
 
 
 def rule_stages(k: int, mb: int, target: Target, splitk: int = 1, x_stream: bool = False, wb: int = 2) -> int:
