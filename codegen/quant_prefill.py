@@ -7,28 +7,28 @@ The quantized GEMV (``codegen/kernels/gemv/quant.cu``) is built for decode: its 
 two launches::
 
     {"kernel": "dequant_fp8_n16384_k2048_...", "op": "quantized_linear", "rows_arg": "M",
-     "skip": {"max_rows": 256, "into": j + 1},
+     "skip": {"max_rows": 64, "into": j + 1},
      "args": {"weight": {"buffer": "...weight"}, "weight_scale": ..., "weight_scale_2": ...,
               "out": {"buffer": "<out>.dequant_weight"}, "out_scale": {"null": true}, "M": {"dim": "T"}}}
     {"kernel": "linear_cutlass_bf16_...", "op": "quantized_linear",
      "args": {"x": ..., "weight": {"buffer": "<out>.dequant_weight"}, "weight_scale": {"buffer": "...weight_scale"},
               "bias": ..., "residual": ..., "out": ..., "M": {"dim": "T"}},
      "variants": [{"kernel": "gemv_fp8_a16_..._m8_...", "max_rows": 8, "args": {<the quantized GEMV's arguments>}},
-                  ..., {"kernel": "gemv_fp8_a16_..._m64_...", "max_rows": 64, "args": {...}},
-                  {"kernel": "gemv_fp8_a16_..._any_...", "max_rows": 256, "args": {...}}],
+                  ..., {"kernel": "gemv_fp8_a16_..._m64_...", "max_rows": 64, "args": {...}}],
      "alternatives": [{"kernel": "linear_bf16_bf16_..."}]}
 
 1. the **dequantize** kernel (``codegen/kernels/dequant``) writes the weight as exact bf16 values into a scratch
    buffer ``<out>.dequant_weight`` (and, for NVFP4, its global scale as an f32 [N] column scale
    ``<out>.dequant_scale``); it carries ``"skip"`` (``codegen/decode_fusion.py``'s mechanism): the executor launches
-   nothing for it in steps of at most ``GEMV_MAX_ROWS`` (256) rows, where the GEMM launch's variants run;
+   nothing for it in steps of at most ``WO_GEMM_ROWS`` (64) rows, where the GEMM launch's variants run;
 2. the **GEMM** is what a bf16 ``linear`` of that shape gets (``cutlass_params.plan_linear``: the shape's CUTLASS
    configuration on h100/h200 and b200, the template GEMM as its alternative; the template GEMM alone without
    CUTLASS), with the per-output-channel scale in its epilogue (CUTLASS's column-scale vector, the template's
    ``HAS_SCALE``): the FP8 weight's own ``weight_scale``, or the NVFP4 scratch scale. Its variants are the quantized
-   GEMV's token buckets with their own arguments (the quantized operands), tuned like any variant, then the any-M
-   GEMV itself for steps of 65 to ``GEMV_MAX_ROWS`` rows (not tuned, as before), where re-reading the weight a few
-   times costs less than dequantizing it.
+   GEMV's token buckets with their own arguments (the quantized operands), tuned like any variant. Until 2026-12-03
+   the any-M GEMV itself followed for steps of 65 to ``GEMV_MAX_ROWS`` (256) rows; measured on the H200 it was no
+   faster than the pair at 65-128 rows and 1.2x slower at 256 (both far from bf16 cuBLAS: docs/PERF.md "Decode steps
+   of 65-256 rows"), so the pair takes those steps now (``INGOT_WO_GEMM_ROWS=256`` keeps the any-M GEMV).
 
 **Why the scale in the epilogue** instead of folded into the bf16 scratch: e4m3 and e2m1 x e4m3 values are exact in
 bf16, the scale is not, so ``bf16(code * scale)`` would round every weight (up to 2^-9 relative); with the scale
@@ -120,8 +120,9 @@ W8A8_GEMM_ROWS = 16
 #: weight-only FP8 / NVFP4: steps of more rows than this run the dequantize + bf16 GEMM pair, smaller ones the
 #: quantized GEMV's variants up to it (``GEMV_MAX_ROWS``: the any-M launch too, the default before 2026-12-03);
 #: ``INGOT_WO_GEMM_ROWS`` at compile time (0: the pair at every row count). 64, the largest bucket: measured on the H200
-#: (bench_gemv_quant.py --pair, docs/PERF.md "Weight-only steps of 65-256 rows") the any-M GEMV ran the 1B model's
-#: linears at 0.08-0.62 TB/s of weight bytes at 128 and 256 rows, 0.2-0.5x cuBLAS bf16 on the same shapes
+#: (bench_gemv_quant.py --pair, docs/PERF.md "Decode steps of 65-256 rows") the 1B model's four linears took 195 / 206
+#: / 254 us with the any-M GEMV at 65 / 128 / 256 rows (FP8 weights) and 203 / 200 / 211 us with the pair; NVFP4 227 /
+#: 282 against 220 / 231 at 128 / 256
 WO_ENV = "INGOT_WO_GEMM_ROWS"
 WO_GEMM_ROWS = 64
 
