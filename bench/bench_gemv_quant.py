@@ -205,7 +205,6 @@ class WeightOnlyPair(CutlassPair):
         from ingot.codegen.kernels.dequant.rule import dequant_spec
 
         super().__init__("bf16", n, k, m, tgt)
-        self.wfmt = wfmt
         self.dequant = SpecKernel(dequant_spec(wfmt, n, k, tgt))
         self.scratch = torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
         self.scale = torch.empty(n, device="cuda", dtype=torch.float32) if wfmt != "fp8" else None
@@ -409,7 +408,6 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
                     kern = SpecKernel(spec)
                 else:
                     kern = W8A8Pair(n, k, m, tgt) if act == "fp8" else WeightOnlyPair(wfmt, n, k, m, tgt)
-                if spec is None:
                     spec = kern.gemm
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 if act == "fp8":

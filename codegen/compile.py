@@ -33,11 +33,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from .kernel import KernelSpec
+
+T = TypeVar("T")
 
 ARCHES = ("sm_90a", "sm_100a")
 #: options every kernel is built with; no fast-math: kernels must match the numpy references
@@ -91,6 +94,29 @@ def entry_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def cached_build(entry: Path, use_cache: bool, load: Callable[[], T], build: Callable[[], T],
+                 ready: Callable[[], bool] | None = None) -> T:
+    """``load()`` where the cache holds ``entry`` (``ready()``; default: the file exists), else ``build()`` (which
+    writes it, ``write_entry``) under the entry's lock, the cache checked again once the lock is held: a build another
+    process finished while this one waited is loaded, not repeated. ``use_cache`` False: ``build()``, no lock."""
+    if not use_cache:
+        return build()
+    is_ready = ready or entry.is_file
+    if is_ready():
+        return load()
+    with entry_lock(entry):
+        return load() if is_ready() else build()
+
+
+def write_entry(path: Path, data: bytes) -> None:
+    """Write a cache entry atomically (a temporary file beside it, then a rename): readers see all of it or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 # -- compilers ------------------------------------------------------------------------------------
@@ -251,29 +277,20 @@ def compile_source(source: str, arch: str, name: str = "kernel.cu", options: tup
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     folder = cache_dir() / key[:2]
     cubin_path, ptx_path = folder / f"{key}.cubin", folder / f"{key}.ptx"
-    def cached() -> CompiledKernel | None:
-        if use_cache and cubin_path.is_file() and ptx_path.is_file():
-            return CompiledKernel(arch, cubin_path.read_bytes(), ptx_path.read_text(), key, which, cached=True)
-        return None
 
-    hit = cached()
-    if hit is not None:
-        return hit
-    with entry_lock(cubin_path) if use_cache else contextlib.nullcontext():
-        hit = cached()  # built by another process while this one waited for the lock
-        if hit is not None:
-            return hit
+    def build() -> CompiledKernel:
         if which == "nvrtc":
             cubin, ptx_text, log = _nvrtc_compile(source, name, arch, opts)
         else:
             cubin, ptx_text, log = _nvcc_compile(source, name, arch, opts, ptx=ptx)
         if use_cache:
-            for path, data in ((ptx_path, ptx_text.encode()), (cubin_path, cubin)):  # cubin last: marks completion
-                fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
-    return CompiledKernel(arch, cubin, ptx_text, key, which, log)
+            write_entry(ptx_path, ptx_text.encode())
+            write_entry(cubin_path, cubin)  # the cubin last: it marks the entry complete
+        return CompiledKernel(arch, cubin, ptx_text, key, which, log)
+
+    return cached_build(cubin_path, use_cache, build=build, ready=lambda: cubin_path.is_file() and ptx_path.is_file(),
+                        load=lambda: CompiledKernel(arch, cubin_path.read_bytes(), ptx_path.read_text(), key, which,
+                                                    cached=True))
 
 
 def compile_spec(spec: KernelSpec, compiler: str = "auto", use_cache: bool = True) -> CompiledKernel:

@@ -25,7 +25,6 @@ spec has ``HAS_RESIDUAL``.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import os
@@ -39,12 +38,13 @@ from ...compile import (
     CompiledKernel,
     CompileError,
     cache_dir,
+    cached_build,
     compile_source,
     cutlass_include_dirs,
-    entry_lock,
     key_options,
     nvcc_path,
     nvcc_version,
+    write_entry,
 )
 from ...kernel import KernelSpec
 
@@ -95,24 +95,16 @@ def build_shim(spec: KernelSpec, use_cache: bool = True) -> Path:
     nvcc = nvcc_path()
     if nvcc is None:
         raise CompileError("nvcc not found: install a CUDA toolkit or pip install nvidia-cuda-nvcc")
-    with entry_lock(path) if use_cache else contextlib.nullcontext():
-        if use_cache and path.is_file():  # built by another process while this one waited
-            return path
-        _build_shim(spec, source, opts, nvcc, path)
-    return path
 
+    def build() -> Path:
+        with _jobs(), tempfile.TemporaryDirectory(prefix="ingot-shim-") as tmp:
+            src = Path(tmp) / f"{spec.entry}.cu"
+            src.write_text(source)
+            out = Path(tmp) / "shim.so"
+            r = subprocess.run([nvcc, *opts, "-o", str(out), str(src)], capture_output=True, text=True, timeout=900)
+            if r.returncode != 0:
+                raise CompileError(f"nvcc failed to build the host shim of {spec.entry}", r.stdout + r.stderr, source)
+            write_entry(path, out.read_bytes())
+        return path
 
-def _build_shim(spec: KernelSpec, source: str, opts: tuple[str, ...], nvcc: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _jobs(), tempfile.TemporaryDirectory(prefix="ingot-shim-") as tmp:
-        src = Path(tmp) / f"{spec.entry}.cu"
-        src.write_text(source)
-        out = Path(tmp) / "shim.so"
-        cmd = [nvcc, *opts, "-o", str(out), str(src)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        if r.returncode != 0:
-            raise CompileError(f"nvcc failed to build the host shim of {spec.entry}", r.stdout + r.stderr, source)
-        fd, tmp_path = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(out.read_bytes())
-        os.replace(tmp_path, path)
+    return cached_build(path, use_cache, load=lambda: path, build=build)

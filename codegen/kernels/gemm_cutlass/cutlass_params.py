@@ -34,7 +34,6 @@ dimension in its values; never compiled), and what is compiled for a shaped spec
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import json
@@ -54,11 +53,12 @@ from ...compile import (
     CompiledKernel,
     CompileError,
     cache_dir,
+    cached_build,
     compile_source,
-    entry_lock,
     key_options,
     nvcc_path,
     nvcc_version,
+    write_entry,
 )
 from ...kernel import KernelSpec
 from ...target import Target
@@ -420,18 +420,13 @@ def params_layout(spec: KernelSpec, use_cache: bool = True) -> dict[str, Any]:
              repr(probe_shapes(spec)), repr(PROBE_FILLS)]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     path = cache_dir() / key[:2] / f"{key}.layout.json"
-    if use_cache and path.is_file():
-        return json.loads(path.read_text())
-    with entry_lock(path) if use_cache else contextlib.nullcontext():
-        if use_cache and path.is_file():  # probed by another process while this one waited
-            return json.loads(path.read_text())
+
+    def build() -> dict[str, Any]:
         layout = derive_layout(spec, _probe(spec))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(layout, f)
-        os.replace(tmp, path)
-    return layout
+        write_entry(path, json.dumps(layout).encode())
+        return layout
+
+    return cached_build(path, use_cache, load=lambda: json.loads(path.read_text()), build=build)
 
 
 def build_linear(spec: KernelSpec, use_cache: bool = True) -> tuple[CompiledKernel, dict[str, Any]]:

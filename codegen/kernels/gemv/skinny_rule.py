@@ -338,22 +338,21 @@ def rule_spec(n: int, k: int, mb: int, target: Target, bias: bool = False, resid
 def any_m_spec(n: int, k: int, target: Target, bias: bool = False, residual: bool = False,
                wb: int = 2) -> KernelSpec | None:
     """The any-M variant for steps of more tokens than the buckets (up to ``ANY_M_ROWS``) where the matrix is narrow
-    and its reduction long (K >= ``ANY_MIN_K``): the rule's split-K variant of
-    the largest bucket (``rule_spec``) walking the tokens in chunks on grid.z, or None (wide matrices: their GEMM fills
-    the SMs; ``INGOT_GEMV_SKINNY_ANY=0``; no split-K variant at that bucket). A narrow matrix has few row tiles: the 1B
-    model's down (2048 x 8192) 16 of 128 rows at up to 256 tokens, so the bf16 CUTLASS GEMM runs 16 CTAs each over all
-    of K = 8192 (79 us at 65-256 rows on the H200, 0.19-0.26x cuBLAS); 64-token chunks of the split-K variant ran it
-    in 34 / 37 / 56 us at 65 / 128 / 256 rows (2.3x / 2.1x / 1.4x). On qkv and o (K = 2048) the GEMM's CTAs are
-    short: the chunks were 1.2-1.4x faster at 65 rows, even at 128, 0.5-0.7x at 256 (docs/PERF.md "Decode steps of
-    65-256 rows"), so they keep the GEMM."""
+    and its reduction long (K >= ``ANY_MIN_K``): the rule's split-K variant of the largest bucket (``rule_spec``)
+    walking the tokens in chunks on grid.z, or None (wide matrices: their GEMM fills the SMs;
+    ``INGOT_GEMV_SKINNY_ANY=0``; no split-K variant at that bucket). A narrow matrix has few row tiles: the 1B model's
+    down (2048 x 8192) 16 of 128 rows at up to 256 tokens, so the bf16 CUTLASS GEMM runs 16 CTAs each over all of
+    K = 8192 (79 us at 65-256 rows on the H200, 0.19-0.26x cuBLAS); 64-token chunks of the split-K variant ran it in
+    34 / 37 / 56 us at 65 / 128 / 256 rows (2.3x / 2.1x / 1.4x). On qkv and o (K = 2048) the GEMM's CTAs are short:
+    the chunks were 1.2-1.4x faster at 65 rows, even at 128, 0.5-0.7x at 256 (docs/PERF.md "Decode steps of 65-256
+    rows"), so they keep the GEMM."""
     if not any_m_on() or k < ANY_MIN_K:
         return None
     plain = rule_spec(n, k, BUCKETS[-1], target, bias, residual, wb)
     if plain is None or int(plain.value("SPLITK")) == 1:
         return None
-    v = dict(plain.values)
-    return skinny_spec(n, k, BUCKETS[-1], target, stages=int(v["STAGES"]), splitk=int(v["SPLITK"]), bias=bias,
-                       residual=residual, x_stream=bool(v["XS"]), wb=wb, any_m=True)
+    return skinny_spec(n, k, BUCKETS[-1], target, stages=int(plain.value("STAGES")), splitk=int(plain.value("SPLITK")),
+                       bias=bias, residual=residual, x_stream=bool(plain.value("XS")), wb=wb, any_m=True)
 
 
 def any_m_on() -> bool:
