@@ -129,14 +129,14 @@ class CutlassPair:
     a first launch into its own scratch buffers (``first``), then a shape-generic CUTLASS GEMM (``kind``) on them,
     built and launched as the CUDA backend does (the layout's Params blob, prepared once per weight copy)."""
 
-    def __init__(self, kind: str, n: int, k: int, m: int, tgt) -> None:
+    def __init__(self, kind: str, n: int, k: int, m: int, tgt, config=None) -> None:
         import torch
 
         from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
 
         cu = _cu()
         self.n, self.k, self.m = n, k, m
-        self.gemm = cp.generic_linear_spec(kind, tgt, config=cp.shape_config(kind, n, k, tgt))
+        self.gemm = cp.generic_linear_spec(kind, tgt, config=config or cp.shape_config(kind, n, k, tgt))
         built, self.layout = cp.build_linear(self.gemm)
         self.module = check(cu.cuModuleLoadData(built.cubin))
         self.fn = check(cu.cuModuleGetFunction(self.module, self.gemm.entry.encode()))
@@ -166,10 +166,11 @@ class CutlassPair:
 
 
 class CutlassGemm(CutlassPair):
-    """The bf16 shape-generic CUTLASS GEMM alone (a bf16 ``linear``'s primary launch), as the CUDA backend runs it."""
+    """The bf16 shape-generic CUTLASS GEMM alone (a bf16 ``linear``'s primary launch), as the CUDA backend runs it
+    (``config``: another configuration than the runtime's for the shape)."""
 
-    def __init__(self, n: int, k: int, m: int, tgt) -> None:
-        super().__init__("bf16", n, k, m, tgt)
+    def __init__(self, n: int, k: int, m: int, tgt, config=None) -> None:
+        super().__init__("bf16", n, k, m, tgt, config)
 
     def first(self, args: dict) -> dict:
         return {"x": args["x"].data_ptr(), "weight": args["weight"].data_ptr()}
@@ -179,12 +180,12 @@ class W8A8Pair(CutlassPair):
     """W8A8's prefill pair: the activation quantizer into its own x_fp8 / x_scale buffers, then the FP8 CUTLASS GEMM
     on them with the weight's per-channel scale."""
 
-    def __init__(self, n: int, k: int, m: int, tgt) -> None:
+    def __init__(self, n: int, k: int, m: int, tgt, config=None) -> None:
         import torch
 
         from ingot.codegen.kernels.quant_act.rule import fp8_quantizer_spec
 
-        super().__init__("fp8", n, k, m, tgt)
+        super().__init__("fp8", n, k, m, tgt, config)
         self.quantizer = SpecKernel(fp8_quantizer_spec(k, tgt, False))
         self.x8 = torch.empty(m, k, device="cuda", dtype=torch.uint8)
         self.xs = torch.empty(m, device="cuda", dtype=torch.float32)
@@ -346,7 +347,8 @@ def quantize_x(x):
 
 def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launches: int, reps: int, gen, tgt,
                 emit, pdl: bool = True, bulk: bool = False, sweep_kw: bool = False,
-                kernel: bool = False, sweep_kernel: bool = False, pair: bool = False) -> list[dict]:
+                kernel: bool = False, sweep_kernel: bool = False, pair: bool = False,
+                short_m: bool = False) -> list[dict]:
     import torch
 
     from ingot.codegen.kernels.gemv.quant_rule import quant_gemv_spec, weight_bytes_per_row
@@ -387,6 +389,10 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
                         for cname, cfg in configs(n, k, mb, wfmt, act, sweep_kw)]
             if pair:
                 todo.append((f"{label}-pair", "pair", 1, None))
+            if short_m and act == "fp8":  # W8A8's pair with the short-step FP8 configurations
+                from ingot.codegen.kernels.gemm_cutlass.rule import SM90_SHORT_M, config_tag
+
+                todo += [(f"{label}-pair-{config_tag(c)}", config_tag(c), 1, c) for c in SM90_SHORT_M["fp8"]]
             if bulk and label == "fp8-w8a16":
                 from ingot.codegen.kernels.gemv.bulk_rule import bulk_quant_spec
 
@@ -404,11 +410,11 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
                     kspec = gemv_spec(n, k, mb, tgt, wb=KERNEL_WB[label])
                     todo.append((label + "-kernel", "kernel", kspec.value("KW"), kspec))
             for variant, cname, kw, spec in todo:
-                if spec is not None:
-                    kern = SpecKernel(spec)
-                else:
-                    kern = W8A8Pair(n, k, m, tgt) if act == "fp8" else WeightOnlyPair(wfmt, n, k, m, tgt)
+                if spec is None or not hasattr(spec, "entry"):  # a pair, ``spec`` its GEMM's configuration if any
+                    kern = W8A8Pair(n, k, m, tgt, spec) if act == "fp8" else WeightOnlyPair(wfmt, n, k, m, tgt)
                     spec = kern.gemm
+                else:
+                    kern = SpecKernel(spec)
                 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 if act == "fp8":
                     q, s = quantize_x(x)
@@ -474,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pair", action="store_true",
                     help="also the prefill pair (W8A8: activation quantizer + FP8 CUTLASS GEMM; weight-only: "
                          "dequantize + bf16 CUTLASS GEMM), -pair rows")
+    ap.add_argument("--short-m", action="store_true",
+                    help="W8A8 formats: also the pair with each of gemm_cutlass/rule.py's SM90_SHORT_M FP8 "
+                         "configurations (steps of 65-256 rows), -pair-TAG rows")
     ap.add_argument("--dry-run", action="store_true",
                     help="print and compile each configuration that would be timed (no GPU, no torch), then exit")
     a = ap.parse_args(argv)
@@ -495,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for n, k, name in shapes:
         rows += bench_shape(n, k, name, a.m, a.formats, a.launches, a.reps, gen, tgt, emit, a.pdl, a.bulk,
-                            a.sweep_kw, a.kernel, a.sweep_kernel, a.pair)
+                            a.sweep_kw, a.kernel, a.sweep_kernel, a.pair, a.short_m)
         torch.cuda.empty_cache()
     print("\nsummary: ingot TB/s of weight bytes (fraction of 4.19) | _scaled_mm fp8 TB/s | bf16 matmul TB/s")
     for r in rows:

@@ -38,10 +38,11 @@ DEFAULT_SHAPES = "16384,2048;128256,2048"
 
 
 def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | None = None, xs: bool = False,
-          warpgroups: tuple[int, ...] = (2,), wb: int = 2) -> list[tuple[str, object]]:
+          warpgroups: tuple[int, ...] = (2,), wb: int = 2, short_m: bool = False) -> list[tuple[str, object]]:
     """(label, spec): kernel.cu's rule for the bucket, then the skinny kernel per consumer warpgroup count, split-K
     width (``splits``: 1 is the persistent kernel) and stage count it takes, with ``xs`` each also with x streamed;
-    ``wb=1``: their weight-only FP8 forms."""
+    ``wb=1``: their weight-only FP8 forms. Past the buckets: the any-M variant and the bf16 CUTLASS GEMM (``None``),
+    with ``short_m`` also the CUTLASS GEMM in each of ``SM90_SHORT_M``'s bf16 configurations (a ``Config``)."""
     from ingot.codegen.kernels.gemv.rule import BUCKETS, gemv_spec
     from ingot.codegen.kernels.gemv.skinny_rule import BUCKETS as SKINNY_BUCKETS
     from ingot.codegen.kernels.gemv.skinny_rule import max_stages, skinny_spec, supported
@@ -49,10 +50,13 @@ def specs(n: int, k: int, m: int, stages: list[int | None], splits: list[int] | 
 
     tgt = get_target("h200")
     if m > BUCKETS[-1]:  # past the buckets: the rule's any-M variant (narrow matrices), and bf16's CUTLASS GEMM
+        from ingot.codegen.kernels.gemm_cutlass.rule import SM90_SHORT_M, config_tag
         from ingot.codegen.kernels.gemv.skinny_rule import any_m_spec
 
         any_m = any_m_spec(n, k, tgt, wb=wb)
-        return ([("skinny-any", any_m)] if any_m is not None else []) + ([("cutlass", None)] if wb == 2 else [])
+        short = [(f"cutlass-{config_tag(c)}", c) for c in SM90_SHORT_M["bf16"]] if short_m and wb == 2 else []
+        return ([("skinny-any", any_m)] if any_m is not None else []) + ([("cutlass", None)] if wb == 2 else []) \
+            + short
     out: list[tuple[str, object]] = [("kernel.cu", gemv_spec(n, k, next(b for b in BUCKETS if b >= m), tgt, wb=wb))]
     mb = next((b for b in SKINNY_BUCKETS if b >= m), None)
     for wg in warpgroups:
@@ -111,14 +115,15 @@ def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
         cs = list(call)
         scale = torch.from_numpy(np.ascontiguousarray(sf).view(np.uint8)).cuda()
         gs_t = torch.tensor([float(gs)], device="cuda", dtype=torch.float32)
-    for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), wb):
+    for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), wb, a.short_m):
         outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-        if spec is None:  # the bf16 CUTLASS GEMM a linear's launch runs past its variants (the runtime's build)
+        if spec is None or not hasattr(spec, "entry"):  # the bf16 CUTLASS GEMM a linear's launch runs past its
+            # variants (the runtime's build, or ``spec`` a configuration of SM90_SHORT_M)
             from bench_gemv_quant import CutlassGemm
 
             from ingot.codegen.target import get_target
 
-            kern = CutlassGemm(n, k, m, get_target("h200"))
+            kern = CutlassGemm(n, k, m, get_target("h200"), spec)
 
             def launch(i: int, kern=kern, outs=outs) -> None:
                 kern.launch(x=x, weight=ws[i % copies], out=outs[i % copies])
@@ -172,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nvfp4", action="store_true", help="NVFP4 weights (e2m1 codes, e4m3 block scales, a global "
                     "scale: weight-only), kernel.cu's variant and the skinny wb=0 ones, against cuBLAS on the bf16 "
                     "weight")
+    ap.add_argument("--short-m", action="store_true",
+                    help="past 64 tokens also the bf16 CUTLASS GEMM in each of gemm_cutlass/rule.py's SM90_SHORT_M "
+                         "configurations (cutlass-TAG rows)")
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None)
@@ -185,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
 
         for n, k in shapes:
             for m in a.m:
-                for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), weight_code(a)):
+                for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), weight_code(a),
+                                         a.short_m):
+                    if spec is None or not hasattr(spec, "entry"):
+                        continue
                     print(f"{n}x{k} M={m} {label}: {spec.entry}, smem {spec.smem}, "
                           f"cubin {len(compile_spec(spec).cubin)} bytes", flush=True)
         return 0
@@ -198,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             r = bench(n, k, m, a)
             rows.append(r)
             wb = n * k * 2  # the reference's bytes (cuBLAS on the bf16 weight)
-            for label, _ in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), weight_code(a)):
+            for label, _ in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), weight_code(a), a.short_m):
                 if f"{label}_us" in r:
                     print(f"| {n}x{k} | {m} | {r['cublas_us']:.2f} ({wb / r['cublas_us'] / 1e6:.2f}) | {label} | "
                           f"{r[label + '_us']:.2f} | {r[label + '_tbs']:.2f} | {r[label + '_tbs'] / HBM_TBS:.1%} | "

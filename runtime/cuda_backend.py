@@ -65,9 +65,11 @@ from .cuda_launch import (
     CollectiveLaunch,
     CudaArtifactError,
     CutlassLaunch,
+    CutlassRunner,
     GreedyArgmax,
     Launch,
     cutlass_nk,
+    pointer_args,
 )
 from .cuda_steps import DecodeSteps, Layout, StagedBucket, StepsGraph
 from .kv_tma import fill_kv_tma, fill_w_tma, needs_kv_tma, needs_w_tma, w_tma_region
@@ -223,12 +225,22 @@ class CudaExecutor(DecodeSteps):
                 self.launches.append(self.collectives[-1])  # type: ignore[arg-type]
                 continue
             fn, kspec = functions[ln["kernel"]]
-            variants = [(int(v["max_rows"]), *functions[v["kernel"]],
-                         Arguments(functions[v["kernel"]][1], v["args"], self.address) if "args" in v else None)
-                        for v in ln.get("variants", ())]
             layout = cuda["kernels"].get(ln["kernel"], {}).get("cutlass")
-            if layout is not None and use_cutlass:  # a CUTLASS GEMM: Params built here (codegen/lower.py)
+            n = k = 0
+            if layout is not None:
                 n, k = cutlass_nk(self.buffers[ln["args"]["weight"]["buffer"]])
+            variants = []
+            for v in ln.get("variants", ()):
+                vfn, vspec = functions[v["kernel"]]
+                own = Arguments(vspec, v["args"], self.address) if "args" in v else None
+                vlayout = cuda.get("variant_kernels", {}).get(v["kernel"], {}).get("cutlass")
+                if vlayout is not None:  # another CUTLASS configuration for short steps (gemm_cutlass SM90_SHORT_M)
+                    if not use_cutlass:  # the plain alternative takes those steps too
+                        continue
+                    ptrs = pointer_args(vspec, own or Arguments(vspec, ln["args"], self.address))
+                    vfn = CutlassRunner(vfn, vspec.entry, vlayout, ptrs, n, k, self.ctx.num_sms)
+                variants.append((int(v["max_rows"]), vfn, vspec, own))
+            if layout is not None and use_cutlass:  # a CUTLASS GEMM: Params built here (codegen/lower.py)
                 self.launches.append(CutlassLaunch(fn, kspec, ln["args"], self.address, f"{ln['op']} {ln['kernel']}",
                                                     variants, layout, n, k, self.ctx.num_sms, pdl))
                 continue

@@ -59,7 +59,8 @@ class Arguments:
         return ints
 
 
-#: a launch's variant: (max rows, function, spec, its own argument block or None: the launch's)
+#: a launch's variant: (max rows, function, spec, its own argument block or None: the launch's); the function a
+#: ``CutlassRunner`` for a CUTLASS GEMM variant
 Variant = tuple[int, Any, KernelSpec, Arguments | None]
 
 
@@ -96,6 +97,8 @@ class Launch:
         for (max_rows, fn, spec, own), pdl in zip(self.variants, self.variant_pdl):
             if m <= max_rows:
                 self.variant_launches += 1
+                if isinstance(fn, CutlassRunner):  # another CUTLASS configuration (the launch's own arguments)
+                    return fn(m, stream)
                 if own is None:
                     cd.launch(fn, spec.grid_dims(ints), spec.block, spec.smem, stream, self.params_addr, self.what,
                               pdl)
@@ -136,33 +139,23 @@ def cutlass_nk(weight: Mapping[str, Any]) -> tuple[int, int]:
 PREPARED_MAX = 64
 
 
-class CutlassLaunch(Launch):
-    """A launch of a CUTLASS GEMM from the cubin alone (``codegen/kernels/gemm_cutlass/cutlass_params.py``): the
-    Params blob is built here from the kernel table's layout, once per row count M (buffers are fixed in the
-    arena), and launched with its cluster shape; small M still runs the launch's GEMV variants."""
+class CutlassRunner:
+    """A CUTLASS GEMM's launches from its cubin alone (``codegen/kernels/gemm_cutlass/cutlass_params.py``): the Params
+    blob built from the kernel table's layout once per row count M and stream (buffers are fixed in the arena), then
+    launched with its cluster shape. A ``CutlassLaunch``'s primary kernel, or one of its variants (a short-step
+    configuration, ``gemm_cutlass/rule.py`` ``SM90_SHORT_M``)."""
 
-    def __init__(self, fn: Any, spec: KernelSpec, args: Mapping[str, Mapping[str, Any]], address: Any, what: str,
-                 variants: Sequence[Variant], layout: Mapping[str, Any], n: int, k: int,
-                 sm_count: int, pdl: frozenset[str] = frozenset()) -> None:
-        super().__init__(fn, spec, args, address, what, variants, pdl=pdl)
-        self.layout, self.n, self.k, self.sm_count = layout, n, k, sm_count
-        names = [p.name for p in spec.params]
-        self.pointers = {nm: int(v.value or 0) for nm, v, p in zip(names, self.values, spec.params) if p.ctype == "ptr"}
-        self.m_value = self.values[names.index("M")]
+    def __init__(self, fn: Any, entry: str, layout: Mapping[str, Any], pointers: Mapping[str, int], n: int, k: int,
+                 sm_count: int) -> None:
+        self.fn, self.entry, self.layout, self.pointers = fn, entry, layout, dict(pointers)
+        self.n, self.k, self.sm_count = n, k, sm_count
         #: (row count, stream) -> the launch prepared for it (Params blob and driver objects built once); at most
         #: PREPARED_MAX, then started afresh (chunked prefill makes a new row count almost every step)
         self.prepared: dict[tuple[int, int], Any] = {}
 
-    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> str | None:
+    def __call__(self, m: int, stream: cd.Stream) -> str:
         from ..codegen.kernels.gemm_cutlass import cutlass_params
 
-        ints = self.args.set(dims)
-        m = int(self.m_value.value)
-        if m <= 0:
-            return None
-        entry = self._enqueue_variant(m, ints, dims, stream)
-        if entry is not None:
-            return entry
         key = (m, address_of(stream.handle))
         prepared = self.prepared.get(key)
         if prepared is None:
@@ -171,7 +164,35 @@ class CutlassLaunch(Launch):
             blob, config = cutlass_params.build_params(self.layout, self.pointers, m, self.n, self.k, self.sm_count)
             prepared = self.prepared[key] = cutlass_params.PreparedLaunch(blob, config, stream.handle)
         prepared(self.fn)
-        return self.spec.entry
+        return self.entry
+
+
+def pointer_args(spec: KernelSpec, args: Arguments) -> dict[str, int]:
+    """A packed argument block's pointers by parameter name (a CUTLASS GEMM's Params take them by name)."""
+    return {p.name: int(v.value or 0) for v, p in zip(args.values, spec.params) if p.ctype == "ptr"}
+
+
+class CutlassLaunch(Launch):
+    """A launch of a CUTLASS GEMM (``CutlassRunner``); small M still runs the launch's variants, GEMV ones or other
+    CUTLASS configurations (a variant whose function is a ``CutlassRunner``)."""
+
+    def __init__(self, fn: Any, spec: KernelSpec, args: Mapping[str, Mapping[str, Any]], address: Any, what: str,
+                 variants: Sequence[Variant], layout: Mapping[str, Any], n: int, k: int,
+                 sm_count: int, pdl: frozenset[str] = frozenset()) -> None:
+        super().__init__(fn, spec, args, address, what, variants, pdl=pdl)
+        self.runner = CutlassRunner(fn, spec.entry, layout, pointer_args(spec, self.args), n, k, sm_count)
+        names = [p.name for p in spec.params]
+        self.m_value = self.values[names.index("M")]
+
+    def enqueue(self, dims: Mapping[Any, int], stream: cd.Stream) -> str | None:
+        ints = self.args.set(dims)
+        m = int(self.m_value.value)
+        if m <= 0:
+            return None
+        entry = self._enqueue_variant(m, ints, dims, stream)
+        if entry is not None:
+            return entry
+        return self.runner(m, stream)
 
 
 class CollectiveLaunch:

@@ -119,6 +119,73 @@ def test_plan_kernels_is_what_the_lowering_compiles(tmp_path, monkeypatch):
         assert ln.get("skip") == ({"max_rows": kp.skips[j][1], "into": kp.into[j]} if j in kp.skips else None)
 
 
+#: a 2-layer model of the 1B shape's widths: its qkv, o and down are narrow (short steps on the CUTLASS GEMM's 64-row
+#: tiles), gate_up is wide; a 4096-token vocabulary (the lm_head narrow too)
+WIDE_1B = {**TINY_CONFIG, "num_hidden_layers": 2, "hidden_size": 2048, "intermediate_size": 8192,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 4096}
+
+
+@pytest.mark.parametrize("quant", [None, "fp8"])
+def test_short_steps_plan_the_cutlass_short_configuration(tmp_path, monkeypatch, quant):
+    """On h200 the narrow linears' CUTLASS launches end their variants with the short-step configuration up to 256
+    rows (``cutlass_params.short_variant``): bf16 after the GEMV buckets (replacing the down projection's skinny any-M
+    variant), W8A8 FP8 after its GEMV buckets 8 / 16, the launch's own arguments; gate_up keeps its buckets alone.
+    ``INGOT_CUTLASS_SHORT_M=0`` plans what was planned before (the any-M variant back). Planning only: nothing is
+    built."""
+    from ingot.codegen import lower
+    from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+    from ingot.codegen.kernels.gemm_cutlass.rule import SHORT_M_CONFIG, SHORT_M_ROWS
+
+    if not cp.cutlass_available():
+        pytest.skip("the CUTLASS GEMMs are planned where nvcc and the nvidia-cutlass wheel are installed")
+    for var in (cp.SHORT_M_ENV, "INGOT_NO_CUTLASS", "INGOT_GEMV_SKINNY_ANY", "INGOT_NO_GEMV"):
+        monkeypatch.delenv(var, raising=False)
+    ckpt = write_checkpoint(tmp_path / "w", WIDE_1B, random_weights(WIDE_1B, rng()))
+    real, seen = lower.plan_kernels, []
+
+    class Planned(Exception):
+        pass
+
+    def planning(*args, **kwargs):
+        with monkeypatch.context() as m:
+            for mod, name in ((lower, "compile_spec"), (lower, "compile_source"), (cp, "build_linear")):
+                m.setattr(mod, name, lambda *a, **k: pytest.fail("planning built a kernel"))
+            seen.append(real(*args, **kwargs))
+        raise Planned
+
+    monkeypatch.setattr(lower, "plan_kernels", planning)
+
+    def plan() -> list[tuple[str, int, list]]:
+        with pytest.raises(Planned):
+            ingot.compile(ckpt, target="h200", out=tmp_path / "p.ingot", quant=quant)
+        kp = seen.pop()
+        return [(spec, int(node.inputs[1].type.shape[0]), kp.variant_lists.get(j, []))
+                for j, (_, node, spec, _) in enumerate(kp.launches)
+                if spec is not None and cp.is_generic(spec)]
+
+    short_entries = {cp.generic_linear_spec(kind, lower.get_target("h200"), residual=r, config=cfg).entry
+                     for kind, cfg in SHORT_M_CONFIG.items() for r in (False, True)}
+    planned = plan()
+    assert len(planned) == 9  # 4 linears a layer and the lm_head
+    for spec, n, variants in planned:
+        last = variants[-1] if variants else None
+        if n == 16384:  # gate_up: its GEMV buckets (W8A8's end at 16)
+            assert last is not None and last[0] in (16, 64) and last[1].entry not in short_entries
+            continue
+        assert last is not None and last[0] == SHORT_M_ROWS and last[1].entry in short_entries, (spec.entry, n)
+        assert last[2] is None  # the launch's arguments
+        assert all(mr <= 64 for mr, _, _ in variants[:-1])
+        assert (last[1].value("HAS_RESIDUAL"), last[1].value("A_TYPE")) == (spec.value("HAS_RESIDUAL"),
+                                                                             spec.value("A_TYPE"))
+        if "fp8" in spec.entry:
+            assert [mr for mr, _, _ in variants] == [8, 16, SHORT_M_ROWS]
+    monkeypatch.setenv(cp.SHORT_M_ENV, "0")
+    off = plan()
+    assert not any(v.entry in short_entries for _, _, vs in off for _, v, _ in vs)
+    if quant is None:  # the down projections' skinny any-M variants again
+        assert sum(vs[-1][0] == SHORT_M_ROWS for _, _, vs in off if vs) == 2
+
+
 def test_hf_checkpoint_compiles_for_gpu(tmp_path):
     cfg = {**TINY_CONFIG, "tie_word_embeddings": True}
     ckpt = write_checkpoint(tmp_path / "ckpt", cfg, random_weights(cfg, rng()))

@@ -360,10 +360,11 @@ def test_skinny_gemm_variants_match_cpu(gpu_target, tmp_path, monkeypatch):
 
 
 def _steps_match_cpu(ckpt: Path, gpu: Path, tmp_path: Path, seed: int, vocab: int, prompt_len, decode: tuple[int, ...],
-                     num_blocks: int = 64, **compile_kwargs: object) -> list[float]:
+                     num_blocks: int = 64, tol: float = 5e-2, **compile_kwargs: object) -> list[float]:
     """One prefill step of ``decode[0]`` sequences (``prompt_len(s)`` random tokens each), then decode steps of
     ``decode`` sequences, on ``gpu`` without and with CUDA graphs (the same bits) and on the CPU backend's compile of
-    ``ckpt`` (with ``compile_kwargs``, e.g. its quantization; within 5e-2 relative): the relative errors per step."""
+    ``ckpt`` (with ``compile_kwargs``, e.g. its quantization; within ``tol`` relative): the relative errors per
+    step."""
     from ingot.runtime.cuda_backend import CudaExecutor, CudaPagedModel
 
     cpu = ingot.compile(ckpt, target="cpu", out=tmp_path / "c.ingot", **compile_kwargs)
@@ -379,7 +380,7 @@ def _steps_match_cpu(ckpt: Path, gpu: Path, tmp_path: Path, seed: int, vocab: in
         ex.close()
     assert_same_steps(runs, False, "plain launches")
     errs = [_rel(g, r) for g, r in zip(runs[False], ref)]
-    assert max(errs) < 5e-2, errs
+    assert max(errs) < tol, errs
     return errs
 
 
@@ -427,6 +428,7 @@ def test_skinny_any_m_variant_matches_cpu(gpu_target, tmp_path, monkeypatch):
         pytest.skip(f"the skinny GEMM is sm_90a only (target {gpu_target})")
     for var in ("INGOT_GEMV_SKINNY", "INGOT_GEMV_SKINNY_SPLITK", "INGOT_GEMV_SKINNY_ANY", "INGOT_GEMV_BULK"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("INGOT_CUTLASS_SHORT_M", "0")  # on, the CUTLASS GEMM's short-step build takes these steps
     cfg = {**SMOLLM2_CONFIG, "num_hidden_layers": 2, "hidden_size": 512, "intermediate_size": 8192,
            "num_attention_heads": 8, "num_key_value_heads": 2}
     ckpt = write_checkpoint(tmp_path / "i8192", cfg, random_weights(cfg, np.random.default_rng(5)))
@@ -438,6 +440,44 @@ def test_skinny_any_m_variant_matches_cpu(gpu_target, tmp_path, monkeypatch):
     assert found == [(256, True)] * 2, found  # each layer's down, with the residual
     REPORT["skinny_any_m"] = _steps_match_cpu(ckpt, gpu, tmp_path, 11, cfg["vocab_size"], lambda s: 2 + s % 3,
                                               (200, 200, 130, 65), num_blocks=512)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", [None, "fp8"])
+def test_cutlass_short_m_variants_match_cpu(gpu_target, tmp_path, monkeypatch, quant):
+    """The CUTLASS GEMM's short-step configuration (``cutlass_params.short_variant``, the default): a 2-layer model
+    of the 1B shape's widths (hidden 2048, intermediate 8192, a 4096-token vocabulary), whose qkv, o, down and lm_head
+    are narrow, runs their steps past the GEMV buckets up to 256 rows (bf16: 65-256; W8A8 FP8, ``quant="fp8"``: 17-256,
+    after the activation quantizer) on 64-row-tile builds, o and down with the residual, the skinny any-M variant of
+    the down projections no longer listed; gate_up (wide) keeps its own. Decode steps of 200, 130, 65 (and for W8A8
+    40 and 24) sequences match the CPU backend (bf16's tolerance; W8A8's one e4m3 step), the same bits with and
+    without CUDA graphs."""
+    from ingot.codegen.kernels.gemm_cutlass.build import cutlass_available
+    from ingot.codegen.kernels.gemm_cutlass.rule import SHORT_M_CONFIG, SHORT_M_ROWS, config_tag
+    from tests.runtime.test_quant_cuda import TOL_FP8_ACTIVATIONS
+
+    if gpu_target != "h200":
+        pytest.skip(f"the short-step configurations are sm_90a ones (target {gpu_target})")
+    if not cutlass_available():
+        pytest.skip("CUTLASS kernels need nvcc and the nvidia-cutlass wheel's headers")
+    for var in ("INGOT_CUTLASS_SHORT_M", "INGOT_NO_CUTLASS", "INGOT_GEMV_SKINNY_ANY", "INGOT_W8A8_GEMM_ROWS"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = {**SMOLLM2_CONFIG, "num_hidden_layers": 2, "hidden_size": 2048, "intermediate_size": 8192,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 4096}
+    ckpt = write_checkpoint(tmp_path / "h2048", cfg, random_weights(cfg, np.random.default_rng(13)))
+    gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot", quant=quant)
+    cuda = load_graph(gpu)[1]["cuda"]
+    tags = {config_tag(c) for c in SHORT_M_CONFIG.values()}  # W8A8: the lm_head stays bf16 (the skip-list)
+    short = {e for e, k in cuda["variant_kernels"].items() if "cutlass" in k and any(t in e for t in tags)}
+    found = Counter(ln["args"]["residual"] != {"null": True} for ln in cuda["launches"]
+                    for v in ln.get("variants", ()) if v["kernel"] in short and v["max_rows"] == SHORT_M_ROWS)
+    assert found == {True: 4, False: 3}, found  # o and down with the residual; qkv and the lm_head without
+    assert not any(k["spec"]["values"].get("CHUNKS") for k in cuda["variant_kernels"].values())
+    decode = (200, 200, 130, 65) if quant is None else (200, 200, 130, 65, 40, 24)
+    tol = 5e-2 if quant is None else TOL_FP8_ACTIVATIONS  # W8A8: one e4m3 step
+    REPORT[f"cutlass_short_m_{quant or 'bf16'}"] = _steps_match_cpu(
+        ckpt, gpu, tmp_path, 17, cfg["vocab_size"], lambda s: 2 + s % 3, decode, num_blocks=512, tol=tol,
+        quant=quant)
 
 
 @pytest.mark.gpu

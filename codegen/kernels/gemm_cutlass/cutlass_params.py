@@ -61,10 +61,12 @@ from ...compile import (
     write_entry,
 )
 from ...kernel import KernelSpec
+from ...switches import env_on
 from ...target import Target
 from .build import _jobs, cutlass_available, cutlass_options
 from .rule import (
     OPERANDS,
+    SHORT_M_ROWS,
     Config,
     auto_swizzle,
     config_tag,
@@ -72,6 +74,7 @@ from .rule import (
     plan,
     rasterizes_along_m,
     shape_config,
+    short_m_config,
     sm90_blocks,
     variant_config,
 )
@@ -162,6 +165,37 @@ def plan_linear(node: Node, planned: KernelSpec, target: Target) -> KernelSpec |
     n, k = int(specs[0].value("N")), int(specs[0].value("K"))
     return generic_linear_spec("bf16", target, residual=bool(specs[0].value("HAS_RESIDUAL")),
                                config=shape_config("bf16", n, k, target))
+
+
+#: compile-time switch: ``0`` leaves the short-step configurations out (``short_variants``); unset or ``1``: in
+SHORT_M_ENV = "INGOT_CUTLASS_SHORT_M"
+
+
+def linear_nk(node: Node) -> tuple[int, int]:
+    """N and K of the GEMM a ``linear`` or ``quantized_linear`` node's CUTLASS launch computes (a quantized one's
+    prefill GEMM reads the dequantized ``[N, in_features]`` weight, or the FP8 codes of that shape)."""
+    w = node.inputs[1]
+    assert w is not None and w.type.shape is not None
+    n = int(w.type.shape[0])
+    k = int(getattr(node.op, "in_features", 0)) if node.op.name == "quantized_linear" else int(w.type.shape[1])
+    return n, k
+
+
+def short_variant(node: Node, spec: KernelSpec, largest: int, target: Target) -> tuple[int, KernelSpec] | None:
+    """``(SHORT_M_ROWS, spec)`` for a generic CUTLASS launch ``spec`` at ``node`` whose variants end at ``largest``
+    rows: the same GEMM (kind, residual) in ``rule.short_m_config``'s configuration for the steps of ``largest + 1``
+    to ``SHORT_M_ROWS`` rows, where the launch's own configuration leaves most SMs idle; None where it would not
+    (wide matrices, other targets), where the variants already reach that far, or with ``INGOT_CUTLASS_SHORT_M=0``.
+    Its arguments are the launch's (the same parameters)."""
+    if not env_on(SHORT_M_ENV) or not is_generic(spec) or largest >= SHORT_M_ROWS:
+        return None
+    kind = "fp8" if spec.value("A_TYPE") == OPERANDS["fp8"][0] else "bf16"
+    n, k = linear_nk(node)
+    cfg = short_m_config(kind, n, k, target)
+    if cfg is None:
+        return None
+    short = generic_linear_spec(kind, target, residual=bool(spec.value("HAS_RESIDUAL")), config=cfg)
+    return (SHORT_M_ROWS, short) if short.entry != kernel_spec(spec).entry else None
 
 
 def _with_values(spec: KernelSpec, values: Mapping[str, Any]) -> KernelSpec:

@@ -166,6 +166,23 @@ SM90_EXPLORE: dict[str, tuple[Config, ...]] = {
         Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True, direct=True),
     ),
 }
+#: sm_90a configurations for steps of few rows (65-256: decode batches past the GEMV buckets, short prefill chunks)
+#: on narrow matrices, where the prefill configurations' 128-row tiles give one tile row and so N / 128 CTAs (16-24
+#: on a 1B model's qkv / o) for 132 SMs: 64-row ping-pong tiles, a 2-CTA cluster along M sharing each weight tile by
+#: multicast. ``bench/bench_skinny.py --short-m`` times them against cuBLAS / cuBLASLt at those row counts.
+SM90_SHORT_M: dict[str, tuple[Config, ...]] = {
+    "bf16": (
+        Config("sm90.cu", (64, 64, 64), (2, 1), schedule="Pingpong", threads=384),
+        Config("sm90.cu", (64, 64, 64), (1, 1), schedule="Pingpong", threads=384),
+        Config("sm90.cu", (64, 128, 64), (2, 1), schedule="Pingpong", threads=384),
+        Config("sm90.cu", (64, 32, 64), (2, 1), schedule="Pingpong", threads=384),
+    ),
+    "fp8": (
+        Config("sm90.cu", (64, 64, 128), (2, 1), schedule="Pingpong", threads=384, overlap=True),
+        Config("sm90.cu", (64, 128, 128), (2, 1), schedule="Pingpong", threads=384, overlap=True),
+        Config("sm90.cu", (64, 64, 128), (1, 1), schedule="Pingpong", threads=384, overlap=True),
+    ),
+}
 #: the tile scheduler's raster orders (RasterOrderOptions) -> their config_tag suffix (Heuristic: none)
 RASTER_TAGS = {"Heuristic": "", "AlongM": "rm", "AlongN": "rn"}
 
@@ -292,6 +309,32 @@ def shape_config(kind: str, n: int, k: int, target: Target) -> Config:
         if rule is not None:
             return rule.config
     return default
+
+
+#: the most rows a short-step configuration (``short_m_config``) takes: past it the prefill configuration's tiles
+#: fill the SMs on their own
+SHORT_M_ROWS = 256
+#: the short-step configuration per kind (``SM90_SHORT_M``'s first for now; measured in docs/PERF.md)
+SHORT_M_CONFIG = {kind: cfgs[0] for kind, cfgs in SM90_SHORT_M.items()}
+
+
+#: the weight bytes a tile of the linear's own configuration streams (its columns x K) from which a short-step
+#: configuration pays: below it the few CTAs finish about as fast as many would (a small model's linears)
+SHORT_M_MIN_TILE_BYTES = 256 << 10
+
+
+def short_m_config(kind: str, n: int, k: int, target: Target) -> Config | None:
+    """The configuration for a ``kind`` linear's steps of up to ``SHORT_M_ROWS`` rows where its own configuration
+    (``shape_config``) would run fewer tiles than the GPU has SMs at that row count, each streaming at least
+    ``SHORT_M_MIN_TILE_BYTES`` of weights (narrow matrices of large K: a 1B model's qkv / o / down give 16-48 tiles
+    of 512 KB-2 MB for 132 SMs), or None (wide matrices, small K; targets other than h100 / h200)."""
+    if not (target.wgmma and not target.tcgen05) or kind not in SHORT_M_CONFIG:
+        return None
+    own = shape_config(kind, n, k, target)
+    if own.template != "sm90.cu" or own.tile[1] * k * OPERANDS[kind][1] // 8 < SHORT_M_MIN_TILE_BYTES:
+        return None
+    blocks_m, blocks_n = sm90_blocks(SHORT_M_ROWS, n, own.tile, own.cluster)
+    return SHORT_M_CONFIG[kind] if blocks_m * blocks_n < target.num_sms else None
 
 
 def candidate_configs(kind: str, target: Target) -> tuple[Config, ...]:
