@@ -19,8 +19,8 @@ What one run does:
    and per-token FP8 activations; reported as skipped when it does not compile for the target). On request
    (``--formats ...,fp8-w8a16-lmhead``) also FP8 weights with the lm_head quantized too (the default skip-list
    keeps it bf16: 525 MB of the 1.5 GB an FP8 step reads at batch 1).
-3. Runs each artifact in the serving engine (``LLMEngine``, device cuda, greedy, ``ignore_eos``, fixed
-   ``max_tokens``), as ``bench/bench_tp.py`` does: per decode batch (``--batches``, default 1,64) ``batch``
+3. Runs each artifact in the serving engine (``LLMEngine``, device cuda, greedy, ``ignore_eos``, no ``max_tokens``:
+   every request decodes until the bench aborts it), as ``bench/bench_tp.py`` does: per decode batch (``--batches``, default 1,64) ``batch``
    requests of ``--context`` random tokens are prefilled, ``--warmup`` decode steps run (the CUDA graph of the
    batch's bucket is captured), then ``--steps`` steps are timed (default 64 for batch 1, 32 for batch 64):
    tokens/s = tokens out / seconds, engine host time included. Batch 1 then runs ``--breakdown-steps`` more steps
@@ -310,7 +310,7 @@ def engine_decode(engine: Any, batch: int, context: int, warmup: int, steps: int
                   probe_steps: int = 0) -> dict[str, Any]:
     """``batch`` requests of ``context`` random tokens: prefill, ``warmup`` decode steps, ``steps`` timed steps,
     then ``probe_steps`` steps under a ``StepProbe`` (the per-step breakdown). With ``engine.decode_steps`` = K > 1
-    each engine step makes K tokens per request (the requests' ``max_tokens`` leave room for all of them), and the
+    each engine step makes K tokens per request (the requests have no ``max_tokens``: room for all of them), and the
     step counts are divided by K (rounded up), so every K decodes about as many tokens over the same context
     lengths: K = 8 over 64 steps' contexts, not 512."""
     from bench.bench_tp import decode_rate
@@ -331,10 +331,7 @@ def engine_decode(engine: Any, batch: int, context: int, warmup: int, steps: int
                               "executor_run_ms": _median_ms(p.run_s), "gpu_ms": _median_ms(p.gpu_s),
                               "executor_calls": p.calls, "tokens_per_step": tokens / max(probe_steps * batch, 1)}}
 
-    # decode_rate's max_tokens counts one token per step and extra step: K per step here
-    extra = probe_steps + (k - 1) * (warmup + steps + probe_steps + 1)
-    res = decode_rate(engine, batch, context, warmup, steps, seed, extra_steps=extra,
-                      after=probe if probe_steps else None)
+    res = decode_rate(engine, batch, context, warmup, steps, seed, after=probe if probe_steps else None)
     if res["tokens"] != batch * steps * k:
         raise RuntimeError(f"batch {batch}: {res['tokens']} tokens in {steps} steps, expected {batch * steps * k}")
     res.update(expected_tokens=batch * steps * k, decode_steps=k, token_step_ms=round(res["step_ms"] / k, 4))
