@@ -20,11 +20,11 @@ What one run does:
    (``--formats ...,fp8-w8a16-lmhead``) also FP8 weights with the lm_head quantized too (the default skip-list
    keeps it bf16: 525 MB of the 1.5 GB an FP8 step reads at batch 1).
 3. Runs each artifact in the serving engine (``LLMEngine``, device cuda, greedy, ``ignore_eos``, no ``max_tokens``:
-   every request decodes until the bench aborts it), as ``bench/bench_tp.py`` does: per decode batch (``--batches``, default 1,64) ``batch``
-   requests of ``--context`` random tokens are prefilled, ``--warmup`` decode steps run (the CUDA graph of the
-   batch's bucket is captured), then ``--steps`` steps are timed (default 64 for batch 1, 32 for batch 64):
-   tokens/s = tokens out / seconds, engine host time included. Batch 1 then runs ``--breakdown-steps`` more steps
-   with probes: the whole ``engine.step()``, the executor call inside it (``CudaExecutor.run``, or
+   every request decodes until the bench aborts it), as ``bench/bench_tp.py`` does: per decode batch (``--batches``,
+   default 1,64) ``batch`` requests of ``--context`` random tokens are prefilled, ``--warmup`` decode steps run (the
+   CUDA graph of the batch's bucket is captured), then ``--steps`` steps are timed (default 64 for batch 1, 32 for
+   batch 64): tokens/s = tokens out / seconds, engine host time included. Batch 1 then runs ``--breakdown-steps``
+   more steps with probes: the whole ``engine.step()``, the executor call inside it (``CudaExecutor.run``, or
    ``greedy_tokens`` where the engine samples on the device), and the GPU time between the step's input copy and
    its first copy back (CUDA events, as ``bench/bench_decode_step.py``). ``--decode-steps 1,8`` runs the decode
    figures once per ``K`` (the engine's ``decode_steps``, runtime/engine.py "Decode steps": ``K`` greedy decode
