@@ -82,11 +82,13 @@ runtime without the CUTLASS launch path runs instead (listed under ``alternative
 **Short steps on CUTLASS** (h100/h200; ``INGOT_CUTLASS_SHORT_M=0`` at compile time leaves them out): a CUTLASS
 launch of a narrow matrix (its own configuration's 128-row tiles would run fewer tiles than the GPU has SMs at 256
 rows, each over at least 256 KB of weights: a 1B model's qkv, o, down and a small-vocabulary lm_head) ends its
-variants with the same GEMM (kind, residual) in a 64-row-tile ping-pong configuration,
-``{"kernel": "linear_cutlass_bf16_pp64x64x64c2x1_...", "max_rows": 256}``, which takes the launch's arguments: the
-steps past the GEMV buckets (bf16: 65-256 rows; W8A8 FP8: 17-256) run it instead of the prefill configuration
-(``gemm_cutlass/cutlass_params.py`` ``short_variant``; its kernel entry under ``variant_kernels`` has its own
-``"cutlass"`` layout). It replaces the skinny GEMM's any-M variant where that applied.
+variants with the same GEMM (kind, residual) in 64-row-tile ping-pong configurations,
+``{"kernel": "linear_cutlass_bf16_pp64x64x64c2x1_...", "max_rows": 256}`` (and for K >= 8192
+``{"kernel": "linear_cutlass_bf16_res_pp64x128x64c2x1_...", "max_rows": 512}``), which take the launch's arguments:
+the steps past the GEMV buckets (bf16: from 65 rows; W8A8 FP8: from 17) run them instead of the prefill
+configuration (``gemm_cutlass/rule.py`` ``SHORT_M_TIERS``, ``cutlass_params.short_variants``; their kernel entries
+under ``variant_kernels`` have their own ``"cutlass"`` layout). They replace the skinny GEMM's any-M variant where
+that applied.
 
 On FP4 targets (b200) a W4A4 NVFP4/MXFP4 ``quantized_linear`` (weight scales swizzled by ``pack-sm100``) is two
 launches of its node (``codegen/kernels/gemm_cutlass/blockscaled_rule.py``): the activation quantizer
@@ -480,15 +482,16 @@ def plan_kernels(graph: Graph, target: Target | str, *, limits: Mapping[str, int
         variant_lists.update(rope.variants)
         skips.update(rope.skips)
         into.update(rope.into)
-    # steps past the GEMV buckets, up to 256 rows, on narrow matrices: the CUTLASS GEMM in a 64-row-tile configuration
-    # (gemm_cutlass/rule.py short_m_config; INGOT_CUTLASS_SHORT_M=0: off), in place of the skinny GEMM's any-M
-    # variant where that had them (faster at every row count measured: docs/PERF.md "Short steps on CUTLASS")
+    # steps past the GEMV buckets on narrow matrices, up to 256 rows (512 with long reductions): the CUTLASS GEMM in
+    # 64-row-tile configurations (gemm_cutlass/rule.py SHORT_M_TIERS; INGOT_CUTLASS_SHORT_M=0: off), in place of the
+    # skinny GEMM's any-M variant where that had them (faster at every row count measured: docs/PERF.md "Short steps
+    # on CUTLASS")
     for j, (_, node, spec, _) in enumerate(launches):
         found = [v for v in variant_lists.get(j, []) if v[0] <= gemv_rule.BUCKETS[-1]]
-        short = cutlass_params.short_variant(node, spec, max((mr for mr, _, _ in found), default=0), tgt) \
-            if spec is not None else None
-        if short is not None:
-            variant_lists[j] = [*found, (*short, None)]
+        shorts = cutlass_params.short_variants(node, spec, max((mr for mr, _, _ in found), default=0), tgt) \
+            if spec is not None else []
+        if shorts:
+            variant_lists[j] = [*found, *((mr, s, None) for mr, s in shorts)]
     return KernelPlan(serving=serving, launches=launches, alternatives=alternatives, variant_lists=variant_lists,
                       skips=skips, into=into, rows_args=rows_args, tuned=tuned, records=records, bindings=bindings,
                       temporaries=dict(prefill.temporaries))

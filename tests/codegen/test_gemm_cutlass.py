@@ -150,6 +150,21 @@ def test_shape_rules_agree_with_their_measurements():
     assert len({r.config for r in SM90_SHAPE_RULES} | {variant_config("bf16", h200)}) <= 4
 
 
+class _Value:
+    def __init__(self, t):
+        self.type = t
+
+
+class _Node:
+    """A stand-in ``linear`` node of N outputs and K inputs (what the CUTLASS planning reads of one)."""
+
+    op = Linear()
+
+    def __init__(self, n, k, residual=False, rows="T"):
+        self.inputs = [_Value(TensorType(DType.bf16, (rows, k))), _Value(TensorType(DType.bf16, (n, k))), None,
+                       _Value(TensorType(DType.bf16, (rows, n))) if residual else None]
+
+
 def test_generic_specs_per_configuration(monkeypatch):
     """plan_linear picks the shape's configuration; linears of one configuration (and epilogue) share one kernel;
     the default configuration's kernel is the one recorded before per-shape choice (same entry, same cache key)."""
@@ -158,17 +173,6 @@ def test_generic_specs_per_configuration(monkeypatch):
 
     monkeypatch.setattr(cp, "cutlass_available", lambda: True)
     h200 = get_target("h200")
-
-    class _Value:
-        def __init__(self, t):
-            self.type = t
-
-    class _Node:
-        op = Linear()
-
-        def __init__(self, n, k, residual=False, rows="T"):
-            self.inputs = [_Value(TensorType(DType.bf16, (rows, k))), _Value(TensorType(DType.bf16, (n, k))), None,
-                           _Value(TensorType(DType.bf16, (rows, n))) if residual else None]
 
     def primary(n, k, residual=False):
         node = _Node(n, k, residual)
@@ -198,71 +202,65 @@ def test_generic_specs_per_configuration(monkeypatch):
     assert static.value("ROWS") == 4096 and cp.kernel_spec(static) == qkv
 
 
-SHORT_M_CHOICES = [  # (kind, N, K, short-step configuration or None)
-    ("bf16", 3072, 2048, "pp64x64x64c2x1"),  # the 1B model's qkv: 2 x 24 tiles of 128 rows at 256 rows
-    ("bf16", 2048, 2048, "pp64x64x64c2x1"),  # o
-    ("bf16", 2048, 8192, "pp64x64x64c2x1"),  # down (coop256x128: 16 tiles)
-    ("bf16", 4096, 4096, "pp64x64x64c2x1"),  # an 8B model's o (coop128x256: 32 tiles)
-    ("bf16", 16384, 2048, None),  # gate_up: 2 x 128 tiles fill the SMs
-    ("bf16", 128256, 2048, None),  # lm_head
-    ("bf16", 576, 576, None),  # SmolLM2's: a tile streams 144 KB of weights, short anyway
-    ("bf16", 192, 64, None),  # tiny
-    ("fp8", 3072, 2048, "ppov64x64x128c2x1"),  # W8A8 qkv (a tile streams 128 x 2048 e4m3 bytes: the threshold)
-    ("fp8", 2048, 8192, "ppov64x64x128c2x1"),
-    ("fp8", 16384, 2048, None),
-    ("fp8", 2048, 1024, None),  # 128 KB a tile
+SHORT_M_CHOICES = [  # (kind, N, K, [(max rows, short-step configuration), ...])
+    ("bf16", 3072, 2048, [(256, "pp64x64x64c2x1")]),  # the 1B model's qkv: 2 x 24 tiles of 128 rows at 256 rows
+    ("bf16", 2048, 2048, [(256, "pp64x64x64c2x1")]),  # o
+    ("bf16", 2048, 8192, [(256, "pp64x64x64c2x1"), (512, "pp64x128x64c2x1")]),  # down (coop256x128: 32 tiles at 512)
+    ("bf16", 4096, 4096, [(256, "pp64x64x64c2x1")]),  # an 8B model's o (coop128x256: 32 tiles at 256 rows)
+    ("bf16", 14336, 8192, [(256, "pp64x64x64c2x1")]),  # coop256x128 c1x2: 112 tiles at 256 rows, 224 at 512
+    ("bf16", 16384, 2048, []),  # gate_up: 2 x 128 tiles fill the SMs
+    ("bf16", 128256, 2048, []),  # lm_head
+    ("bf16", 576, 576, []),  # SmolLM2's: a tile streams 144 KB of weights, short anyway
+    ("bf16", 192, 64, []),  # tiny
+    ("fp8", 3072, 2048, [(256, "ppov64x64x128c2x1")]),  # W8A8 qkv (a tile streams 128 x 2048 e4m3: the threshold)
+    ("fp8", 2048, 8192, [(256, "ppov64x64x128c2x1"), (512, "ppov64x128x128c2x1")]),
+    ("fp8", 16384, 2048, []),
+    ("fp8", 2048, 1024, []),  # 128 KB a tile
 ]
 
 
-@pytest.mark.parametrize("kind,n,k,tag", SHORT_M_CHOICES, ids=[f"{c[0]}-{c[1]}x{c[2]}" for c in SHORT_M_CHOICES])
-def test_short_m_config_for_narrow_matrices(kind, n, k, tag):
-    """Steps of up to SHORT_M_ROWS rows get the 64-row-tile configuration where the linear's own one runs fewer tiles
-    than the H200 has SMs, each over long weight rows; sm_90a only."""
-    from ingot.codegen.kernels.gemm_cutlass.rule import config_tag, short_m_config
+@pytest.mark.parametrize("kind,n,k,tiers", SHORT_M_CHOICES, ids=[f"{c[0]}-{c[1]}x{c[2]}" for c in SHORT_M_CHOICES])
+def test_short_m_configs_for_narrow_matrices(kind, n, k, tiers):
+    """Steps of up to 256 rows (512 with K >= 8192) get 64-row-tile configurations where the linear's own one runs
+    fewer tiles than the H200 has SMs at that row count, each over long weight rows; sm_90a only."""
+    from ingot.codegen.kernels.gemm_cutlass.rule import config_tag, short_m_configs
 
-    got = short_m_config(kind, n, k, get_target("h200"))
-    assert (got and config_tag(got)) == tag
-    assert short_m_config(kind, n, k, get_target("h100")) == got
-    assert short_m_config(kind, n, k, get_target("b200")) is None
+    got = short_m_configs(kind, n, k, get_target("h200"))
+    assert [(rows, config_tag(c)) for rows, c in got] == tiers
+    assert short_m_configs(kind, n, k, get_target("h100")) == got
+    assert short_m_configs(kind, n, k, get_target("b200")) == []
 
 
-def test_short_variant_of_a_launch(monkeypatch):
-    """``short_variant``: the launch's kind and residual in the short configuration, for rows past the variants up to
-    SHORT_M_ROWS; none once the variants reach that far, for a non-CUTLASS spec, or with INGOT_CUTLASS_SHORT_M=0 (any
-    other value is an error naming the variable)."""
+def test_short_variants_of_a_launch(monkeypatch):
+    """``short_variants``: the launch's kind and residual in each short tier past the variants' rows; none once the
+    variants reach that far, for a non-CUTLASS spec, or with INGOT_CUTLASS_SHORT_M=0 (any other value is an error
+    naming the variable)."""
     from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
-    from ingot.codegen.kernels.gemm_cutlass.rule import SHORT_M_CONFIG, SHORT_M_ROWS
+    from ingot.codegen.kernels.gemm_cutlass.rule import SHORT_M_TIERS
 
     monkeypatch.delenv(cp.SHORT_M_ENV, raising=False)
     h200 = get_target("h200")
 
-    class _Value:
-        def __init__(self, t):
-            self.type = t
-
-    class _Node:
-        op = Linear()
-
-        def __init__(self, n, k):
-            self.inputs = [_Value(TensorType(DType.bf16, ("T", k))), _Value(TensorType(DType.bf16, (n, k)))]
-
+    first, second = SHORT_M_TIERS
     for kind in ("bf16", "fp8"):
         for residual in (False, True):
             launch = cp.generic_linear_spec(kind, h200, residual=residual)
-            rows, spec = cp.short_variant(_Node(2048, 2048), launch, 64, h200)
-            assert rows == SHORT_M_ROWS
-            assert spec == cp.generic_linear_spec(kind, h200, residual=residual, config=SHORT_M_CONFIG[kind])
-            assert cp.is_generic(spec) and spec.value("TILE_M") == 64
+            got = cp.short_variants(_Node(2048, 8192), launch, 64, h200)
+            assert got == [(tier.rows, cp.generic_linear_spec(kind, h200, residual=residual,
+                                                             config=tier.configs[kind])) for tier in (first, second)]
+            assert all(cp.is_generic(s) and s.value("TILE_M") == 64 for _, s in got)
+            assert [r for r, _ in cp.short_variants(_Node(2048, 2048), launch, 64, h200)] == [first.rows]
     bf16 = cp.generic_linear_spec("bf16", h200)
-    assert cp.short_variant(_Node(2048, 2048), bf16, SHORT_M_ROWS, h200) is None  # the variants reach 256
-    assert cp.short_variant(_Node(16384, 2048), bf16, 64, h200) is None  # wide
+    assert [r for r, _ in cp.short_variants(_Node(2048, 8192), bf16, first.rows, h200)] == [second.rows]
+    assert cp.short_variants(_Node(2048, 2048), bf16, first.rows, h200) == []  # the variants reach 256
+    assert cp.short_variants(_Node(16384, 2048), bf16, 64, h200) == []  # wide
     plain = plan_op(Linear(), [TensorType(DType.bf16, ("T", 2048)), TensorType(DType.bf16, (2048, 2048))], "h200")[0]
-    assert cp.short_variant(_Node(2048, 2048), plain, 64, h200) is None  # the template GEMM
+    assert cp.short_variants(_Node(2048, 2048), plain, 64, h200) == []  # the template GEMM
     monkeypatch.setenv(cp.SHORT_M_ENV, "0")
-    assert cp.short_variant(_Node(2048, 2048), bf16, 64, h200) is None
+    assert cp.short_variants(_Node(2048, 2048), bf16, 64, h200) == []
     monkeypatch.setenv(cp.SHORT_M_ENV, "yes")
     with pytest.raises(ValueError, match=cp.SHORT_M_ENV):
-        cp.short_variant(_Node(2048, 2048), bf16, 64, h200)
+        cp.short_variants(_Node(2048, 2048), bf16, 64, h200)
 
 
 def test_cache_keys_stay_location_independent():

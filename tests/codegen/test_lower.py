@@ -127,14 +127,15 @@ WIDE_1B = {**TINY_CONFIG, "num_hidden_layers": 2, "hidden_size": 2048, "intermed
 
 @pytest.mark.parametrize("quant", [None, "fp8"])
 def test_short_steps_plan_the_cutlass_short_configuration(tmp_path, monkeypatch, quant):
-    """On h200 the narrow linears' CUTLASS launches end their variants with the short-step configuration up to 256
-    rows (``cutlass_params.short_variant``): bf16 after the GEMV buckets (replacing the down projection's skinny any-M
-    variant), W8A8 FP8 after its GEMV buckets 8 / 16, the launch's own arguments; gate_up keeps its buckets alone.
+    """On h200 the narrow linears' CUTLASS launches end their variants with the short-step configurations up to 256
+    rows, the down projections' (K = 8192) up to 512 too (``cutlass_params.short_variants``): bf16 after the GEMV
+    buckets (replacing the down projection's skinny any-M variant), W8A8 FP8 after its GEMV buckets 8 / 16, the
+    launch's own arguments; gate_up keeps its buckets alone.
     ``INGOT_CUTLASS_SHORT_M=0`` plans what was planned before (the any-M variant back). Planning only: nothing is
     built."""
     from ingot.codegen import lower
     from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
-    from ingot.codegen.kernels.gemm_cutlass.rule import SHORT_M_CONFIG, SHORT_M_ROWS
+    from ingot.codegen.kernels.gemm_cutlass.rule import SHORT_M_TIERS
 
     if not cp.cutlass_available():
         pytest.skip("the CUTLASS GEMMs are planned where nvcc and the nvidia-cutlass wheel are installed")
@@ -155,35 +156,37 @@ def test_short_steps_plan_the_cutlass_short_configuration(tmp_path, monkeypatch,
 
     monkeypatch.setattr(lower, "plan_kernels", planning)
 
-    def plan() -> list[tuple[str, int, list]]:
+    def plan() -> list[tuple[object, int, int, list]]:
         with pytest.raises(Planned):
             ingot.compile(ckpt, target="h200", out=tmp_path / "p.ingot", quant=quant)
         kp = seen.pop()
-        return [(spec, int(node.inputs[1].type.shape[0]), kp.variant_lists.get(j, []))
+        return [(spec, *(int(d) for d in node.inputs[1].type.shape), kp.variant_lists.get(j, []))
                 for j, (_, node, spec, _) in enumerate(kp.launches)
                 if spec is not None and cp.is_generic(spec)]
 
     short_entries = {cp.generic_linear_spec(kind, lower.get_target("h200"), residual=r, config=cfg).entry
-                     for kind, cfg in SHORT_M_CONFIG.items() for r in (False, True)}
+                     for tier in SHORT_M_TIERS for kind, cfg in tier.configs.items() for r in (False, True)}
     planned = plan()
     assert len(planned) == 9  # 4 linears a layer and the lm_head
-    for spec, n, variants in planned:
-        last = variants[-1] if variants else None
-        if n == 16384:  # gate_up: its GEMV buckets (W8A8's end at 16)
-            assert last is not None and last[0] in (16, 64) and last[1].entry not in short_entries
+    for spec, n, k, variants in planned:
+        shorts = [v for v in variants if v[1].entry in short_entries]
+        if n == 16384:  # gate_up: its GEMV buckets alone (W8A8's end at 16)
+            assert not shorts and variants and variants[-1][0] in (16, 64)
             continue
-        assert last is not None and last[0] == SHORT_M_ROWS and last[1].entry in short_entries, (spec.entry, n)
-        assert last[2] is None  # the launch's arguments
-        assert all(mr <= 64 for mr, _, _ in variants[:-1])
-        assert (last[1].value("HAS_RESIDUAL"), last[1].value("A_TYPE")) == (spec.value("HAS_RESIDUAL"),
+        rows = [mr for mr, _, _ in shorts]
+        assert rows == ([256, 512] if k == 8192 else [256]), (spec.entry, n, k, rows)  # down: long K
+        assert variants[-len(shorts):] == shorts and all(mr <= 64 for mr, _, _ in variants[:-len(shorts)])
+        for _, short, own in shorts:
+            assert own is None  # the launch's arguments
+            assert (short.value("HAS_RESIDUAL"), short.value("A_TYPE")) == (spec.value("HAS_RESIDUAL"),
                                                                              spec.value("A_TYPE"))
         if "fp8" in spec.entry:
-            assert [mr for mr, _, _ in variants] == [8, 16, SHORT_M_ROWS]
+            assert [mr for mr, _, _ in variants][:2] == [8, 16]
     monkeypatch.setenv(cp.SHORT_M_ENV, "0")
     off = plan()
-    assert not any(v.entry in short_entries for _, _, vs in off for _, v, _ in vs)
+    assert not any(v.entry in short_entries for *_, vs in off for _, v, _ in vs)
     if quant is None:  # the down projections' skinny any-M variants again
-        assert sum(vs[-1][0] == SHORT_M_ROWS for _, _, vs in off if vs) == 2
+        assert sum(vs[-1][0] == 256 for *_, vs in off if vs) == 2
 
 
 def test_hf_checkpoint_compiles_for_gpu(tmp_path):

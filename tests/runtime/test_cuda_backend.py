@@ -445,15 +445,16 @@ def test_skinny_any_m_variant_matches_cpu(gpu_target, tmp_path, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", [None, "fp8"])
 def test_cutlass_short_m_variants_match_cpu(gpu_target, tmp_path, monkeypatch, quant):
-    """The CUTLASS GEMM's short-step configuration (``cutlass_params.short_variant``, the default): a 2-layer model
+    """The CUTLASS GEMM's short-step configurations (``cutlass_params.short_variants``, the default): a 2-layer model
     of the 1B shape's widths (hidden 2048, intermediate 8192, a 4096-token vocabulary), whose qkv, o, down and lm_head
     are narrow, runs their steps past the GEMV buckets up to 256 rows (bf16: 65-256; W8A8 FP8, ``quant="fp8"``: 17-256,
-    after the activation quantizer) on 64-row-tile builds, o and down with the residual, the skinny any-M variant of
-    the down projections no longer listed; gate_up (wide) keeps its own. Decode steps of 200, 130, 65 (and for W8A8
-    40 and 24) sequences match the CPU backend (bf16's tolerance; W8A8's one e4m3 step), the same bits with and
-    without CUDA graphs."""
+    after the activation quantizer) on 64 x 64 tiles and the down projections' (K = 8192) steps of 257-512 rows on
+    64 x 128 tiles, o and down with the residual, the skinny any-M variant of the down projections no longer listed;
+    gate_up (wide) keeps its own. A prefill step of 399 rows (the 512 tier on down, the prefill configuration on the
+    others), then decode steps of 200, 130, 65 (and for W8A8 40 and 24) sequences match the CPU backend (bf16's
+    tolerance; W8A8's one e4m3 step), the same bits with and without CUDA graphs."""
     from ingot.codegen.kernels.gemm_cutlass.build import cutlass_available
-    from ingot.codegen.kernels.gemm_cutlass.rule import SHORT_M_CONFIG, SHORT_M_ROWS, config_tag
+    from ingot.codegen.kernels.gemm_cutlass.rule import SHORT_M_TIERS, config_tag
     from tests.runtime.test_quant_cuda import TOL_FP8_ACTIVATIONS
 
     if gpu_target != "h200":
@@ -467,16 +468,17 @@ def test_cutlass_short_m_variants_match_cpu(gpu_target, tmp_path, monkeypatch, q
     ckpt = write_checkpoint(tmp_path / "h2048", cfg, random_weights(cfg, np.random.default_rng(13)))
     gpu = ingot.compile(ckpt, target=gpu_target, out=tmp_path / "g.ingot", quant=quant)
     cuda = load_graph(gpu)[1]["cuda"]
-    tags = {config_tag(c) for c in SHORT_M_CONFIG.values()}  # W8A8: the lm_head stays bf16 (the skip-list)
-    short = {e for e, k in cuda["variant_kernels"].items() if "cutlass" in k and any(t in e for t in tags)}
-    found = Counter(ln["args"]["residual"] != {"null": True} for ln in cuda["launches"]
-                    for v in ln.get("variants", ()) if v["kernel"] in short and v["max_rows"] == SHORT_M_ROWS)
-    assert found == {True: 4, False: 3}, found  # o and down with the residual; qkv and the lm_head without
+    tags = {t.rows: {config_tag(c) for c in t.configs.values()} for t in SHORT_M_TIERS}  # W8A8: a bf16 lm_head
+    found = Counter((v["max_rows"], ln["args"]["residual"] != {"null": True}) for ln in cuda["launches"]
+                    for v in ln.get("variants", ()) if "cutlass" in cuda["variant_kernels"][v["kernel"]]
+                    and any(t in v["kernel"] for t in tags.get(v["max_rows"], ())))
+    # 256: qkv and the lm_head without the residual, o and down with it; 512: down alone
+    assert found == {(256, False): 3, (256, True): 4, (512, True): 2}, found
     assert not any(k["spec"]["values"].get("CHUNKS") for k in cuda["variant_kernels"].values())
     decode = (200, 200, 130, 65) if quant is None else (200, 200, 130, 65, 40, 24)
     tol = 5e-2 if quant is None else TOL_FP8_ACTIVATIONS  # W8A8: one e4m3 step
     REPORT[f"cutlass_short_m_{quant or 'bf16'}"] = _steps_match_cpu(
-        ckpt, gpu, tmp_path, 17, cfg["vocab_size"], lambda s: 2 + s % 3, decode, num_blocks=512, tol=tol,
+        ckpt, gpu, tmp_path, 17, cfg["vocab_size"], lambda s: 1 + s % 3, decode, num_blocks=512, tol=tol,
         quant=quant)
 
 

@@ -66,7 +66,6 @@ from ...target import Target
 from .build import _jobs, cutlass_available, cutlass_options
 from .rule import (
     OPERANDS,
-    SHORT_M_ROWS,
     Config,
     auto_swizzle,
     config_tag,
@@ -74,7 +73,7 @@ from .rule import (
     plan,
     rasterizes_along_m,
     shape_config,
-    short_m_config,
+    short_m_configs,
     sm90_blocks,
     variant_config,
 )
@@ -181,21 +180,23 @@ def linear_nk(node: Node) -> tuple[int, int]:
     return n, k
 
 
-def short_variant(node: Node, spec: KernelSpec, largest: int, target: Target) -> tuple[int, KernelSpec] | None:
-    """``(SHORT_M_ROWS, spec)`` for a generic CUTLASS launch ``spec`` at ``node`` whose variants end at ``largest``
-    rows: the same GEMM (kind, residual) in ``rule.short_m_config``'s configuration for the steps of ``largest + 1``
-    to ``SHORT_M_ROWS`` rows, where the launch's own configuration leaves most SMs idle; None where it would not
-    (wide matrices, other targets), where the variants already reach that far, or with ``INGOT_CUTLASS_SHORT_M=0``.
-    Its arguments are the launch's (the same parameters)."""
-    if not env_on(SHORT_M_ENV) or not is_generic(spec) or largest >= SHORT_M_ROWS:
-        return None
+def short_variants(node: Node, spec: KernelSpec, largest: int, target: Target) -> list[tuple[int, KernelSpec]]:
+    """``(max rows, spec)`` for a generic CUTLASS launch ``spec`` at ``node`` whose variants end at ``largest`` rows:
+    the same GEMM (kind, residual) in each ``rule.short_m_configs`` tier past ``largest`` rows (64-row tiles where
+    the launch's own configuration leaves most SMs idle); none where that would not be so (wide matrices, other
+    targets), for a spec other than a generic CUTLASS one, or with ``INGOT_CUTLASS_SHORT_M=0`` (another value than
+    0 / 1: ``ValueError``). Their arguments are the launch's (the same parameters)."""
+    if not env_on(SHORT_M_ENV) or not is_generic(spec):
+        return []
     kind = "fp8" if spec.value("A_TYPE") == OPERANDS["fp8"][0] else "bf16"
     n, k = linear_nk(node)
-    cfg = short_m_config(kind, n, k, target)
-    if cfg is None:
-        return None
-    short = generic_linear_spec(kind, target, residual=bool(spec.value("HAS_RESIDUAL")), config=cfg)
-    return (SHORT_M_ROWS, short) if short.entry != kernel_spec(spec).entry else None
+    own = kernel_spec(spec).entry
+    out = []
+    for rows, cfg in short_m_configs(kind, n, k, target):
+        short = generic_linear_spec(kind, target, residual=bool(spec.value("HAS_RESIDUAL")), config=cfg)
+        if rows > largest and short.entry != own:
+            out.append((rows, short))
+    return out
 
 
 def _with_values(spec: KernelSpec, values: Mapping[str, Any]) -> KernelSpec:

@@ -311,30 +311,53 @@ def shape_config(kind: str, n: int, k: int, target: Target) -> Config:
     return default
 
 
-#: the most rows a short-step configuration (``short_m_config``) takes: past it the prefill configuration's tiles
-#: fill the SMs on their own
-SHORT_M_ROWS = 256
-#: the short-step configuration per kind (``SM90_SHORT_M``'s first for now; measured in docs/PERF.md)
-SHORT_M_CONFIG = {kind: cfgs[0] for kind, cfgs in SM90_SHORT_M.items()}
+@dataclass(frozen=True)
+class ShortTier:
+    """Steps of up to ``rows`` rows of a narrow linear run ``configs[kind]`` (``short_m_configs``); ``min_k``: only
+    for reductions at least this long."""
+
+    rows: int
+    configs: dict[str, Config]
+    min_k: int = 0
 
 
+def _short(kind: str, tile: tuple[int, int, int], overlap: bool = False) -> Config:
+    found = [c for c in SM90_SHORT_M[kind] if c.tile == tile and c.cluster == (2, 1) and c.overlap == overlap]
+    assert len(found) == 1, (kind, tile)
+    return found[0]
+
+
+#: short-step tiers, smallest first, measured on the H200 (docs/PERF.md "Short steps on CUTLASS"): 64 x 64 tiles up to
+#: 256 rows (qkv / o / down 1.5-4x the prefill configuration); from 257 to 512 rows 64 x 128 tiles on long
+#: reductions only (down: 29-35 us against 79 at 320-512 rows, W8A8 1.2-1.3x; on qkv / o, K = 2048, no short
+#: configuration was faster than the prefill one past 256 rows)
+SHORT_M_TIERS = (
+    ShortTier(256, {"bf16": _short("bf16", (64, 64, 64)), "fp8": _short("fp8", (64, 64, 128), overlap=True)}),
+    ShortTier(512, {"bf16": _short("bf16", (64, 128, 64)), "fp8": _short("fp8", (64, 128, 128), overlap=True)},
+              min_k=8192),
+)
 #: the weight bytes a tile of the linear's own configuration streams (its columns x K) from which a short-step
 #: configuration pays: below it the few CTAs finish about as fast as many would (a small model's linears)
 SHORT_M_MIN_TILE_BYTES = 256 << 10
 
 
-def short_m_config(kind: str, n: int, k: int, target: Target) -> Config | None:
-    """The configuration for a ``kind`` linear's steps of up to ``SHORT_M_ROWS`` rows where its own configuration
-    (``shape_config``) would run fewer tiles than the GPU has SMs at that row count, each streaming at least
-    ``SHORT_M_MIN_TILE_BYTES`` of weights (narrow matrices of large K: a 1B model's qkv / o / down give 16-48 tiles
-    of 512 KB-2 MB for 132 SMs), or None (wide matrices, small K; targets other than h100 / h200)."""
-    if not (target.wgmma and not target.tcgen05) or kind not in SHORT_M_CONFIG:
-        return None
+def short_m_configs(kind: str, n: int, k: int, target: Target) -> list[tuple[int, Config]]:
+    """``(max rows, configuration)`` of the ``SHORT_M_TIERS`` a ``kind`` linear takes, smallest first: those where
+    its own configuration (``shape_config``) would run fewer tiles than the GPU has SMs at the tier's row count, each
+    streaming at least ``SHORT_M_MIN_TILE_BYTES`` of weights (narrow matrices of large K: a 1B model's qkv / o / down
+    give 16-48 tiles of 512 KB-2 MB for 132 SMs at 256 rows), and K reaches the tier's ``min_k``; empty for wide
+    matrices, small K, and targets other than h100 / h200."""
+    if not (target.wgmma and not target.tcgen05) or kind not in SM90_SHORT_M:
+        return []
     own = shape_config(kind, n, k, target)
     if own.template != "sm90.cu" or own.tile[1] * k * OPERANDS[kind][1] // 8 < SHORT_M_MIN_TILE_BYTES:
-        return None
-    blocks_m, blocks_n = sm90_blocks(SHORT_M_ROWS, n, own.tile, own.cluster)
-    return SHORT_M_CONFIG[kind] if blocks_m * blocks_n < target.num_sms else None
+        return []
+    out = []
+    for tier in SHORT_M_TIERS:
+        blocks_m, blocks_n = sm90_blocks(tier.rows, n, own.tile, own.cluster)
+        if k >= tier.min_k and blocks_m * blocks_n < target.num_sms:
+            out.append((tier.rows, tier.configs[kind]))
+    return out
 
 
 def candidate_configs(kind: str, target: Target) -> tuple[Config, ...]:

@@ -346,7 +346,7 @@ def any_m_spec(n: int, k: int, target: Target, bias: bool = False, residual: boo
     34 / 37 / 56 us at 65 / 128 / 256 rows (2.3x / 2.1x / 1.4x). On qkv and o (K = 2048) the GEMM's CTAs are short:
     the chunks were 1.2-1.4x faster at 65 rows, even at 128, 0.5-0.7x at 256 (docs/PERF.md "Decode steps of 65-256
     rows"), so they keep the GEMM. Where the CUTLASS GEMM has its short-step configuration (64-row tiles,
-    ``gemm_cutlass/rule.py`` ``short_m_config``: down 19-25 us at 65-256 rows), the lowering plans that instead and
+    ``gemm_cutlass/rule.py`` ``SHORT_M_TIERS``: down 19-25 us at 65-256 rows), the lowering plans that instead and
     drops this variant (``codegen/lower.py``); it stays the way without CUTLASS."""
     if not any_m_on() or k < ANY_MIN_K:
         return None
