@@ -334,7 +334,7 @@ def _check_w4a4_binding(cuda: dict) -> None:
             seen[t["tensor"]] = (t, addr, dims, strides)
             return bytes(cp.TMA_BYTES)
 
-        cp.build_params(layout, launch.pointers, rows, n, k, 148, encode=record)
+        cp.build_params(layout, launch.runner.pointers, rows, n, k, 148, encode=record)
         residual = {"residual"} if "buffer" in ln["args"]["residual"] else set()  # the epilogue's C operand
         assert set(seen) == {"x", "weight", "x_block_scale", "weight_block_scale", "out"} | residual
         for tensor, (t, addr, dims, strides) in seen.items():

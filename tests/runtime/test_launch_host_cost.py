@@ -64,4 +64,49 @@ def test_cutlass_launch_prepares_each_row_count_once(monkeypatch):
     # bounded: chunked prefill makes a new row count almost every step
     for t in range(1, 3 * cl.PREPARED_MAX):
         ln.enqueue({"T": t}, Stream())  # type: ignore[arg-type]
-    assert 0 < len(ln.prepared) <= cl.PREPARED_MAX and launched[-1] == f"blob{3 * cl.PREPARED_MAX - 1}"
+    assert 0 < len(ln.runner.prepared) <= cl.PREPARED_MAX and launched[-1] == f"blob{3 * cl.PREPARED_MAX - 1}"
+
+
+def test_cutlass_variants_take_their_row_counts(monkeypatch):
+    """A CUTLASS launch with short-step CUTLASS variants (``CutlassRunner``s, ``codegen/lower.py`` "Short steps on
+    CUTLASS"): each row count runs the first variant covering it, past them the launch's own kernel; each with the
+    launch's pointers, its Params prepared once per row count."""
+    from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+    from ingot.codegen.kernels.gemm_cutlass.rule import SHORT_M_TIERS
+
+    tgt = get_target("h200")
+    spec = cp.generic_linear_spec("bf16", tgt, residual=True)
+    shorts = [cp.generic_linear_spec("bf16", tgt, residual=True, config=t.configs["bf16"]) for t in SHORT_M_TIERS]
+    args = {p.name: {"buffer": p.name} for p in spec.params if p.ctype == "ptr"} | {"M": {"dim": "T"}}
+    address = {name: (i + 1) << 20 for i, name in enumerate(args)}.__getitem__
+    built, launched = [], []
+
+    class Prepared:
+        def __init__(self, blob, config, stream):
+            self.blob = blob
+
+        def __call__(self, fn):
+            launched.append((fn, self.blob))
+
+    def build(layout, ptrs, m, n, k, sms):
+        built.append((layout["name"], m))
+        assert ptrs == {name: address(name) for name in ptrs} and set(ptrs) >= {"x", "weight", "residual", "out"}
+        return f"{layout['name']}{m}", {}
+
+    monkeypatch.setattr(cp, "build_params", build)
+    monkeypatch.setattr(cp, "PreparedLaunch", Prepared)
+
+    class Stream:
+        handle = 7
+
+    own_args = cl.Arguments(spec, args, address)
+    variants = [(t.rows, cl.CutlassRunner(f"fn{i}", s.entry, {"name": f"short{i}-"}, cl.pointer_args(s, own_args),
+                                          2048, 8192, 132), s, None)
+                for i, (t, s) in enumerate(zip(SHORT_M_TIERS, shorts))]
+    ln = cl.CutlassLaunch("fn", spec, args, address, "down", variants, {"name": "own-"}, 2048, 8192, 132)
+    for t in (65, 256, 257, 512, 513, 2048, 65):
+        ln.enqueue({"T": t}, Stream())  # type: ignore[arg-type]
+    assert launched == [("fn0", "short0-65"), ("fn0", "short0-256"), ("fn1", "short1-257"), ("fn1", "short1-512"),
+                        ("fn", "own-513"), ("fn", "own-2048"), ("fn0", "short0-65")]
+    assert built == [("short0-", 65), ("short0-", 256), ("short1-", 257), ("short1-", 512), ("own-", 513),
+                     ("own-", 2048)] and ln.variant_launches == 5
