@@ -234,7 +234,7 @@ class CudaExecutor(DecodeSteps):
                 vfn, vspec = functions[v["kernel"]]
                 own = Arguments(vspec, v["args"], self.address) if "args" in v else None
                 vlayout = cuda.get("variant_kernels", {}).get(v["kernel"], {}).get("cutlass")
-                if vlayout is not None:  # another CUTLASS configuration for short steps (gemm_cutlass SM90_SHORT_M)
+                if vlayout is not None:  # another CUTLASS configuration for short steps (gemm_cutlass SHORT_M_TIERS)
                     if not use_cutlass:  # the plain alternative takes those steps too
                         continue
                     ptrs = pointer_args(vspec, own or Arguments(vspec, ln["args"], self.address))

@@ -143,7 +143,7 @@ class CutlassRunner:
     """A CUTLASS GEMM's launches from its cubin alone (``codegen/kernels/gemm_cutlass/cutlass_params.py``): the Params
     blob built from the kernel table's layout once per row count M and stream (buffers are fixed in the arena), then
     launched with its cluster shape. A ``CutlassLaunch``'s primary kernel, or one of its variants (a short-step
-    configuration, ``gemm_cutlass/rule.py`` ``SM90_SHORT_M``)."""
+    configuration, ``gemm_cutlass/rule.py`` ``SHORT_M_TIERS``)."""
 
     def __init__(self, fn: Any, entry: str, layout: Mapping[str, Any], pointers: Mapping[str, int], n: int, k: int,
                  sm_count: int) -> None:
