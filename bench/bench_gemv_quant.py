@@ -60,6 +60,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_gemv import COPY_TBPS, ROTATE_BYTES, _cu, check, init_gpu, launch_kernel, time_graph  # noqa: E402
 
+from ingot.codegen.kernels.gemm_cutlass.rule import Config  # noqa: E402
+
 SHAPES = [(3072, 2048, "qkv"), (2048, 2048, "o"), (16384, 2048, "gate_up"), (2048, 8192, "down"),
           (128256, 2048, "lm_head")]
 FORMATS = {"fp8-w8a16": ("fp8", "none"), "fp8-w8a8": ("fp8", "fp8"), "nvfp4-w4a16": ("nvfp4", "none")}
@@ -410,7 +412,7 @@ def bench_shape(n: int, k: int, name: str, ms: list[int], fmts: list[str], launc
                     kspec = gemv_spec(n, k, mb, tgt, wb=KERNEL_WB[label])
                     todo.append((label + "-kernel", "kernel", kspec.value("KW"), kspec))
             for variant, cname, kw, spec in todo:
-                if spec is None or not hasattr(spec, "entry"):  # a pair, ``spec`` its GEMM's configuration if any
+                if spec is None or isinstance(spec, Config):  # a pair, ``spec`` its GEMM's configuration if any
                     kern = W8A8Pair(n, k, m, tgt, spec) if act == "fp8" else WeightOnlyPair(wfmt, n, k, m, tgt)
                     spec = kern.gemm
                 else:

@@ -33,6 +33,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_gemv import Kernel, init_gpu, time_graph  # noqa: E402
 from bench_gemv_quant import SpecKernel  # noqa: E402
 
+from ingot.codegen.kernels.gemm_cutlass.rule import Config  # noqa: E402
+
 HBM_TBS = 4.19
 DEFAULT_SHAPES = "16384,2048;128256,2048"
 
@@ -117,7 +119,7 @@ def bench(n: int, k: int, m: int, a: argparse.Namespace) -> dict:
         gs_t = torch.tensor([float(gs)], device="cuda", dtype=torch.float32)
     for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), wb, a.short_m):
         outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-        if spec is None or not hasattr(spec, "entry"):  # the bf16 CUTLASS GEMM a linear's launch runs past its
+        if spec is None or isinstance(spec, Config):  # the bf16 CUTLASS GEMM a linear's launch runs past its
             # variants (the runtime's build, or ``spec`` a configuration of SM90_SHORT_M)
             from bench_gemv_quant import CutlassGemm
 
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             for m in a.m:
                 for label, spec in specs(n, k, m, a.stages, a.splitk, a.xs, tuple(a.warpgroups), weight_code(a),
                                          a.short_m):
-                    if spec is None or not hasattr(spec, "entry"):
+                    if spec is None or isinstance(spec, Config):
                         continue
                     print(f"{n}x{k} M={m} {label}: {spec.entry}, smem {spec.smem}, "
                           f"cubin {len(compile_spec(spec).cubin)} bytes", flush=True)

@@ -211,17 +211,13 @@ def tuning_spec(spec: KernelSpec | None, node: Node) -> KernelSpec | None:
     spec) while the kernels stay shared (``kernel_spec``); any other spec (or None) as it is."""
     if spec is None or not is_generic(spec) or int(spec.value("N")) != 0:
         return spec
-    x, w = node.inputs[0].type, node.inputs[1].type
-    lead = list(x.shape or ())[:-1]
+    lead = list(node.inputs[0].type.shape or ())[:-1]
     named = [d for d in lead if not isinstance(d, int)]
     rows: int | str = str(named[0]) if named else math.prod(lead)
-    # a quantized_linear's prefill GEMM (codegen/quant_prefill.py) reads the dequantized [N, in_features] weight;
-    # its bias is input 5 (2 is the weight's scale)
-    quantized = node.op.name == "quantized_linear"
-    k = int(getattr(node.op, "in_features", 0)) if quantized else int(w.shape[1])
-    at = 5 if quantized else 2
+    # a quantized_linear's bias is input 5 (2 is the weight's scale)
+    at = 5 if node.op.name == "quantized_linear" else 2
     bias = len(node.inputs) > at and node.inputs[at] is not None
-    return shaped(spec, int(w.shape[0]), k, rows, bias)
+    return shaped(spec, *linear_nk(node), rows, bias)
 
 
 def shaped(spec: KernelSpec, n: int, k: int, rows: int | str, bias: bool) -> KernelSpec:
