@@ -74,6 +74,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,18 +92,45 @@ log = logging.getLogger("ingot.engine")
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30  # CPU backend: at most this much (and half the available memory)
 
-_gc_frozen = False
+#: engines whose load froze the collector (``hold_gc_freeze``); the freeze ends when the last of them closes
+_gc_holders: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def freeze_gc() -> None:
-    """``gc.collect(); gc.freeze()``, once per process: the objects alive now (the engine's graph, cache and
-    block pool, the server) leave the collector's generations, so a full collection no longer walks them in the
-    middle of a step (tens of ms; docs/PERF.md). ``AsyncEngine`` calls it after its first step (the warm-up)."""
-    global _gc_frozen
-    if not _gc_frozen:
-        _gc_frozen = True
-        gc.collect()
-        gc.freeze()
+    """``gc.collect(); gc.freeze()``: the objects alive now (an engine's graph, executor, cache and block pool, the
+    server) leave the collector's generations, so a full (generation-2) collection no longer walks them in the middle
+    of a step. Unfrozen, one took 42-47 ms about every 100 decode steps of the 1B model's engine at batch 256 (2.7 ms
+    steps: a timed window of 32 steps that caught one measured 0.45-0.7x the others; docs/PERF.md "A full garbage
+    collection in the timed steps"). ``LLMEngine`` calls it once loaded on the GPU (``hold_gc_freeze``),
+    ``AsyncEngine`` after its first (warm-up) step."""
+    gc.collect()
+    gc.freeze()
+
+
+_gc_frozen_once = False
+
+
+def freeze_gc_once() -> None:
+    """``freeze_gc()`` the first time it is called in a process."""
+    global _gc_frozen_once
+    if not _gc_frozen_once:
+        _gc_frozen_once = True
+        freeze_gc()
+
+
+def hold_gc_freeze(holder: Any) -> None:
+    """``freeze_gc()`` for ``holder`` (an engine), which gives it back with ``release_gc_freeze``."""
+    freeze_gc()
+    _gc_holders.add(holder)
+
+
+def release_gc_freeze(holder: Any) -> None:
+    """``holder`` no longer needs the freeze; when no live holder does, ``gc.unfreeze()``: the frozen objects go back
+    to the oldest generation, so the closed engines' reference cycles can be collected (a frozen cycle never is)."""
+    if holder in _gc_holders:
+        _gc_holders.discard(holder)
+        if not _gc_holders:
+            gc.unfreeze()
 
 
 class EngineRequestError(ValueError):
@@ -436,6 +464,10 @@ class LLMEngine:
         self.num_multi_steps = 0
         #: plans of decode steps queued before the previous plan's tokens were taken (module docstring, "Overlap")
         self.num_overlapped_plans = 0
+        if device == "cuda":
+            # a full collection walking the loaded graph stalls the GPU's next step by tens of ms (``freeze_gc``);
+            # the CPU backend's steps are long enough not to mind, and its engines (tests) are not always closed
+            hold_gc_freeze(self)
 
     def _cuda_executor(self, args: EngineArgs, spec: dict[str, Any], info: dict[str, Any],
                        bytes_per_token: int) -> EngineArgs:
@@ -482,6 +514,7 @@ class LLMEngine:
         if (self.device == "cuda" or self.tp) and self.executor is not None:
             self.executor.close()
             self.executor = None
+        release_gc_freeze(self)
 
     def _load_tokenizer(self) -> Any:
         if not (self.path / "tokenizer.json").is_file():
@@ -1011,7 +1044,7 @@ class AsyncEngine:
                 outputs = self.on_outputs(outputs)
             if outputs:
                 self._deliver(outputs)
-            freeze_gc()  # once, after the first (warm-up) step
+            freeze_gc_once()  # after the first (warm-up) step
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}

@@ -165,3 +165,31 @@ def test_streamed_outputs_keep_their_step_totals(artifact):
     assert final.finished and len(final.token_ids) == 8 and final.text == engine.tokenizer.decode(final.token_ids)
     final.token_ids = [1, 2]  # the totals stay assignable, as dataclass fields were
     assert final.token_ids == [1, 2] and final != outs[0] and "token_ids=[1, 2]" in repr(final)
+
+
+def test_gc_freeze_is_held_until_the_last_holder_releases():
+    """``hold_gc_freeze`` / ``release_gc_freeze`` (what a GPU engine's load and close call): the collector stays frozen
+    while any holder has not released it, a second release changes nothing, and the last release unfreezes."""
+    import gc
+
+    from ingot.runtime import engine as engine_mod
+
+    class Holder:
+        pass
+
+    a, b = Holder(), Holder()
+    before = set(engine_mod._gc_holders)
+    engine_mod._gc_holders.clear()
+    try:
+        engine_mod.hold_gc_freeze(a)
+        engine_mod.hold_gc_freeze(b)
+        assert gc.get_freeze_count() > 0
+        engine_mod.release_gc_freeze(a)
+        engine_mod.release_gc_freeze(a)
+        assert gc.get_freeze_count() > 0 and set(engine_mod._gc_holders) == {b}
+        engine_mod.release_gc_freeze(b)
+        assert gc.get_freeze_count() == 0 and not engine_mod._gc_holders
+    finally:
+        engine_mod._gc_holders.update(before)
+        if before:
+            gc.freeze()

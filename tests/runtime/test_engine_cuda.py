@@ -6,12 +6,14 @@ most one step of the bf16 logits, 2^-6 (reported). The tiny Llama fixture and a 
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ingot
+from ingot.runtime import engine as engine_mod
 from tests.runtime.test_cuda_backend import FIXTURES, _has_gpu, smollm2_like
 
 
@@ -66,4 +68,9 @@ def test_llm_cuda_greedy_equals_cpu(gpu_target, tmp_path, kind):
     # a prompt alone gives the tokens it gave in the batch
     alone = llm.generate(prompt_token_ids=prompts[3:4], **opts)[0].token_ids
     assert alone == gpu[3].token_ids
+    # loaded on the GPU, the engine froze the collector (engine.freeze_gc); its close gives the objects back once no
+    # other engine holds the freeze
+    assert eng in engine_mod._gc_holders and gc.get_freeze_count() > 0
     eng.close()
+    assert eng not in engine_mod._gc_holders
+    assert gc.get_freeze_count() == 0 or engine_mod._gc_holders, "the last holder closed; the freeze stayed"
