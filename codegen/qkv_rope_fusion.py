@@ -17,8 +17,9 @@ A pair is fused when:
 - its qkv input is the output of a ``linear`` or ``quantized_linear`` node read by nothing else and no graph output,
   and that node's launch with decode variants (a weight-only quantized linear's other launch, the dequantize, is
   skipped at decode) has ``kernel.cu`` variants (plain or with a prologue; bf16 weights, or FP8 weight-only ones,
-  which run ``kernel.cu`` by default: ``quant_rule.fp8_template``) or, with ``INGOT_QKV_ROPE_FUSION=all``,
-  ``quant.cu`` ones (FP8 / NVFP4 weights; ``quant_rule.with_rope``) for the qkv row's width, without residual;
+  which run ``kernel.cu`` by default: ``quant_rule.fp8_template``), ``quant.cu`` ones with FP8 activations (W8A8,
+  the ``fp8`` format's decode buckets; ``quant_rule.with_rope``) or, with ``INGOT_QKV_ROPE_FUSION=all``, any
+  ``quant.cu`` ones (weight-only FP8 / NVFP4 there too) for the qkv row's width, without residual;
 - both launches count the same rows (the rope launch's ``num_tokens`` and the linear's ``M``).
 
 The variants up to ``MAX_ROWS`` tokens get the epilogue, with their own arguments (the variant's, plus the rope
@@ -34,7 +35,10 @@ launch in the qkv GEMV", tenth session), bf16 weights: the batch-1 GPU step of t
 logits and cache end to end) pass. ``quant.cu``'s epilogue passes the same tests, but FP8 weight-only artifacts ran
 no faster with it (GPU step 0.899 vs 0.891 ms, its split-K tail then carries the epilogue), so it is opt-in:
 ``INGOT_QKV_ROPE_FUSION=all``. Since the twelfth session FP8 weight-only decode buckets are ``kernel.cu``'s
-(``INGOT_GEMV_FP8``), so they take this epilogue by default (docs/PERF.md, "FP8 weights on kernel.cu").
+(``INGOT_GEMV_FP8``), so they take this epilogue by default (docs/PERF.md, "FP8 weights on kernel.cu"). W8A8's
+decode buckets (``quant.cu``, x quantized per token in the CTA) take ``quant.cu``'s by default since the thirtieth
+session: the 1B shape's W8A8 decode at batch 1 / 8 +2.9% / +2.2% (1,006 -> 1,036, 5,705 -> 5,828 tok/s, two runs
+each), batch 16 (not fused) unchanged (docs/PERF.md, "W8A8 decode at 1-16 rows").
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ from .switches import env_choice
 from .target import Target
 
 #: compile-time switch: 0 turns the fusion off (the kernel table then is as before it existed); unset or 1: on for
-#: ``kernel.cu``'s variants (bf16 and FP8 weight-only); ``all``: also ``quant.cu``'s (FP8 / NVFP4 weights)
+#: ``kernel.cu``'s variants (bf16 and FP8 weight-only) and ``quant.cu``'s with FP8 activations (W8A8); ``all``: also
+#: ``quant.cu``'s weight-only ones (FP8 / NVFP4 weights)
 ENV = "INGOT_QKV_ROPE_FUSION"
 #: the largest GEMV bucket fused (decode steps; the epilogue's stores are per element, worth it for few tokens)
 MAX_ROWS = 8
@@ -77,11 +82,12 @@ class QkvRopeFusion:
 
 
 def mode() -> str:
-    """``INGOT_QKV_ROPE_FUSION``: ``"bf16"`` (unset, empty or ``1``: ``kernel.cu``'s variants, the default),
-    ``"all"`` (also ``quant.cu``'s, FP8 / NVFP4 weights: measured no faster, docs/PERF.md) or ``"off"`` (``0``);
-    another value is an error naming the variable."""
+    """``INGOT_QKV_ROPE_FUSION``: ``"bf16"`` (unset, empty or ``1``: ``kernel.cu``'s variants and ``quant.cu``'s with
+    FP8 activations, the default), ``"all"`` (also ``quant.cu``'s weight-only ones, FP8 / NVFP4 weights: measured no
+    faster, docs/PERF.md) or ``"off"`` (``0``); another value is an error naming the variable."""
     return env_choice(ENV, {"": "bf16", "1": "bf16", "all": "all", "0": "off"},
-                      "1 (the default: kernel.cu's variants), all (also quant.cu's) or 0 (off)")
+                      "1 (the default: kernel.cu's variants and W8A8's quant.cu ones), all (also quant.cu's "
+                      "weight-only ones) or 0 (off)")
 
 
 def enabled() -> bool:
@@ -102,11 +108,12 @@ def epilogue(rope: KernelSpec) -> gemv.RopeEpilogue | None:
 
 
 def _takes_epilogue(spec: KernelSpec, ep: gemv.RopeEpilogue) -> bool:
-    """A decode variant (``kernel.cu``, or with ``mode() == "all"`` ``quant.cu`` but its any-M launch) of the qkv
-    row's width, no residual."""
+    """A decode variant (``kernel.cu``; ``quant.cu`` with FP8 activations, or with ``mode() == "all"`` any ``quant.cu``
+    one; never the any-M launch) of the qkv row's width, no residual."""
     v = dict(spec.values)
-    templates = ("kernel.cu", "quant.cu") if mode() == "all" else ("kernel.cu",)
-    return (spec.family == "gemv" and spec.template in templates and not v.get("ANY_M")
+    template = spec.template == "kernel.cu" or (
+        spec.template == "quant.cu" and (mode() == "all" or int(v.get("AFMT", 0)) != 0))
+    return (spec.family == "gemv" and template and not v.get("ANY_M")
             and int(v["N"]) == ep.rows and not v["HAS_RESIDUAL"] and not v.get("ROPE"))
 
 

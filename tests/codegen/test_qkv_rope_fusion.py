@@ -117,9 +117,10 @@ def test_q_is_placed_from_the_qkv_node_on(tmp_path, monkeypatch, decode_fusion):
 @needs_compiler
 @pytest.mark.parametrize("quant", ["fp8:wo", "fp8", "nvfp4"])
 def test_quantized_qkv_gets_the_quant_epilogue(tmp_path, monkeypatch, quant):
-    """FP8 / NVFP4 weights with ``INGOT_QKV_ROPE_FUSION=all`` (not by default): the qkv node's launch with decode
-    variants (after its dequantize launch, skipped at decode) gets quant.cu's rope epilogue in its bucket-8 variant;
-    the rope launch is skipped into it."""
+    """FP8 / NVFP4 weights on quant.cu: the qkv node's launch with decode variants (after a weight-only format's
+    dequantize launch, skipped at decode) gets quant.cu's rope epilogue in its bucket-8 variant, the rope launch
+    skipped into it: W8A8 (``fp8``, FP8 activations) by default, the weight-only formats with
+    ``INGOT_QKV_ROPE_FUSION=all`` only."""
     from tests.codegen.test_lower_quant import compile_quant, quant_checkpoint
 
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
@@ -128,13 +129,16 @@ def test_quantized_qkv_gets_the_quant_epilogue(tmp_path, monkeypatch, quant):
     monkeypatch.setenv("INGOT_GEMV_FP8", "quant")
     monkeypatch.setenv("INGOT_GEMV_NVFP4", "quant")
     ckpt = quant_checkpoint(tmp_path)
-    monkeypatch.delenv(qkv_rope_fusion.ENV, raising=False)  # the default: kernel.cu's variants only
+    monkeypatch.delenv(qkv_rope_fusion.ENV, raising=False)  # the default: kernel.cu's variants and W8A8's
     path = compile_quant(ckpt, "h200", {"default": quant}, tmp_path / "default.ingot")
-    cuda = json.loads((path / "manifest.json").read_text())["cuda"]
-    assert not any(ln["op"] == "rope_qkv" and "skip" in ln for ln in cuda["launches"])
+    default = json.loads((path / "manifest.json").read_text())["cuda"]
+    fused_by_default = any(ln["op"] == "rope_qkv" and "skip" in ln for ln in default["launches"])
+    assert fused_by_default == (quant == "fp8"), quant
     monkeypatch.setenv(qkv_rope_fusion.ENV, "all")
     path = compile_quant(ckpt, "h200", {"default": quant}, tmp_path / "q.ingot")
     cuda = json.loads((path / "manifest.json").read_text())["cuda"]
+    if quant == "fp8":
+        assert cuda["launches"] == default["launches"]
     ropes = [ln for ln in cuda["launches"] if ln["op"] == "rope_qkv"]
     assert ropes and all(ln["skip"]["max_rows"] == 8 for ln in ropes)
     for rope in ropes:

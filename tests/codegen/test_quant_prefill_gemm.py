@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from ingot.codegen import compile as cc
-from ingot.codegen import quant_prefill
+from ingot.codegen import qkv_rope_fusion, quant_prefill
 from ingot.codegen.decode_fusion import variant_reads
 from ingot.codegen.kernels.dequant.rule import CHUNK_CODES, PARAMS, dequant_reference, dequant_spec
 from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
@@ -502,7 +502,9 @@ def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatc
         out = gemm["args"]["out"]["buffer"]
         n, k, residual = LINEARS[out.split(".")[-1]]
         seen.add(out)
-        own = gemm["variants"][0]["args"]  # the node's quantized-GEMV arguments
+        # the node's quantized-GEMV arguments (bucket 16's: the qkv's bucket 8 adds the rope epilogue's, qkv-rope
+        # fusion's default for W8A8)
+        own = gemm["variants"][-1]["args"]
         if gemv:
             assert own == gemv[q["node"]]["args"]
             assert [v["kernel"] for v in gemm["variants"]] == [v["kernel"] for v in gemv[q["node"]]["variants"][:2]]
@@ -535,7 +537,10 @@ def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatc
             vspec = cuda["variant_kernels"][v["kernel"]]["spec"]
             assert vspec["template"] == "quant.cu" and vspec["values"]["AFMT"] == (2 if static else 1)
             assert (vspec["values"]["MB"], vspec["values"]["N"], vspec["values"]["K"]) == (mb, n, k)
-            assert v["args"] == own
+            rope = out.endswith(".qkv") and mb == 8  # its rope launch skipped into this variant
+            assert bool(vspec["values"]["ROPE"]) == rope, (out, mb)
+            assert {a: v["args"][a] for a in own} == own
+            assert set(v["args"]) - set(own) == (set(qkv_rope_fusion.ROPE_ARGS) if rope else set())
     assert len(seen) == 8
     # the temporaries: planned per node in the scratch region, the plan the table rebuilds
     graph, _ = load_graph(path)
