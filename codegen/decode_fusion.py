@@ -58,8 +58,8 @@ from typing import Any
 
 from ..ir.graph import Graph, Node
 from .kernel import KernelSpec
+from .kernels.gemv import quant_rule, skinny_rule
 from .kernels.gemv import rule as gemv
-from .kernels.gemv import skinny_rule
 from .launch_list import Launch, by_node
 from .target import Target
 
@@ -108,9 +108,11 @@ def _prologue(node: Node, spec: KernelSpec, args: Mapping[str, Any]) -> tuple[ge
 
 
 def _fusable(spec: KernelSpec) -> bool:
-    """A variant ``rule.fused_spec`` takes: a plain GEMV variant, or the skinny wgmma GEMM's (rms_norm only; another
-    prologue raises ``ValueError`` there and the pair stays unfused)."""
-    return gemv.is_plain(spec) or skinny_rule.is_skinny(spec)
+    """A variant ``rule.fused_spec`` takes: a plain GEMV variant, the skinny wgmma GEMM's, or with
+    ``INGOT_W8A8_NORM_FUSION=1`` a W8A8 ``quant.cu`` decode variant (those two rms_norm only; another prologue raises
+    ``ValueError`` there and the pair stays unfused)."""
+    return (gemv.is_plain(spec) or skinny_rule.is_skinny(spec)
+            or (quant_rule.fusable_quant(spec) and quant_rule.w8a8_norm_fusion_on()))
 
 
 def plan(graph: Graph, launches: Sequence[Launch], variant_plans: Mapping[int, Sequence[tuple[int, KernelSpec]]],

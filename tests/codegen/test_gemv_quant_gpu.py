@@ -55,19 +55,22 @@ def _u8(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.uint8)
 
 
-def run_case(gpu, spec, op: QuantizedLinear, wq: dict, x: np.ndarray, bias, res, input_scale, n: int) -> None:
+def run_case(gpu, spec, op: QuantizedLinear, wq: dict, x: np.ndarray, bias, res, input_scale, n: int,
+             launch_x: np.ndarray | None = None, extra: dict | None = None) -> None:
+    """``spec`` launched on the buffers of ``op``'s inputs (x: ``launch_x`` where given, e.g. a norm prologue's input,
+    plus ``extra`` buffers) against ``op.ref`` on ``x``."""
     m = x.shape[0]
     ref = op.ref(x, wq["weight"], wq["weight_scale"], wq["weight_scale_2"], input_scale, bias, res)
     assert np.isfinite(ref.astype(np.float32)).all()
     s2 = wq["weight_scale_2"]
-    bufs = dict(x=gpu.upload(x), weight=gpu.upload(_u8(wq["weight"])),
+    bufs = dict(x=gpu.upload(x if launch_x is None else launch_x), weight=gpu.upload(_u8(wq["weight"])),
                 weight_scale=gpu.upload(_u8(wq["weight_scale"]) if wq["weight_scale"].dtype != np.float32
                                         else wq["weight_scale"]),
                 weight_scale_2=gpu.upload(np.asarray(s2, np.float32).reshape(1)) if s2 is not None else None,
                 input_scale=gpu.upload(np.asarray(input_scale, np.float32).reshape(1)) if input_scale is not None
                 else None,
                 bias=gpu.upload(bias) if bias is not None else None,
-                residual=gpu.upload(res) if res is not None else None)
+                residual=gpu.upload(res) if res is not None else None, **(extra or {}))
     for attempt in range(2):
         out = gpu.alloc((m, n), BF16)  # poisoned (0xFF: NaN)
         gpu.launch(spec, **bufs, out=out, M=m)

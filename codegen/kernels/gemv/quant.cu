@@ -29,6 +29,11 @@
 // ANY_M: grid.z = ceil(M / ${MB}) token chunks (no split-K): the launch for any M (prefill), weights re-read per chunk.
 // Rope epilogue (${ROPE}; rope_epilogue.cuh, as kernel.cu's): the qkv projection's variant rotates q and k and writes q
 // and the KV cache as rope/qkv_cache.cu does (out is not written); the row scales are the streamed rows'.
+// rms_norm prologue (PROLOGUE = ${PROLOGUE}, FP8 activations only; codegen/decode_fusion.py): x is the norm's input and
+// norm_weight its weight. Each warp computes its tokens' 1 / rms over all of K (rsqrtf(mean(x^2) + ${EPS})), then
+// quantizes y = bf16(x * inv_rms * g), the norm's output as the reference rounds it once, instead of x: the amax and
+// the e4m3 codes are y's. Not bit-identical to the norm kernel then this GEMV (the sum's order, rsqrtf): within an
+// e4m3 step of the reference.
 struct u32x4 { unsigned x, y, z, w; };
 
 __device__ __forceinline__ u32x4 qg_ld_stream(const void* p) {
@@ -74,6 +79,16 @@ __device__ __forceinline__ unsigned qg_sf_bf16x2(unsigned char code) {  // e4m3 
   return h | (h << 16);
 }
 __device__ __forceinline__ float qg_div(float a, float b) { return __fdiv_rn(a, b); }
+// rms_norm prologue: 8 bf16 values of x (v) -> bf16(x * inv * g) with g the norm weight's (gw), as the reference
+// rounds the norm's output once
+__device__ __forceinline__ unsigned qg_norm2(unsigned v, unsigned g, float inv) {
+  const float lo = __uint_as_float(v << 16) * inv * __uint_as_float(g << 16);
+  const float hi = __uint_as_float(v & 0xffff0000u) * inv * __uint_as_float(g & 0xffff0000u);
+  return (unsigned)from_f32<bf16>(lo).bits | ((unsigned)from_f32<bf16>(hi).bits << 16);
+}
+__device__ __forceinline__ u32x4 qg_norm8(u32x4 v, u32x4 g, float inv) {
+  return {qg_norm2(v.x, g.x, inv), qg_norm2(v.y, g.y, inv), qg_norm2(v.z, g.z, inv), qg_norm2(v.w, g.w, inv)};
+}
 __device__ __forceinline__ unsigned short qg_e4m3x2(float lo, float hi) {
   unsigned short pair;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
@@ -83,7 +98,7 @@ __device__ __forceinline__ unsigned short qg_e4m3x2(float lo, float hi) {
 namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, KW = ${KW};
 constexpr int BN = 16 * MT * (WARPS / KW);          // rows of a CTA: WARPS / KW row groups of 16 MT rows
-constexpr int WFMT = ${WFMT}, AFMT = ${AFMT};
+constexpr int WFMT = ${WFMT}, AFMT = ${AFMT}, PROLOGUE = ${PROLOGUE};
 constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U};
 constexpr bool ANY_M = ${ANY_M};
 constexpr int SW = WFMT == 0 ? 64 : 128;            // K columns per step (16 B of weights per lane)
@@ -101,6 +116,7 @@ static_assert(KW == 1 || (KW - 1) * (WARPS / KW) * MT * NT * 4 * 32 * 4 <= MB * 
 static_assert(ANY_M || (SPLITK * KS >= K && (SPLITK - 1) * KS < K), "SPLITK slices cover K");
 static_assert(!ANY_M || SPLITK == 1, "the any-M launch walks its K slices in one CTA");
 static_assert(WFMT == 0 || AFMT == 0, "nvfp4 weights take bf16 activations");
+static_assert(PROLOGUE == 0 || (PROLOGUE == 1 && AFMT != 0 && !ANY_M), "the rms_norm prologue: FP8 activations, decode");
 using SK = GemvSplitK<MT, NT, MB, BN, GX, SPLITK>;
 }  // namespace
 #include "rope_epilogue.cuh"
@@ -120,6 +136,9 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
     const bf16* __restrict__ x, const unsigned char* __restrict__ w, const void* __restrict__ weight_scale,
     const float* __restrict__ weight_scale_2, const float* __restrict__ input_scale, const bf16* __restrict__ bias,
     const bf16* __restrict__ residual, bf16* __restrict__ out, long long M
+#if ${PROLOGUE} == 1
+    , const bf16* __restrict__ norm_weight
+#endif
 #if ${ROPE}
     , const long long* __restrict__ positions, const ${ROPE_CT}* __restrict__ cos_table,
     const ${ROPE_CT}* __restrict__ sin_table, bf16* __restrict__ q_out, ${ROPE_KT}* __restrict__ kv_cache,
@@ -128,6 +147,10 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
     ) {
   extern __shared__ __align__(16) unsigned char xs[];  // [MB][LDX] in fragment order
   __shared__ float tok_scale[MB];
+  __shared__ float tok_inv[PROLOGUE == 1 ? MB : 1];  // rms_norm: each token's 1 / rms
+#if ${PROLOGUE} != 1
+  const bf16* const norm_weight = nullptr;
+#endif
   __shared__ unsigned is_last;
   if (M > (long long)MB * gridDim.z) __trap();  // the executor launches this variant only for M <= MB
   const int tok0 = blockIdx.z * MB;
@@ -141,11 +164,30 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
   const int row0 = blockIdx.x * BN + rg * 16 * MT + g;  // tile mt: rows row0 + 16 mt (+ 8)
   const int kc = kw * STEPS * SW;  // the warp's part's first column, in the slice (whole steps)
   // activation scales (fp8 activations): per token over all of K, or the static one
+  if (PROLOGUE == 1) {  // 1 / rms per token over all of K
+    for (int t = warp; t < rows; t += WARPS) {
+      float ss = 0.0f;
+      for (int c = lane * 8; c < K; c += 256) {
+        const u32x4 v = qg_ld_x(x + (i64)t * K + c);
+        const unsigned vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float lo = __uint_as_float(vv[i] << 16), hi = __uint_as_float(vv[i] & 0xffff0000u);
+          ss += lo * lo + hi * hi;
+        }
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) tok_inv[t] = rsqrtf(ss * (1.0f / K) + ${EPS});
+    }
+    __syncwarp();
+  }
   if (AFMT == 1) {
     for (int t = warp; t < rows; t += WARPS) {
       float amax = 0.0f;
+      const float inv = PROLOGUE == 1 ? tok_inv[t] : 1.0f;  // written by this warp's lane 0 above
       for (int c = lane * 8; c < K; c += 256) {
-        const u32x4 v = qg_ld_x(x + (i64)t * K + c);
+        u32x4 v = qg_ld_x(x + (i64)t * K + c);
+        if (PROLOGUE == 1) v = qg_norm8(v, qg_ld_x(norm_weight + c), inv);
         const unsigned vv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i)
@@ -220,7 +262,8 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
         unsigned o0 = 0u, o1 = 0u;
         if (t < rows && kb + 8 * c < K) {
           const float sc = tok_scale[t];
-          const u32x4 a = qg_ld_x(x + (i64)t * K + kb + 8 * c);
+          u32x4 a = qg_ld_x(x + (i64)t * K + kb + 8 * c);
+          if (PROLOGUE == 1) a = qg_norm8(a, qg_ld_x(norm_weight + kb + 8 * c), tok_inv[t]);
           o0 = (unsigned)qg_e4m3x2(qg_div(__uint_as_float(a.x << 16), sc), qg_div(__uint_as_float(a.x & 0xffff0000u), sc))
              | ((unsigned)qg_e4m3x2(qg_div(__uint_as_float(a.y << 16), sc),
                                     qg_div(__uint_as_float(a.y & 0xffff0000u), sc)) << 16);

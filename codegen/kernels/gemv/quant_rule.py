@@ -80,6 +80,7 @@ from .rule import (
     SHAPE_BY_BUCKET,
     SMEM_BUDGET,
     WB_NVFP4,
+    Prologue,
     RopeEpilogue,
     gemv_spec,
     kw_quant_enabled,
@@ -228,10 +229,15 @@ def quant_config(n: int, k: int, mb: int, wfmt: str, act: str, num_sms: int, *, 
 def quant_gemv_spec(n: int, k: int, mb: int, target: Target, weight_format: str = "fp8", act: str = "none",
                     act_granularity: str = "token", bias: bool = False, residual: bool = False,
                     any_m: bool = False, config: QuantGemvConfig | None = None,
-                    rope: RopeEpilogue | None = None) -> KernelSpec:
+                    rope: RopeEpilogue | None = None, prologue: Prologue | None = None) -> KernelSpec:
     """The kernel for ``M <= mb`` (``any_m``: any M, in chunks of ``mb``) of a ``quantized_linear`` with
-    ``weight_format`` weights [n, k] and ``act`` activations; params ``PARAMS`` (the op's inputs by name), then
+    ``weight_format`` weights [n, k] and ``act`` activations; params ``PARAMS`` (the op's inputs by name),
+    ``norm_weight`` with an ``rms_norm`` ``prologue`` (FP8 activations, decode variants: ``fused_quant_spec``), then
     ``rule.ROPE_PARAMS`` with the rope epilogue (``rope``: a decode variant of the qkv projection, no residual)."""
+    kind = "none" if prologue is None else prologue.kind
+    if kind not in ("none", "rms_norm") or (kind != "none" and (act == "none" or any_m)):
+        raise ValueError(f"quantized gemv: a {kind} prologue is not taken here (the rms_norm prologue: FP8 "
+                         f"activations, decode variants; got {act} activations{', any M' if any_m else ''})")
     if rope is not None and (rope.rows != n or residual or any_m):
         raise ValueError(f"quantized gemv rope epilogue: N {n} must be the qkv row's {rope.rows} features, "
                          "without residual, not the any-M launch")
@@ -246,19 +252,22 @@ def quant_gemv_spec(n: int, k: int, mb: int, target: Target, weight_format: str 
     values = {"N": n, "K": k, "MB": mb, "WARPS": cfg.warps, "MT": cfg.tiles, "KS": cfg.slice_k, "SPLITK": cfg.splitk,
               "U": cfg.stage_steps, "KW": cfg.kwarps, "WFMT": WEIGHT_FORMATS[weight_format], "AFMT": afmt,
               "ANY_M": any_m, "HAS_BIAS": bias, "HAS_RESIDUAL": residual,
+              "PROLOGUE": int(kind == "rms_norm"), "EPS": float(prologue.eps) if prologue is not None else 0.0,
               **(rope.values() if rope is not None else NO_ROPE)}
     a = "a16" if afmt == 0 else "a8"
-    tag = f"gemv_{weight_format}_{a}_n{n}_k{k}_m{mb}{'_any' if any_m else ''}{'_rope' if rope is not None else ''}"
+    tag = (f"gemv_{weight_format}_{a}_n{n}_k{k}_m{mb}{'_any' if any_m else ''}"
+           f"{'_rms_norm' if kind == 'rms_norm' else ''}{'_rope' if rope is not None else ''}")
     if any_m and cfg.kwarps != 1:
         raise ValueError(f"quantized gemv: the any-M launch has no row groups (kwarps={cfg.kwarps})")
     grid = [GridDim(const=-(-n // cfg.rows)), GridDim(const=cfg.splitk),
             GridDim("M", mb) if any_m else GridDim(const=1)]
-    params = PARAMS + ROPE_PARAMS if rope is not None else PARAMS
+    params = PARAMS + (NORM_PARAMS if kind == "rms_norm" else []) + (ROPE_PARAMS if rope is not None else [])
     return KernelSpec.make("gemv", "quant.cu", tag, target.arch or "", values, params, 32 * cfg.warps, grid,
                            smem=smem_bytes(mb, cfg.slice_k, act),
                            doc=f"{weight_format} weights, {act} activations, M <= {'any' if any_m else mb}, "
                                f"split-K {cfg.splitk} x {cfg.slice_k}"
                                + (f", {cfg.kwarps} warps a row group" if cfg.kwarps > 1 else "")
+                               + (", rms_norm prologue" if kind == "rms_norm" else "")
                                + (", rope epilogue" if rope is not None else ""))
 
 
@@ -270,8 +279,40 @@ def with_rope(spec: KernelSpec, rope: RopeEpilogue, target: Target) -> KernelSpe
         raise ValueError(f"quantized gemv: {spec.entry} is not a decode quant.cu variant without the rope epilogue")
     wfmt = {code: name for name, code in WEIGHT_FORMATS.items()}[int(v["WFMT"])]
     act, gran = {code: mode for mode, code in ACT_MODES.items()}[int(v["AFMT"])]
+    prologue = Prologue("rms_norm", eps=float(v["EPS"])) if int(v.get("PROLOGUE", 0)) else None
     return quant_gemv_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, wfmt, act, gran, bool(v["HAS_BIAS"]),
-                           bool(v["HAS_RESIDUAL"]), config=spec_config(spec), rope=rope)
+                           bool(v["HAS_RESIDUAL"]), config=spec_config(spec), rope=rope, prologue=prologue)
+
+
+#: ``quant.cu``'s rms_norm prologue parameter (after ``PARAMS``, before ``ROPE_PARAMS``, as ``kernel.cu``'s)
+NORM_PARAMS = [("norm_weight", "ptr")]
+#: compile time: ``1`` lets decode fusion give W8A8's ``quant.cu`` decode variants the rms_norm prologue (the norm's
+#: launch skipped up to 8 rows); unset or ``0``: not (written in the thirtieth session, not yet run on a GPU)
+W8A8_NORM_ENV = "INGOT_W8A8_NORM_FUSION"
+
+
+def w8a8_norm_fusion_on() -> bool:
+    """``INGOT_W8A8_NORM_FUSION``: ``1`` (on) or unset / ``0`` (off, the default until measured on a GPU)."""
+    return env_choice(W8A8_NORM_ENV, {"": False, "0": False, "1": True}, "0 or 1")
+
+
+def fusable_quant(spec: KernelSpec) -> bool:
+    """A ``quant.cu`` decode variant with FP8 activations and no prologue yet: what ``fused_quant_spec`` takes."""
+    v = dict(spec.values)
+    return (spec.family == "gemv" and spec.template == "quant.cu" and int(v["AFMT"]) != 0 and not v["ANY_M"]
+            and not int(v.get("PROLOGUE", 0)) and not v.get("ROPE"))
+
+
+def fused_quant_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> KernelSpec:
+    """``plain`` (``fusable_quant``) with ``prologue`` (``rms_norm`` only): the same formats and configuration, x
+    read as the norm's input and normalized per token before it is quantized."""
+    if not fusable_quant(plain) or prologue.kind != "rms_norm":
+        raise ValueError(f"quantized gemv: no {prologue.kind} prologue for {plain.entry} (W8A8 decode variants take "
+                         "the rms_norm prologue only)")
+    v = dict(plain.values)
+    act, gran = {code: mode for mode, code in ACT_MODES.items()}[int(v["AFMT"])]
+    return quant_gemv_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, "fp8", act, gran, bool(v["HAS_BIAS"]),
+                           bool(v["HAS_RESIDUAL"]), config=spec_config(plain), prologue=prologue)
 
 
 def spec_config(spec: KernelSpec) -> QuantGemvConfig:

@@ -628,6 +628,10 @@ def fused_spec(plain: KernelSpec, prologue: Prologue, target: Target, weights_fi
         from .skinny_rule import fused_skinny_spec
 
         return fused_skinny_spec(plain, prologue, target)
+    if plain.template == "quant.cu":  # W8A8's decode variants: the rms_norm prologue before the quantization
+        from .quant_rule import fused_quant_spec
+
+        return fused_quant_spec(plain, prologue, target)
     if not is_plain(plain):
         raise ValueError(f"gemv: {plain.entry} is not a plain GEMV variant (kernel.cu, or bulk.cu with bf16 weights)")
     v = dict(plain.values)
