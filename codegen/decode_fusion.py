@@ -37,8 +37,10 @@ A pair is fused when:
   the ``linear`` (or weight-only FP8 ``quantized_linear``), as its x;
 - the linear's launch with decode variants (a weight-only quantized linear's other launch, the dequantize, is
   skipped at decode: ``codegen/quant_prefill.py``) has plain ``kernel.cu`` variants (``rule.is_plain``: bf16
-  weights, or FP8 ones with ``INGOT_GEMV_FP8=kernel``) or the skinny wgmma GEMM's (``skinny_rule``; rms_norm
-  prologues only) for the buckets fused, and all its variants have the producer's width as K;
+  weights, or FP8 ones with ``INGOT_GEMV_FP8=kernel``), the skinny wgmma GEMM's (``skinny_rule``; rms_norm
+  prologues only) or, with ``INGOT_W8A8_NORM_FUSION=1``, W8A8's ``quant.cu`` ones (rms_norm only:
+  ``quant_rule.fused_quant_spec``, the per-token quantization after the norm; off by default, slower at 8 rows) for
+  the buckets fused, and all its variants have the producer's width as K;
 - both launches count the same rows (the producer's ``rows`` / ``num_tokens`` argument and the linear's ``M``
   are the same dim expression: every step selects the same way for both, CUDA-graph buckets included);
 - the fused variants fit the target's shared memory (the swiglu prologue stages up's slice beside x's).

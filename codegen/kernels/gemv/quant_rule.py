@@ -287,7 +287,8 @@ def with_rope(spec: KernelSpec, rope: RopeEpilogue, target: Target) -> KernelSpe
 #: ``quant.cu``'s rms_norm prologue parameter (after ``PARAMS``, before ``ROPE_PARAMS``, as ``kernel.cu``'s)
 NORM_PARAMS = [("norm_weight", "ptr")]
 #: compile time: ``1`` lets decode fusion give W8A8's ``quant.cu`` decode variants the rms_norm prologue (the norm's
-#: launch skipped up to 8 rows); unset or ``0``: not (written in the thirtieth session, not yet run on a GPU)
+#: launch skipped up to 8 rows); unset or ``0``: not. Correct on the H200, but on the 1B shape batch 1 +1.9% and batch
+#: 8 -6.2% (every CTA normalizes the bucket's rows itself; docs/PERF.md, thirtieth session): off by default
 W8A8_NORM_ENV = "INGOT_W8A8_NORM_FUSION"
 
 
