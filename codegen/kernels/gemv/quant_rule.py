@@ -277,9 +277,17 @@ def with_rope(spec: KernelSpec, rope: RopeEpilogue, target: Target) -> KernelSpe
     v = dict(spec.values)
     if spec.family != "gemv" or spec.template != "quant.cu" or v.get("ROPE") or v["ANY_M"]:
         raise ValueError(f"quantized gemv: {spec.entry} is not a decode quant.cu variant without the rope epilogue")
+    prologue = Prologue("rms_norm", eps=float(v["EPS"])) if int(v.get("PROLOGUE", 0)) else None
+    return _remade(spec, target, rope=rope, prologue=prologue)
+
+
+def _remade(spec: KernelSpec, target: Target, *, rope: RopeEpilogue | None = None,
+            prologue: Prologue | None = None) -> KernelSpec:
+    """``spec`` (a decode ``quant.cu`` variant) made again with its formats, epilogue and configuration, with ``rope``
+    and ``prologue`` (those ``quant_gemv_spec`` takes)."""
+    v = dict(spec.values)
     wfmt = {code: name for name, code in WEIGHT_FORMATS.items()}[int(v["WFMT"])]
     act, gran = {code: mode for mode, code in ACT_MODES.items()}[int(v["AFMT"])]
-    prologue = Prologue("rms_norm", eps=float(v["EPS"])) if int(v.get("PROLOGUE", 0)) else None
     return quant_gemv_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, wfmt, act, gran, bool(v["HAS_BIAS"]),
                            bool(v["HAS_RESIDUAL"]), config=spec_config(spec), rope=rope, prologue=prologue)
 
@@ -293,7 +301,7 @@ W8A8_NORM_ENV = "INGOT_W8A8_NORM_FUSION"
 
 
 def w8a8_norm_fusion_on() -> bool:
-    """``INGOT_W8A8_NORM_FUSION``: ``1`` (on) or unset / ``0`` (off, the default until measured on a GPU)."""
+    """``INGOT_W8A8_NORM_FUSION``: ``1`` (on) or unset / ``0`` (off, the default: slower at 8 rows)."""
     return env_choice(W8A8_NORM_ENV, {"": False, "0": False, "1": True}, "0 or 1")
 
 
@@ -310,10 +318,7 @@ def fused_quant_spec(plain: KernelSpec, prologue: Prologue, target: Target) -> K
     if not fusable_quant(plain) or prologue.kind != "rms_norm":
         raise ValueError(f"quantized gemv: no {prologue.kind} prologue for {plain.entry} (W8A8 decode variants take "
                          "the rms_norm prologue only)")
-    v = dict(plain.values)
-    act, gran = {code: mode for mode, code in ACT_MODES.items()}[int(v["AFMT"])]
-    return quant_gemv_spec(int(v["N"]), int(v["K"]), int(v["MB"]), target, "fp8", act, gran, bool(v["HAS_BIAS"]),
-                           bool(v["HAS_RESIDUAL"]), config=spec_config(plain), prologue=prologue)
+    return _remade(plain, target, prologue=prologue)
 
 
 def spec_config(spec: KernelSpec) -> QuantGemvConfig:
