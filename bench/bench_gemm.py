@@ -15,8 +15,9 @@ down 2048x8192), for
   (cuBLASLt);
 - ``fp8-row-fast``, ``fp8-tensor-fast``: the same with ``use_fast_accum=True`` against ingot's FP8FastAccum
   candidates (no periodic promotion of the FP8 MMAs' partial sums to f32), the plain modes against the rest.
-  ingot's kernel has vector scales in its epilogue only, so it reads the scalar broadcast into
-  [M] and [N] vectors: slightly more work than the reference, never less.
+  ingot's builds read x's scale as an [M] vector (the scalar broadcast); the weight's as an [N] vector too, or, in
+  the builds made with ``--weight-scalar`` (``linear_cutlass_spec(..., weight_scalar=True)``, candidates
+  ``TAG+wt``, tensorwise modes only), as the one f32 cuBLASLt gets.
 
 Every candidate configuration of ``gemm_cutlass/rule.py`` (``SM90_CANDIDATES``, then ``SM90_EXPLORE``: tile,
 cluster, schedule; FP8 promotion overlapped or not, raster order, epilogue subtile) is one shape-generic build (the
@@ -78,6 +79,8 @@ def _fits(mode: str, config: str) -> bool:
     candidates that promote partial sums to f32 (CUTLASS's default, or ingot's overlapped promotion: ``ov``) with
     ``use_fast_accum=False``. ``config`` is the tag (``rule.config_tag``): schedule letters, then the tile."""
     schedule = re.match(r"[a-z]*", config).group(0)  # e.g. "coop", "coopfa", "ppov"
+    if config.endswith("+wt") and not mode.startswith("fp8-tensor"):
+        return False  # one weight scale: the tensorwise modes only
     return _kind(mode) == "bf16" or (schedule.endswith("fa") == mode.endswith("-fast"))
 
 
@@ -85,30 +88,34 @@ def _fits(mode: str, config: str) -> bool:
 
 
 def build(out_dir: Path, target_name: str = "h200", kinds: tuple[str, ...] = ("bf16", "fp8"),
-          only: tuple[str, ...] = ()) -> dict[str, Any]:
+          only: tuple[str, ...] = (), weight_scalar: bool = False) -> dict[str, Any]:
     """Build every candidate's cubin and host shim into ``out_dir`` with a ``manifest.json`` (``only``: just the
-    configurations with these tags, ``rule.config_tag``)."""
+    configurations with these tags, ``rule.config_tag``; ``weight_scalar``: each FP8 one a second time with the
+    weight's scale one f32, tag ``TAG+wt``)."""
     from ingot.codegen.kernels.gemm_cutlass.build import build_shim, compile_cutlass
     from ingot.codegen.kernels.gemm_cutlass.rule import bench_configs, config_tag, linear_cutlass_spec
     from ingot.codegen.target import get_target
 
     target = get_target(target_name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [(kind, cfg) for kind in kinds for cfg in bench_configs(kind, target)
+    jobs = [(kind, cfg, wt) for kind in kinds for cfg in bench_configs(kind, target)
+            for wt in ((False, True) if weight_scalar and kind == "fp8" else (False,))
             if not only or config_tag(cfg) in only]
-    unknown = set(only) - {config_tag(cfg) for _, cfg in jobs}
+    unknown = set(only) - {config_tag(cfg) for _, cfg, _ in jobs}
     if unknown:
         raise SystemExit(f"bench_gemm --only: no {'/'.join(kinds)} configuration named {sorted(unknown)}")
 
-    def one(job: tuple[str, Any]) -> dict[str, Any]:
-        kind, cfg = job
-        spec = linear_cutlass_spec(kind, 0, 0, target, config=cfg)
+    def one(job: tuple[str, Any, bool]) -> dict[str, Any]:
+        kind, cfg, wt = job
+        spec = linear_cutlass_spec(kind, 0, 0, target, config=cfg, weight_scalar=wt)
         kernel = compile_cutlass(spec)
         shim = build_shim(spec)
         (out_dir / f"{spec.entry}.cubin").write_bytes(kernel.cubin)
         shutil.copyfile(shim, out_dir / f"{spec.entry}.so")
-        print(f"built {kind} {config_tag(cfg)} ({spec.entry})", flush=True)
-        return {"kind": kind, "config": config_tag(cfg), "entry": spec.entry, "spec": spec.to_dict(with_doc=False)}
+        tag = config_tag(cfg) + ("+wt" if wt else "")
+        print(f"built {kind} {tag} ({spec.entry})", flush=True)
+        return {"kind": kind, "config": tag, "entry": spec.entry, "spec": spec.to_dict(with_doc=False),
+                "weight_scalar": wt}
 
     with ThreadPoolExecutor(max_workers=max(1, int(os.environ.get("INGOT_CUTLASS_JOBS", "2")))) as pool:
         entries = list(pool.map(one, jobs))
@@ -162,7 +169,8 @@ def _operands(torch: Any, mode: str, m: int, n: int, k: int, gen: Any) -> dict[s
     def exact() -> Any:
         return (x8.float() * xs[:, None]) @ (w8.float() * ws[:, None]).t()
 
-    return {"x": x8, "w": w8, "xs": xs, "ws": ws, "ref": ref, "exact": exact, "ref_name": name}
+    return {"x": x8, "w": w8, "xs": xs, "ws": ws, "ws_scalar": ws[:1].contiguous(), "ref": ref, "exact": exact,
+            "ref_name": name}
 
 
 def _graph_time(fn: Any, iters: int, reps: int) -> float:
@@ -351,8 +359,9 @@ def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], 
             row["runtime_swizzle"] = {tag: gemm.max_swizzle(m, n, k) for tag, gemm in fitting
                                       if gemm.spec.template == "sm90.cu"}
             for tag, gemm, sw in entries:
+                scalar = {"weight_scale": ops["ws_scalar"].data_ptr()} if tag.split("@")[0].endswith("+wt") else {}
                 try:
-                    prepared = gemm.prepare(ptrs, m, sm_count, N=n, K=k, max_swizzle=sw)
+                    prepared = gemm.prepare(ptrs | scalar, m, sm_count, N=n, K=k, max_swizzle=sw)
                 except RuntimeError as exc:
                     row["candidates"][tag] = {"error": str(exc)}
                     continue
@@ -451,13 +460,17 @@ def main() -> None:
                     help="also run the reference and every passing candidate alone for this many seconds each, two "
                          "rounds in alternating order (the steady rate at the power limit; 0: off)")
     ap.add_argument("--only", default="", help="--build: only these configurations (config tags, comma-separated)")
+    ap.add_argument("--weight-scalar", action="store_true",
+                    help="--build: each FP8 configuration also with the weight's scale one f32 (TAG+wt), which the "
+                         "tensorwise modes time beside the vector builds")
     ap.add_argument("--swizzles", default="",
                     help="time each sm90 build at each of these scheduler max swizzles (e.g. 1,8; candidates "
                          "TAG@sN) instead of at the runtime's choice (rule.auto_swizzle, or the build's own)")
     ap.add_argument("--out", type=Path, default=None, help="write all figures as JSON here")
     a = ap.parse_args()
     if a.build is not None:
-        build(a.build, a.target, tuple(k for k in a.kinds.split(",") if k), tuple(t for t in a.only.split(",") if t))
+        build(a.build, a.target, tuple(k for k in a.kinds.split(",") if k), tuple(t for t in a.only.split(",") if t),
+              a.weight_scalar)
         return
     kernel_dir = a.kernels
     if kernel_dir is None:

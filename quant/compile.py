@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..codegen.target import get_target
 from ..ir.graph import Graph
 from .config import QuantConfigError, load_config, parse_budget
 from .gate import QuantizationError, quantize_model
@@ -81,10 +82,11 @@ def quantize_for_compile(
     result = quantize_model(graph, cfg, calib_sequences=calib_seqs, eval_tokens=tokens,
                             calib_method=str(cal.get("method", "amax")), log=log, progress=progress)
     qgraph = result.graph
-    if target == "b200":
+    if get_target(target).is_gpu:  # the CUDA kernels' layouts: per-channel FP8 scales, sm_100 FP4 scale atoms
         from ..passes import PassContext, run_passes
 
-        run_passes(qgraph, ["pack-sm100"], PassContext(target=target))
+        run_passes(qgraph, ["fp8-channel-scales", *(["pack-sm100"] if target == "b200" else [])],
+                   PassContext(target=target))
     directory = workdir or Path(tempfile.mkdtemp(prefix="ingot-quant-"))
     files = write_report(result.report, directory)
     return qgraph, files, {"quantization": summary(result.report)}

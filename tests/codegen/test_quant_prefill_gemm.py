@@ -46,8 +46,10 @@ from tests.codegen.test_lower import live_ranges
 from tests.codegen.test_lower_quant import ARCH, compile_quant
 from tests.helpers import rng
 
-#: weight-only cases the prefill GEMM takes (on b200 ``nvfp4`` means W4A4; ``nvfp4:wo`` there: test_nvfp4_wo_for_b200)
-CASES = {"fp8-wo": {"default": "fp8:wo"}, "nvfp4": {"default": "nvfp4"}}
+#: weight-only cases the prefill GEMM takes (on b200 ``nvfp4`` means W4A4; ``nvfp4:wo`` there: test_nvfp4_wo_for_b200;
+#: ``fp8:tensor:wo``: per-tensor weight scales, broadcast to per-channel ones by ``fp8-channel-scales``)
+CASES = {"fp8-wo": {"default": "fp8:wo"}, "nvfp4": {"default": "nvfp4"},
+         "fp8-tensor-wo": {"default": "fp8:tensor:wo"}}
 #: the tiny Llama's quantized linears: (suffix of the output value, N, K, residual)
 LINEARS = {"qkv": (512, 128, False), "attn_out": (128, 256, True), "gate_up": (512, 128, False),
            "mlp_out": (128, 256, True)}
@@ -479,15 +481,23 @@ def test_executor_launches_pick_per_step(ckpt, tmp_path, monkeypatch, any_m):
     assert (dq.skips, gemm.variant_launches) == ((7, 7) if any_m else (5, 5))
 
 
-@pytest.mark.parametrize("target,case", [("h200", "fp8"), ("h200", "fp8-static"), ("b200", "fp8")])
+W8A8_CASES = {**test_lower_quant.CASES, "fp8-tensor": {"default": "fp8:tensor"},
+              "fp8-tensor-static": {"default": "fp8:tensor:static"}}
+
+
+@pytest.mark.parametrize("target,case", [("h200", "fp8"), ("h200", "fp8-static"), ("b200", "fp8"),
+                                         ("h200", "fp8-tensor"), ("h200", "fp8-tensor-static"),
+                                         ("b200", "fp8-tensor")])
 def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatch, fake_cutlass, target, case):
     """A W8A8 FP8 linear (per token, or the static calibrated scale) becomes the activation quantizer (skipped up to
     16 rows, ``W8A8_GEMM_ROWS``, into the GEMM) and the shape-generic FP8 CUTLASS GEMM reading its codes and row scales
-    with the weight's own per-channel scale; the GEMM's variants are the W8A8 GEMV's buckets 8 and 16 with the node's
-    arguments, the quantized activations temporaries of their node (e4m3 [T, K], f32 [T]) in the scratch region."""
+    with the weight's own per-channel scale (weights quantized per tensor: their scale broadcast to [N] by
+    ``fp8-channel-scales``, the same kernels); the GEMM's variants are the W8A8 GEMV's buckets 8 and 16 with the
+    node's arguments, the quantized activations temporaries of their node (e4m3 [T, K], f32 [T]) in the scratch
+    region."""
     monkeypatch.delenv(quant_prefill.W8A8_ENV, raising=False)
-    static = case == "fp8-static"
-    path, manifest = _compile(ckpt, target, test_lower_quant.CASES[case], tmp_path / "on.ingot", monkeypatch)
+    static, per_tensor = case.endswith("-static"), case.startswith("fp8-tensor")
+    path, manifest = _compile(ckpt, target, W8A8_CASES[case], tmp_path / "on.ingot", monkeypatch)
     cuda, tgt = manifest["cuda"], get_target(target)
     launches = cuda["launches"]
     qls = [(j, ln) for j, ln in enumerate(launches) if ln["op"] == "quantized_linear"]
@@ -523,6 +533,9 @@ def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatc
         gspec = cuda["kernels"][gemm["kernel"]]["spec"]
         want = cp.generic_linear_spec("fp8", tgt, residual=residual, config=shape_config("fp8", n, k, tgt))
         assert gemm["kernel"] == want.entry and gspec["values"]["ABI"] == cp.ABI, gemm["kernel"]
+        assert gspec["values"]["WEIGHT_SCALAR"] is False
+        scale = cuda["memory_plan"]["buffers"][own["weight_scale"]["buffer"]]
+        assert scale["dtype"] == "f32" and scale["shape"] == [n], scale
         assert gspec["template"] == ("sm90.cu" if target == "h200" else "sm100.cu")
         assert [p for p, _ in gspec["params"]] == [p for p, _ in cp.FP8_LINEAR_PARAMS]
         assert gemm["args"] == {"x": xq, "weight": own["weight"], "x_scale": xs, "weight_scale": own["weight_scale"],
@@ -544,6 +557,10 @@ def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatc
     assert len(seen) == 8
     # the temporaries: planned per node in the scratch region, the plan the table rebuilds
     graph, _ = load_graph(path)
+    qnodes = [nd for nd in graph.nodes if nd.op.name == "quantized_linear"]
+    assert len(qnodes) == 8 and all(nd.op.weight_granularity == "channel" for nd in qnodes)
+    if per_tensor:  # every row's scale the tensor's one
+        assert all(len(set(graph.weights[nd.inputs[2].name].load().tolist())) == 1 for nd in qnodes)
     plan = cuda["memory_plan"]
     temps = quant_prefill.temporaries(graph, launches)
     assert len(temps) == 16

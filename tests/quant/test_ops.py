@@ -13,6 +13,7 @@ from ingot.ir.quant.packing import sm100_scale_offset, swizzle_sm100_scales, uns
 from ingot.ir.text import parse_graph, print_graph
 from ingot.ir.types import DType, TensorType
 from ingot.passes import PassContext, run_passes
+from ingot.passes.fp8_channel_scales import Fp8ChannelScales
 from ingot.quant.config import parse_spec
 from ingot.quant.linear import layer_output, make_op, quantize_weight
 from ingot.runtime.cpu import run_graph
@@ -89,6 +90,41 @@ def test_pack_sm100_leaves_weight_only_nvfp4_linear():
     ops = {n.outputs[0].name: n.op for n in g.nodes}
     assert ops["a"].scale_layout == "linear" and g.weights["a.weight_scale"].type.shape == shape
     assert ops["b"].scale_layout == "sm100" and g.weights["b.weight_scale"].type.shape == (128, 4)
+
+
+@pytest.mark.parametrize("spec", ["fp8:tensor", "fp8:tensor:wo"])
+def test_fp8_channel_scales_keeps_values(spec):
+    """``fp8-channel-scales``: an FP8 weight quantized per tensor gets its scale broadcast to [N] and channel
+    granularity, the graph's output bit for bit the same (CPU reference); per-channel and block-scaled FP8 linears
+    beside it and a weight-only NVFP4 one are left as they are. (Static activation scales: compiled models in
+    tests/codegen/test_quant_prefill_gemm.py and the GPU test of tests/runtime/test_quant_cuda.py.)"""
+    rng = np.random.default_rng(5)
+    g = Graph()
+    x = g.add_input("x", TensorType(DType.f32, ("T", 128)))
+    h = x
+    for name in ("a", "b", "c", "d"):
+        w = g.add_weight(f"{name}.weight", Weight.from_array(rng.standard_normal((128, 128)).astype(np.float32)))
+        h = g.add1(Linear(), [h, w], name)
+    g.add_output(h, "y")
+    cfg = {"default": spec, "layers": {"b": "fp8", "c": "fp8:block", "d": "nvfp4:wo"}}
+    run_passes(g, ["quantize"], PassContext(options={"quantize": {"format": spec, "config": cfg}}))
+    ops = {n.outputs[0].name: n.op for n in g.nodes}
+    assert ops["a"].weight_granularity == "tensor" and g.weights["a.weight_scale"].type.shape == ()
+    feeds = {"x": rng.standard_normal((5, 128)).astype(np.float32)}
+    before = run_graph(g, feeds)["y"]
+    scale = float(g.weights["a.weight_scale"].load())
+    others = {k: (g.weights[f"{k}.weight_scale"].type, ops[k]) for k in ("b", "c", "d")}
+    ctx = PassContext(target="h200")
+    run_passes(g, ["fp8-channel-scales"], ctx)
+    ops = {n.outputs[0].name: n.op for n in g.nodes}
+    assert ops["a"].weight_granularity == "channel" and g.weights["a.weight_scale"].type.shape == (128,)
+    assert g.nodes[0].inputs[2].type.shape == (128,)
+    assert np.array_equal(g.weights["a.weight_scale"].load(), np.full(128, scale, np.float32))
+    assert {k: (g.weights[f"{k}.weight_scale"].type, ops[k]) for k in ("b", "c", "d")} == others
+    assert np.array_equal(run_graph(g, feeds)["y"], before)
+    text = print_graph(g)
+    assert parse_graph(text).nodes[0].op == g.nodes[0].op
+    assert Fp8ChannelScales().run(g, ctx) is False  # nothing left to do
 
 
 @pytest.mark.parametrize("granularity", ["tensor", "head"])

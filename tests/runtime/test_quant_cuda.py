@@ -39,7 +39,10 @@ TOL_FP8_ACTIVATIONS = 2.0**-3
 #: W4A4 (b200), E2M1 activation codes (one mantissa bit): half an e2m1 ulp, relative. A guess
 #: until the first B200 run measures it; layout or scale mistakes give errors of the logits' own size
 TOL_FP4_ACTIVATIONS = 2.0**-2
-GPU_CASES = {**CASES, "fp8-wo": {"default": "fp8:wo"}}
+#: (per-tensor FP8 weights: their scales broadcast to per-channel ones for the CUDA kernels, fp8-channel-scales)
+GPU_CASES = {**CASES, "fp8-wo": {"default": "fp8:wo"}, "fp8-tensor": {"default": "fp8:tensor"},
+             "fp8-tensor-wo": {"default": "fp8:tensor:wo"}}
+WEIGHT_ONLY = ("fp8-wo", "fp8-tensor-wo", "nvfp4")
 NUM_BLOCKS = 48
 VOCAB = 260
 
@@ -85,7 +88,7 @@ def test_quantized_artifact_matches_cpu(gpu_target, ckpt, tmp_path, case):
 
     w4a4 = case.startswith("nvfp4") and gpu_target == "b200"  # quantizer + block-scaled CUTLASS GEMM
     path = compile_quant(ckpt, gpu_target, GPU_CASES[case], tmp_path / f"{case}.ingot")
-    tol = TOL_FP4_ACTIVATIONS if w4a4 else TOL if case in ("fp8-wo", "nvfp4") else TOL_FP8_ACTIVATIONS
+    tol = TOL_FP4_ACTIVATIONS if w4a4 else TOL if case in WEIGHT_ONLY else TOL_FP8_ACTIVATIONS
     graph, manifest = load_graph(path)
     launches = [ln for ln in manifest["cuda"]["launches"] if ln["op"] == "quantized_linear"]
     kernels = {ln["kernel"] for ln in launches}
@@ -99,7 +102,8 @@ def test_quantized_artifact_matches_cpu(gpu_target, ckpt, tmp_path, case):
         assert kernels and all(k.startswith(("dequant_", "quant_act_fp8_", "linear_", "gemv_")) for k in kernels), \
             kernels
         # (FP8 weights: the skinny GEMM's from bucket 16 on, sm_90a)
-        prefixes = ("gemv_", "skinny_fp8w_") if case == "fp8-wo" and gpu_target == "h200" else ("gemv_",)
+        fp8_wo = case in ("fp8-wo", "fp8-tensor-wo")
+        prefixes = ("gemv_", "skinny_fp8w_") if fp8_wo and gpu_target == "h200" else ("gemv_",)
         assert variants and all(k.startswith(prefixes) for k in variants), variants
     steps = _steps()
     ref = drive_steps(PagedModel(graph, NUM_BLOCKS), steps)

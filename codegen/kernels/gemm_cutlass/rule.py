@@ -383,8 +383,10 @@ def supports(kind: str, target: Target) -> bool:
 
 
 def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: bool = False,
-                        config: Config | None = None) -> KernelSpec:
+                        config: Config | None = None, weight_scalar: bool = False) -> KernelSpec:
     """The spec for a ``kind`` (bf16 | fp8 | nvfp4 | mxfp4) linear with static N and K, bf16 output.
+    ``weight_scalar``: the weight's scale is one f32 (an FP8 weight quantized per tensor) instead of an [N] vector
+    (``sm90.cu`` / ``sm100.cu``: a build-time choice, like the residual; entry names end in ``_wt``).
 
     The grid recorded here is the persistent upper bound (one CTA per SM, rounded down to whole
     clusters) and ``smem`` the most a block may opt into; the shim's ``_prepare`` returns the exact
@@ -396,12 +398,17 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
     ctype, _, align = OPERANDS[kind]
     if k % align or n % 8:
         raise ValueError(f"gemm_cutlass {kind}: needs K % {align} == 0 and N % 8 == 0, got N={n} K={k}")
+    if weight_scalar and cfg.template not in ("sm90.cu", "sm100.cu"):
+        raise ValueError(f"gemm_cutlass {kind}: a per-tensor weight scale is for sm90.cu / sm100.cu builds, not "
+                         f"{cfg.template} (its weight scales are block scales)")
     values = {
         "A_TYPE": ctype, "B_TYPE": ctype, "OUT_TYPE": "cutlass::bfloat16_t", "N": n, "K": k,
         "TILE_M": cfg.tile[0], "TILE_N": cfg.tile[1], "TILE_K": cfg.tile[2],
         "CLUSTER_M": cfg.cluster[0], "CLUSTER_N": cfg.cluster[1], "TWO_SM": cfg.two_sm,
         "HAS_RESIDUAL": residual, "ABI": ABI,
     }
+    if cfg.template in ("sm90.cu", "sm100.cu"):
+        values["WEIGHT_SCALAR"] = weight_scalar
     if cfg.direct and (cfg.template != "sm90.cu" or not cfg.schedule.startswith("Cooperative") or cfg.tile[0] != 128):
         raise ValueError(f"gemm_cutlass: the direct epilogue is for sm90.cu's cooperative schedules with 128-row tiles "
                          f"(each consumer warpgroup stores its 64 rows; the scale prefetch follows one tile at a "
@@ -414,11 +421,12 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
     if cfg.template == "sm100_blockscaled.cu":
         values["SF_VECTOR"] = 16 if kind == "nvfp4" else 32
     cluster = cfg.cluster[0] * cfg.cluster[1]
-    tag = f"linear_cutlass_{kind}_n{n}_k{k}{'_res' if residual else ''}"
+    tag = f"linear_cutlass_{kind}_n{n}_k{k}{'_res' if residual else ''}{'_wt' if weight_scalar else ''}"
     if config is not None and config != variant_config(kind, target):
         tag += f"_{config_tag(cfg)}"
     doc = (f"CUTLASS {kind} GEMM {cfg.template}, tile {'x'.join(map(str, cfg.tile))}, cluster "
-           f"{cfg.cluster[0]}x{cfg.cluster[1]}; launch through the host shim (ABI {ABI}, build.py)")
+           f"{cfg.cluster[0]}x{cfg.cluster[1]}{', per-tensor weight scale' if weight_scalar else ''}; launch through "
+           f"the host shim (ABI {ABI}, build.py)")
     return KernelSpec.make("gemm_cutlass", cfg.template, tag, target.arch or "", values, PARAMS, cfg.threads,
                            [GridDim(const=target.num_sms // cluster * cluster)], smem=target.smem_per_block,
                            doc=doc)

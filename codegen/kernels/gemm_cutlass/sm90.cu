@@ -6,14 +6,16 @@
 // ${TILE_M}x${TILE_N}x${TILE_K}, cluster ${CLUSTER_M}x${CLUSTER_N}, schedule ${SCHEDULE}. x and w are
 // K-major (row-major x, w as stored by linear), out and residual row-major. Persistent, with max swizzle
 // ${MAX_SWIZZLE} (0: per problem) and raster order ${RASTER}; FP8 promotion overlapped with the next k-tile's MMAs
-// (sm90_fp8_mainloop.cuh): ${OVERLAP_PROMOTION}.
+// (sm90_fp8_mainloop.cuh): ${OVERLAP_PROMOTION}. The weight's scale one f32 (per tensor) instead of [N]:
+// ${WEIGHT_SCALAR}.
 using namespace cute;
 using ElementA = ${A_TYPE};
 using ElementB = ${B_TYPE};
 using ElementOut = ${OUT_TYPE};
 using CtaTile = Shape<Int<${TILE_M}>, Int<${TILE_N}>, Int<${TILE_K}>>;
 using ClusterShape = Shape<Int<${CLUSTER_M}>, Int<${CLUSTER_N}>, _1>;
-using Epi = ingot::Epilogue<CtaTile, ElementOut, ElementOut, ${HAS_RESIDUAL}>;
+constexpr bool kWeightScalar = ${WEIGHT_SCALAR};
+using Epi = ingot::Epilogue<CtaTile, ElementOut, ElementOut, ${HAS_RESIDUAL}, kWeightScalar>;
 constexpr int kAlignOut = 128 / cutlass::sizeof_bits<ElementOut>::value;
 using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecialized${SCHEDULE};
 using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized${EPILOGUE_SCHEDULE};
@@ -37,7 +39,8 @@ using TmaCollectiveEpilogue = typename cutlass::epilogue::collective::Collective
 constexpr bool kDirectEpilogue = ${DIRECT_EPILOGUE};
 constexpr bool kOverlapPromotion = ${OVERLAP_PROMOTION};
 using CollectiveEpilogue = cute::conditional_t<
-    kDirectEpilogue, ingot::DirectCollectiveEpilogue<CtaTile, ElementOut, ${HAS_RESIDUAL}, kOverlapPromotion>,
+    kDirectEpilogue,
+    ingot::DirectCollectiveEpilogue<CtaTile, ElementOut, ${HAS_RESIDUAL}, kOverlapPromotion, kWeightScalar>,
     TmaCollectiveEpilogue>;
 // the direct epilogue's static shared memory comes out of the mainloop's stages too (sm90_direct_epilogue.cuh)
 constexpr int kEpilogueSmem = int(sizeof(typename CollectiveEpilogue::SharedStorage)) +
@@ -58,7 +61,8 @@ static_assert(!kOverlapPromotion || cute::is_same_v<typename CutlassMainloop::Di
 static_assert(!kOverlapPromotion || ${TILE_K} == 128,
               "one promotion per 128-deep k-tile: CUTLASS's default interval (4 wgmmas of K = 32)");
 using CollectiveMainloop =
-    cute::conditional_t<kOverlapPromotion, ingot::Sm90Fp8OverlapMainloop<CutlassMainloop, kDirectEpilogue, ElementOut>,
+    cute::conditional_t<kOverlapPromotion,
+                        ingot::Sm90Fp8OverlapMainloop<CutlassMainloop, kDirectEpilogue, ElementOut, kWeightScalar>,
                         CutlassMainloop>;
 static_assert(!kDirectEpilogue || !kOverlapPromotion ||
                   cute::is_same_v<EpilogueSchedule, cutlass::epilogue::TmaWarpSpecializedCooperative>,

@@ -19,7 +19,9 @@
 // the epilogue waits for its copies and one warpgroup barrier. Without that mainloop (bf16) the epilogue reads the
 // vectors from global memory itself. The arithmetic is the visitor tree's, in its order (acc * row_scale, then
 // fma(col_scale, ., bias), then + residual in f32 where there is one, one rounding to the output type), so both
-// epilogues give the same bits.
+// epilogues give the same bits. kColScalar: col_scale is the weight's one per-tensor scale, read once a tile into a
+// register (no column vector to prefetch or to read from shared memory: fewer instructions a tile), the same
+// products as a vector holding it.
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/epilogue/collective/detail.hpp>
@@ -73,15 +75,15 @@ CUTLASS_DEVICE void warpgroup_barrier(int warpgroup) {
 // The vectors the direct epilogue reads, as run-time pointers (null: 1 for scales, 0 for the bias)
 struct EpiVectorArgs {
   float const* row_scale = nullptr;  // [M]
-  float const* col_scale = nullptr;  // [N]
+  float const* col_scale = nullptr;  // [N], or [1] where the epilogue reads it as a scalar (kColScalar)
   void const* bias = nullptr;        // [N], the output type
 };
 
 // A consumer thread's share of prefetching tile (m_blk, n_blk)'s vectors into its warpgroup's buffer (called by
 // every thread of both consumer warpgroups, `thread_idx` 0..255): first a warpgroup barrier, so that the
 // warpgroup's epilogue of the previous tile has read the buffer, then cp.async of the vectors (zeros past M and N)
-// and a commit; the epilogue waits (`wait_vectors`).
-template <int kTileM, int kTileN, class ElementBias>
+// and a commit; the epilogue waits (`wait_vectors`). kColScalar: no column scales (the epilogue reads the scalar).
+template <int kTileM, int kTileN, class ElementBias, bool kColScalar = false>
 CUTLASS_DEVICE void prefetch_vectors(EpiVectorArgs const& v, int m, int n, int m_blk, int n_blk, int thread_idx) {
   static_assert(sizeof(ElementBias) == 2, "bias pairs are 32-bit copies");
   int wg = thread_idx / cutlass::NumThreadsPerWarpGroup, t = thread_idx % cutlass::NumThreadsPerWarpGroup;
@@ -98,7 +100,7 @@ CUTLASS_DEVICE void prefetch_vectors(EpiVectorArgs const& v, int m, int n, int m
     }
   }
   CUTLASS_PRAGMA_UNROLL
-  for (int i = t; i < kTileN; i += cutlass::NumThreadsPerWarpGroup) {
+  for (int i = t; i < (kColScalar ? 0 : kTileN); i += cutlass::NumThreadsPerWarpGroup) {
     if (v.col_scale) {
       cp_async4(&buf.col[i], v.col_scale + (n0 + i < n ? n0 + i : 0), n0 + i < n);
     } else {
@@ -124,8 +126,9 @@ CUTLASS_DEVICE void wait_vectors(int thread_idx) {
 
 // out[m, n] = col_scale[n] * (acc[m, n] * row_scale[m]) + bias[n]  (+ residual[m, n]), row-major out and residual
 // of N columns, staged per warpgroup and stored as 16-byte rows. kPrefetched: the vectors are in the warpgroups'
-// buffers (the overlapped mainloop put them there); else they are read from global memory here.
-template <class CtaTile, class ElementOut_, bool kResidual, bool kPrefetched>
+// buffers (the overlapped mainloop put them there); else they are read from global memory here. kColScalar: col_scale
+// is one f32 (the weight's per-tensor scale), read here once a tile.
+template <class CtaTile, class ElementOut_, bool kResidual, bool kPrefetched, bool kColScalar = false>
 class DirectEpilogue {
  public:
   using ElementOut = ElementOut_;
@@ -208,6 +211,7 @@ class DirectEpilogue {
     EpiVectorArgs const& v = params_.vectors;
     bool const has_row = v.row_scale != nullptr, has_col = v.col_scale != nullptr, has_bias = v.bias != nullptr;
     auto const* bias = static_cast<ElementOut const*>(v.bias);
+    float const col_scalar = kColScalar && has_col ? __ldg(v.col_scale) : 1.0f;
     cutlass::NumericConverter<ElementOut, float, cutlass::FloatRoundStyle::round_to_nearest> round;
     // pair p (accumulators 2p, 2p + 1: columns c, c + 1 of row r) -> the two outputs packed
     auto pair = [&](int p, uint32_t residual) -> uint32_t {
@@ -216,14 +220,15 @@ class DirectEpilogue {
       bool in = r < m && c < n;
       float rs, cs[2], b[2];
       if constexpr (kPrefetched) {  // the prefetch wrote 1 and 0 for absent vectors
-        rs = buf.row[tr], cs[0] = buf.col[tc], cs[1] = buf.col[tc + 1];
+        rs = buf.row[tr];
+        cs[0] = kColScalar ? col_scalar : buf.col[tc], cs[1] = kColScalar ? col_scalar : buf.col[tc + 1];
         uint32_t bp = buf.bias[tc / 2];
         b[0] = float(reinterpret_cast<ElementOut const*>(&bp)[0]);
         b[1] = float(reinterpret_cast<ElementOut const*>(&bp)[1]);
       } else {
         rs = has_row && in ? __ldg(v.row_scale + r) : 1.0f;
-        cs[0] = has_col && in ? __ldg(v.col_scale + c) : 1.0f;
-        cs[1] = has_col && in ? __ldg(v.col_scale + c + 1) : 1.0f;
+        cs[0] = kColScalar ? col_scalar : has_col && in ? __ldg(v.col_scale + c) : 1.0f;
+        cs[1] = kColScalar ? col_scalar : has_col && in ? __ldg(v.col_scale + c + 1) : 1.0f;
         b[0] = has_bias && in ? float(bias[c]) : 0.0f, b[1] = has_bias && in ? float(bias[c + 1]) : 0.0f;
       }
       ElementOut out[2];
@@ -287,7 +292,7 @@ class DirectEpilogue {
   Params params_;
 };
 
-template <class CtaTile, class ElementOut, bool kResidual, bool kPrefetched>
+template <class CtaTile, class ElementOut, bool kResidual, bool kPrefetched, bool kColScalar = false>
 using DirectCollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
-    DirectEpilogue<CtaTile, ElementOut, kResidual, kPrefetched>>;
+    DirectEpilogue<CtaTile, ElementOut, kResidual, kPrefetched, kColScalar>>;
 }  // namespace ingot

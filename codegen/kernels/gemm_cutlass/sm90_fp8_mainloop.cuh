@@ -20,8 +20,9 @@
 // a ring in shared memory before it loads the tile, and the consumers, once the tile's first k-tile has arrived
 // (its full barrier orders the producer's write before their read, and they read before they release that stage,
 // which the producer needs again only `Stages` k-tiles later: a ring of Stages + 1 tiles is never overwritten
-// unread), prefetch the tile's row and column scales and bias for the epilogue while the k-tiles run. The
-// Arguments and Params then carry those vectors' pointers and M and N.
+// unread), prefetch the tile's row and column scales and bias for the epilogue while the k-tiles run (kColScalar: no
+// column scales, the epilogue reads the weight's scalar). The Arguments and Params then carry those vectors' pointers
+// and M and N.
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include "sm90_direct_epilogue.cuh"
@@ -29,7 +30,7 @@
 namespace ingot {
 using namespace cute;
 
-template <class Base, bool kPrefetch = false, class ElementBias = cutlass::bfloat16_t>
+template <class Base, bool kPrefetch = false, class ElementBias = cutlass::bfloat16_t, bool kColScalar = false>
 struct Sm90Fp8OverlapMainloop : Base {
   using typename Base::MainloopPipeline;
   using typename Base::PipelineState;
@@ -143,7 +144,7 @@ struct Sm90Fp8OverlapMainloop : Base {
     if constexpr (kPrefetch) {  // the first k-tile has arrived, hence the tile's coordinates
       int2 tile = direct_shared<kTileM, kTileN>().ring[ring_tiles_ % kRing];
       ++ring_tiles_;
-      prefetch_vectors<kTileM, kTileN, ElementBias>(mainloop_params.vectors, mainloop_params.m, mainloop_params.n,
+      prefetch_vectors<kTileM, kTileN, ElementBias, kColScalar>(mainloop_params.vectors, mainloop_params.m, mainloop_params.n,
                                                     tile.x, tile.y, thread_idx);
     }
     int remaining = k_tile_count - 1;

@@ -65,7 +65,8 @@ def candidates(spec: KernelSpec, target: Target) -> list[KernelSpec]:
     for cfg in candidate_configs(kind, target):
         if (FAST_ACCUM in cfg.schedule) != fast:
             continue
-        generic = cp.generic_linear_spec(kind, target, residual=bool(spec.value("HAS_RESIDUAL")), config=cfg)
+        generic = cp.generic_linear_spec(kind, target, residual=bool(spec.value("HAS_RESIDUAL")), config=cfg,
+                                         weight_scalar=cp.weight_scalar(spec))
         out.append(cp.shaped(generic, n, k, rows if isinstance(rows, str) else int(rows), bool(spec.value("HAS_BIAS"))))
     return out
 
@@ -83,7 +84,7 @@ def workloads(spec: KernelSpec, bounds: Mapping[str, int]) -> list[Workload]:
     bufs: dict[str, tuple[str, tuple[int, ...]]] = {
         "x": (store, (m, k)), "weight": (store, (n, k)), "out": ("bfloat16", (m, n))}
     if store != "bfloat16":
-        bufs["weight_scale"] = ("float32", (n,))
+        bufs["weight_scale"] = ("float32", (1,) if cp.weight_scalar(spec) else (n,))
     if spec.value("HAS_BIAS"):
         bufs["bias"] = ("bfloat16", (n,))
     if spec.value("HAS_RESIDUAL"):

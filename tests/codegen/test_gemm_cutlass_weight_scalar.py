@@ -1,0 +1,105 @@
+"""CUTLASS FP8 GEMMs whose weight scale is one f32 (``linear_cutlass_spec(..., weight_scalar=True)``, ``_wt``): the
+tensorwise scaling of ``torch._scaled_mm`` (cuBLASLt) that ``bench/bench_gemm.py``'s ``fp8-tensor`` mode compares
+like for like. Rendering and the autotuner's workload here; on an H100/H200 the same bits as the vector build with
+the scale repeated N times, for the direct epilogue (the FP8 default) and CUTLASS's TMA epilogue (the visitor tree's
+scalar broadcast), launched as the CUDA backend does."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingot.codegen.kernels.gemm_cutlass import cutlass_params as cp
+from ingot.codegen.kernels.gemm_cutlass import tune
+from ingot.codegen.kernels.gemm_cutlass.rule import linear_cutlass_spec, variant_config
+from ingot.codegen.target import get_target
+from tests.codegen.test_gemm_cutlass import load_generic, needs_cutlass
+from tests.codegen.test_gemm_cutlass_direct_epilogue import FP8_OV, _run
+from tests.helpers import rng
+
+
+def test_weight_scalar_builds_are_named_and_rendered():
+    h200, b200 = get_target("h200"), get_target("b200")
+    for target in (h200, b200):
+        wt = cp.generic_linear_spec("fp8", target, weight_scalar=True)
+        vec = cp.generic_linear_spec("fp8", target)
+        assert wt.value("WEIGHT_SCALAR") is True and vec.value("WEIGHT_SCALAR") is False
+        assert wt.name == "linear_cutlass_fp8_wt" and wt.entry != vec.entry
+        assert cp.weight_scalar(wt) and not cp.weight_scalar(vec)
+        src = wt.source()
+        assert ("kWeightScalar = true" in src) == (target is h200)
+        assert "Sm90ScalarBroadcast<float, Stride<_0, _0, int64_t>>" in src  # common.cuh's tree, either way
+    res = cp.generic_linear_spec("fp8", h200, residual=True, weight_scalar=True, config=FP8_OV)
+    assert res.name.startswith("linear_cutlass_fp8_res_wt_") and res.value("DIRECT_EPILOGUE") is False
+    # shaped for the autotuner: its candidates keep the scalar, its workload's weight scale is one f32
+    shaped = cp.shaped(cp.generic_linear_spec("fp8", h200, weight_scalar=True), 3072, 2048, "T", False)
+    assert all(cp.weight_scalar(c) for c in tune.candidates(shaped, h200))
+    (work,) = tune.workloads(shaped, {"T": 256})
+    assert work.buffers["weight_scale"] == ("float32", (1,))
+    # the block-scaled template has no such build (its weight scales are block scales)
+    nvfp4 = variant_config("nvfp4", b200)
+    with pytest.raises(ValueError, match="per-tensor weight scale"):
+        linear_cutlass_spec("nvfp4", 0, 0, b200, config=nvfp4, weight_scalar=True)
+
+
+@pytest.mark.gpu
+@needs_cutlass
+@pytest.mark.parametrize("config,residual", [("default", False), ("default", True), ("tma", False)])
+def test_weight_scalar_equals_the_repeated_vector(config, residual):
+    """Row scales, one weight scale, bias (and residual) on problems with partial tiles: every output bit equal to the
+    vector build's given the scale N times (same mainloop, same products), nothing written past M x N, close to
+    numpy; a null scale reads as 1."""
+    import ml_dtypes
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU (H100/H200)")
+    torch.empty(1, device="cuda")  # the primary context
+    h200 = get_target("h200")
+    cfg = None if config == "default" else FP8_OV
+    specs = [cp.generic_linear_spec("fp8", h200, residual=residual, config=cfg, weight_scalar=wt)
+             for wt in (False, True)]
+    loaded = [load_generic(spec) for spec in specs]
+    gen = rng()
+    for m, n, k in ((1, 256, 128), (77, 960, 576), (300, 1064, 256), (2048, 3072, 2048), (4096, 4096, 128)):
+        x = np.clip(gen.standard_normal((m, k)), -448, 448).astype(ml_dtypes.float8_e4m3fn)
+        w = np.clip(gen.standard_normal((n, k)) * 0.1, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+        bias = gen.standard_normal(n).astype(ml_dtypes.bfloat16)
+        xs, ws = gen.uniform(0.5, 2, m).astype(np.float32), np.float32(gen.uniform(0.5, 2))
+        xt, wt = (torch.from_numpy(a.view(np.uint8)).cuda().view(torch.float8_e4m3fn) for a in (x, w))
+        if m * n * k > 2**30:  # f32 on the GPU (no TF32), numpy would take long
+            torch.backends.cuda.matmul.allow_tf32 = False
+            ref = (xt.float() @ wt.float().T).cpu().numpy()
+        else:
+            ref = x.astype(np.float32) @ w.astype(np.float32).T
+        ref = ref * xs[:, None] * ws + bias.astype(np.float32)[None, :]
+        inputs = {"x": xt, "weight": wt, "x_scale": torch.from_numpy(xs).cuda(),
+                  "bias": torch.from_numpy(bias.view(np.uint16)).cuda().view(torch.bfloat16)}
+        if residual:
+            res = gen.standard_normal((m, n)).astype(ml_dtypes.bfloat16)
+            inputs["residual"] = torch.from_numpy(res.view(np.uint16)).cuda().view(torch.bfloat16)
+            ref = ref + res.astype(np.float32)
+        scales = [torch.full((n,), float(ws), device="cuda"), torch.tensor([ws], device="cuda")]
+        outs = []
+        for spec, launchable, scale in zip(specs, loaded, scales):
+            padded = torch.full((m + 1, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            _run(launchable, inputs | {"weight_scale": scale, "out": padded}, m, n, k)
+            assert torch.isnan(padded[m]).all(), f"{spec.entry}: wrote past M x N for {m, n, k}"
+            outs.append(padded[:m].cpu())
+        vec, scalar = outs
+        assert torch.isfinite(scalar.float()).all(), f"M, N, K = {m, n, k}: unwritten outputs"
+        assert torch.equal(scalar.view(torch.int16), vec.view(torch.int16)), (
+            f"M, N, K = {m, n, k}: {int((scalar.view(torch.int16) != vec.view(torch.int16)).sum())} outputs differ "
+            f"from the vector build's")
+        np.testing.assert_allclose(scalar.float().numpy(), ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
+    # no weight scale at all: 1 (the vector build without one too)
+    m, n, k = 77, 960, 576
+    x = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    w = (torch.randn(n, k, device="cuda") * 0.1).to(torch.float8_e4m3fn)
+    outs = []
+    for launchable in loaded:
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        extra = {"residual": torch.zeros(m, n, dtype=torch.bfloat16, device="cuda")} if residual else {}
+        _run(launchable, {"x": x, "weight": w, "out": out, **extra}, m, n, k)
+        outs.append(out.cpu())
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
