@@ -16,8 +16,12 @@ down 2048x8192), for
 - ``fp8-row-fast``, ``fp8-tensor-fast``: the same with ``use_fast_accum=True`` against ingot's FP8FastAccum
   candidates (no periodic promotion of the FP8 MMAs' partial sums to f32), the plain modes against the rest.
   ingot's builds read x's scale as an [M] vector (the scalar broadcast); the weight's as an [N] vector too, or, in
-  the builds made with ``--weight-scalar`` (``linear_cutlass_spec(..., weight_scalar=True)``, candidates
-  ``TAG+wt``, tensorwise modes only), as the one f32 cuBLASLt gets.
+  the builds made with ``--weight-scales tensor`` (``linear_cutlass_spec(..., weight_scales="tensor")``, candidates
+  ``TAG+wt``, tensorwise modes only), as the one f32 cuBLASLt gets;
+- ``fp8-block``: DeepSeek-V3's block scaling, x's scale per row and 128 columns of K, w's per 128 x 128 block;
+  reference ``torch._scaled_mm`` with 1x128 and 128x128 scales (cuBLASLt's block-scaled kernels, CUDA 12.9+), against
+  the builds made with ``--weight-scales block`` (``TAG+wb``: the scales applied as each k-tile is promoted).
+  M, N and K multiples of 128, K of 512 (cuBLASLt's scale layouts without padding).
 
 Every candidate configuration of ``gemm_cutlass/rule.py`` (``SM90_CANDIDATES``, then ``SM90_EXPLORE``: tile,
 cluster, schedule; FP8 promotion overlapped or not, raster order, epilogue subtile) is one shape-generic build (the
@@ -67,7 +71,9 @@ from bench_gemv import capture_graph, replay_seconds, time_graph  # noqa: E402
 CEILING_TFLOPS = {"bf16": 747.0, "fp8": 1363.0}
 SQUARE = ((4096, 4096, 4096), (8192, 8192, 8192))
 LLAMA_1B_PREFILL = ((8192, 3072, 2048), (8192, 2048, 2048), (8192, 16384, 2048), (8192, 2048, 8192))
-MODES = ("bf16", "fp8-row", "fp8-tensor", "fp8-row-fast", "fp8-tensor-fast")
+MODES = ("bf16", "fp8-row", "fp8-tensor", "fp8-row-fast", "fp8-tensor-fast", "fp8-block")
+#: ``--weight-scales`` -> the candidate tag's suffix
+SCALE_TAGS = {"tensor": "+wt", "block": "+wb"}
 
 
 def _kind(mode: str) -> str:
@@ -81,6 +87,8 @@ def _fits(mode: str, config: str) -> bool:
     schedule = re.match(r"[a-z]*", config).group(0)  # e.g. "coop", "coopfa", "ppov"
     if config.endswith("+wt") and not mode.startswith("fp8-tensor"):
         return False  # one weight scale: the tensorwise modes only
+    if config.endswith("+wb") != (mode == "fp8-block"):
+        return False  # block scales: their own builds, and those only
     return _kind(mode) == "bf16" or (schedule.endswith("fa") == mode.endswith("-fast"))
 
 
@@ -88,34 +96,39 @@ def _fits(mode: str, config: str) -> bool:
 
 
 def build(out_dir: Path, target_name: str = "h200", kinds: tuple[str, ...] = ("bf16", "fp8"),
-          only: tuple[str, ...] = (), weight_scalar: bool = False) -> dict[str, Any]:
+          only: tuple[str, ...] = (), weight_scales: tuple[str, ...] = ()) -> dict[str, Any]:
     """Build every candidate's cubin and host shim into ``out_dir`` with a ``manifest.json`` (``only``: just the
-    configurations with these tags, ``rule.config_tag``; ``weight_scalar``: each FP8 one a second time with the
-    weight's scale one f32, tag ``TAG+wt``)."""
+    configurations with these tags, ``rule.config_tag``; ``weight_scales``: each FP8 one again with these weight
+    scales, ``tensor`` (tag ``TAG+wt``) and ``block`` (``TAG+wb``, the configurations that have such a build)."""
     from ingot.codegen.kernels.gemm_cutlass.build import build_shim, compile_cutlass
-    from ingot.codegen.kernels.gemm_cutlass.rule import bench_configs, config_tag, linear_cutlass_spec
+    from ingot.codegen.kernels.gemm_cutlass.rule import (
+        bench_configs,
+        config_tag,
+        linear_cutlass_spec,
+        weight_scales_reason,
+    )
     from ingot.codegen.target import get_target
 
     target = get_target(target_name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [(kind, cfg, wt) for kind in kinds for cfg in bench_configs(kind, target)
-            for wt in ((False, True) if weight_scalar and kind == "fp8" else (False,))
-            if not only or config_tag(cfg) in only]
+    jobs = [(kind, cfg, scales) for kind in kinds for cfg in bench_configs(kind, target)
+            for scales in ("channel", *(weight_scales if kind == "fp8" else ()))
+            if (not only or config_tag(cfg) in only) and not weight_scales_reason(kind, cfg, scales)]
     unknown = set(only) - {config_tag(cfg) for _, cfg, _ in jobs}
     if unknown:
         raise SystemExit(f"bench_gemm --only: no {'/'.join(kinds)} configuration named {sorted(unknown)}")
 
-    def one(job: tuple[str, Any, bool]) -> dict[str, Any]:
-        kind, cfg, wt = job
-        spec = linear_cutlass_spec(kind, 0, 0, target, config=cfg, weight_scalar=wt)
+    def one(job: tuple[str, Any, str]) -> dict[str, Any]:
+        kind, cfg, scales = job
+        spec = linear_cutlass_spec(kind, 0, 0, target, config=cfg, weight_scales=scales)
         kernel = compile_cutlass(spec)
         shim = build_shim(spec)
         (out_dir / f"{spec.entry}.cubin").write_bytes(kernel.cubin)
         shutil.copyfile(shim, out_dir / f"{spec.entry}.so")
-        tag = config_tag(cfg) + ("+wt" if wt else "")
+        tag = config_tag(cfg) + SCALE_TAGS.get(scales, "")
         print(f"built {kind} {tag} ({spec.entry})", flush=True)
         return {"kind": kind, "config": tag, "entry": spec.entry, "spec": spec.to_dict(with_doc=False),
-                "weight_scalar": wt}
+                "weight_scales": scales}
 
     with ThreadPoolExecutor(max_workers=max(1, int(os.environ.get("INGOT_CUTLASS_JOBS", "2")))) as pool:
         entries = list(pool.map(one, jobs))
@@ -144,6 +157,25 @@ def _operands(torch: Any, mode: str, m: int, n: int, k: int, gen: Any) -> dict[s
                 "exact": lambda: xb.float() @ wb.float().t(), "ref_name": "cuBLAS torch.matmul"}
     f8 = torch.float8_e4m3fn
     fmax = torch.finfo(f8).max
+    if mode == "fp8-block":  # x per row and 128 columns, w per 128 x 128 block (M, N, K multiples of 128)
+        kb = k // 128
+        xs = x.abs().reshape(m, kb, 128).amax(dim=2).clamp(min=1e-12) / fmax  # [M, KB]
+        ws = w.abs().reshape(n // 128, 128, kb, 128).amax(dim=(1, 3)).clamp(min=1e-12) / fmax  # [NB, KB]
+        xs_full, ws_full = xs.repeat_interleave(128, 1), ws.repeat_interleave(128, 0).repeat_interleave(128, 1)
+        x8 = (x / xs_full).clamp(-fmax, fmax).to(f8)
+        w8 = (w / ws_full).clamp(-fmax, fmax).to(f8)
+        xs_cm = xs.float().t().contiguous()  # [KB, M]: cuBLASLt's [M, KB] with strides (1, M), ingot's x_scale
+        ws_rm = ws.float().contiguous()  # [NB, KB]: cuBLASLt's [KB, NB] with strides (1, KB), ingot's weight_scale
+        w8t = w8.t()
+
+        def ref_block() -> Any:
+            return torch._scaled_mm(x8, w8t, scale_a=xs_cm.t(), scale_b=ws_rm.t(), out_dtype=torch.bfloat16)
+
+        def exact_block() -> Any:
+            return (x8.float() * xs_full) @ (w8.float() * ws_full).t()
+
+        return {"x": x8, "w": w8, "xs": xs_cm, "ws": ws_rm, "ws_scalar": ws_rm, "ref": ref_block,
+                "exact": exact_block, "ref_name": "torch._scaled_mm 1x128 x 128x128 blocks (cuBLASLt)"}
     if mode.startswith("fp8-row"):
         xs = x.abs().amax(dim=1).clamp(min=1e-12) / fmax
         ws = w.abs().amax(dim=1).clamp(min=1e-12) / fmax
@@ -460,9 +492,11 @@ def main() -> None:
                     help="also run the reference and every passing candidate alone for this many seconds each, two "
                          "rounds in alternating order (the steady rate at the power limit; 0: off)")
     ap.add_argument("--only", default="", help="--build: only these configurations (config tags, comma-separated)")
-    ap.add_argument("--weight-scalar", action="store_true",
-                    help="--build: each FP8 configuration also with the weight's scale one f32 (TAG+wt), which the "
-                         "tensorwise modes time beside the vector builds")
+    ap.add_argument("--weight-scales", default="",
+                    help="--build: each FP8 configuration also with these weight scales (comma-separated): tensor "
+                         "(one f32, TAG+wt, timed in the tensorwise modes beside the vector builds), block (1x128 x "
+                         "128x128 block scales, TAG+wb, the fp8-block mode; the configurations that have such a "
+                         "build)")
     ap.add_argument("--swizzles", default="",
                     help="time each sm90 build at each of these scheduler max swizzles (e.g. 1,8; candidates "
                          "TAG@sN) instead of at the runtime's choice (rule.auto_swizzle, or the build's own)")
@@ -470,7 +504,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.build is not None:
         build(a.build, a.target, tuple(k for k in a.kinds.split(",") if k), tuple(t for t in a.only.split(",") if t),
-              a.weight_scalar)
+              tuple(s for s in a.weight_scales.split(",") if s))
         return
     kernel_dir = a.kernels
     if kernel_dir is None:

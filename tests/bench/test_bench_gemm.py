@@ -19,16 +19,19 @@ from bench_gemm import _fits, build, interleaved_order, parse_smi, samples_in_wi
 def test_help_names_the_options():
     p = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0 and all(o in p.stdout for o in ("--top", "--only", "--sustain", "--sustain-all",
-                                                             "--build", "--weight-scalar"))
+                                                             "--build", "--weight-scales"))
 
 
-def test_weight_scalar_builds_fit_the_tensorwise_modes_only():
-    """``TAG+wt`` (``--weight-scalar``: the weight's scale one f32) runs where the reference has scalar scales; the
-    FastAccum split holds for it as for the vector builds."""
+def test_weight_scale_builds_fit_their_modes_only():
+    """``TAG+wt`` (``--weight-scales tensor``: the weight's scale one f32) runs where the reference has scalar scales,
+    ``TAG+wb`` (block scales) in ``fp8-block`` only, which no other build runs; the FastAccum split holds for them as
+    for the vector builds."""
     assert _fits("fp8-tensor", "coopov128x128x128c2x1d+wt") and _fits("fp8-tensor", "coopov128x128x128c2x1d")
     assert not _fits("fp8-row", "coopov128x128x128c2x1d+wt") and _fits("fp8-row", "coopov128x128x128c2x1d")
     assert _fits("fp8-tensor-fast", "coopfa128x128x128c1x2+wt") and not _fits("fp8-tensor", "coopfa128x128x128c1x2+wt")
     assert not _fits("fp8-row-fast", "coopfa128x128x128c1x2+wt")
+    assert _fits("fp8-block", "coopov128x128x128c2x1d+wb") and not _fits("fp8-block", "coopov128x128x128c2x1d")
+    assert not any(_fits(mode, "coopov128x128x128c2x1d+wb") for mode in ("fp8-row", "fp8-tensor", "bf16"))
 
 
 def test_only_refuses_an_unknown_configuration(tmp_path):

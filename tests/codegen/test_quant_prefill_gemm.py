@@ -533,7 +533,7 @@ def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatc
         gspec = cuda["kernels"][gemm["kernel"]]["spec"]
         want = cp.generic_linear_spec("fp8", tgt, residual=residual, config=shape_config("fp8", n, k, tgt))
         assert gemm["kernel"] == want.entry and gspec["values"]["ABI"] == cp.ABI, gemm["kernel"]
-        assert gspec["values"]["WEIGHT_SCALAR"] is False
+        assert gspec["values"]["WEIGHT_SCALES"] == 0  # per channel
         scale = cuda["memory_plan"]["buffers"][own["weight_scale"]["buffer"]]
         assert scale["dtype"] == "f32" and scale["shape"] == [n], scale
         assert gspec["template"] == ("sm90.cu" if target == "h200" else "sm100.cu")

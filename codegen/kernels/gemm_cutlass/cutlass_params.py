@@ -66,6 +66,8 @@ from ...target import Target
 from .build import _jobs, cutlass_available, cutlass_options
 from .rule import (
     OPERANDS,
+    WEIGHT_SCALES,
+    WEIGHT_SCALES_SUFFIX,
     Config,
     auto_swizzle,
     config_tag,
@@ -124,21 +126,22 @@ class LayoutError(RuntimeError):
 
 
 def generic_linear_spec(kind: str, target: Target, residual: bool = False, config: Config | None = None,
-                        weight_scalar: bool = False) -> KernelSpec:
+                        weight_scales: str = "channel") -> KernelSpec:
     """One shape-generic CUTLASS ``linear`` kernel per (kind, residual, configuration, weight scale, target), taking
     ``linear``'s own launch arguments (``LINEAR_PARAMS``); the grid recorded is the persistent bound, the real one
     comes from the layout for each M. ``config`` defaults to the kind's (``variant_config``); another one is named in
     the entry (``linear_cutlass_bf16_coop256x128x64c1x2_...``). FP8 takes ``x_scale`` too (``FP8_LINEAR_PARAMS``);
-    ``weight_scalar``: its ``weight_scale`` is one f32 (per tensor), not [N] (``_wt`` in the name)."""
+    ``weight_scales``: ``rule.linear_cutlass_spec``'s (``tensor``: one f32, ``_wt`` in the name; ``block``: 1x128 x
+    128x128 block scales, ``_wb``)."""
     default = variant_config(kind, target)
     cfg = config or default
-    base = linear_cutlass_spec(kind, 0, 0, target, residual=residual, config=cfg, weight_scalar=weight_scalar)
+    base = linear_cutlass_spec(kind, 0, 0, target, residual=residual, config=cfg, weight_scales=weight_scales)
     values = dict(base.values)
     values["ABI"] = ABI
     doc = (f"CUTLASS {kind} GEMM {cfg.template}, tile {'x'.join(map(str, cfg.tile))}, cluster "
            f"{cfg.cluster[0]}x{cfg.cluster[1]}, shape-generic; launched with a Params blob built from the "
            f"kernel table's layout (gemm_cutlass/cutlass_params.py, ABI {ABI})")
-    name = (f"linear_cutlass_{kind}{'_res' if residual else ''}{'_wt' if weight_scalar else ''}"
+    name = (f"linear_cutlass_{kind}{'_res' if residual else ''}{WEIGHT_SCALES_SUFFIX[weight_scales]}"
             f"{'' if cfg == default else '_' + config_tag(cfg)}")
     params = FP8_LINEAR_PARAMS if kind == "fp8" else LINEAR_PARAMS
     return KernelSpec.make("gemm_cutlass", base.template, name, base.arch, values, params, base.block,
@@ -197,16 +200,16 @@ def short_variants(node: Node, spec: KernelSpec, largest: int, target: Target) -
     out = []
     for rows, cfg in short_m_configs(kind, n, k, target):
         short = generic_linear_spec(kind, target, residual=bool(spec.value("HAS_RESIDUAL")), config=cfg,
-                                    weight_scalar=weight_scalar(spec))
+                                    weight_scales=weight_scales(spec))
         if rows > largest and short.entry != own:
             out.append((rows, short))
     return out
 
 
-def weight_scalar(spec: KernelSpec) -> bool:
-    """Whether a CUTLASS ``linear`` spec reads the weight's scale as one f32 (``linear_cutlass_spec``'s
-    ``weight_scalar``)."""
-    return bool(dict(spec.values).get("WEIGHT_SCALAR", False))
+def weight_scales(spec: KernelSpec) -> str:
+    """A CUTLASS ``linear`` spec's weight scale granularity (``linear_cutlass_spec``'s ``weight_scales``)."""
+    code = int(dict(spec.values).get("WEIGHT_SCALES", 0))
+    return next(name for name, c in WEIGHT_SCALES.items() if c == code)
 
 
 def _with_values(spec: KernelSpec, values: Mapping[str, Any]) -> KernelSpec:

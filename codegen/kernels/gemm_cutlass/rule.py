@@ -183,6 +183,9 @@ SM90_SHORT_M: dict[str, tuple[Config, ...]] = {
         Config("sm90.cu", (64, 64, 128), (1, 1), schedule="Pingpong", threads=384, overlap=True),
     ),
 }
+#: ``linear_cutlass_spec``'s weight scale granularities -> the templates' ``WEIGHT_SCALES`` and the entry name's suffix
+WEIGHT_SCALES = {"channel": 0, "tensor": 1, "block": 2}
+WEIGHT_SCALES_SUFFIX = {"channel": "", "tensor": "_wt", "block": "_wb"}
 #: the tile scheduler's raster orders (RasterOrderOptions) -> their config_tag suffix (Heuristic: none)
 RASTER_TAGS = {"Heuristic": "", "AlongM": "rm", "AlongN": "rn"}
 
@@ -382,11 +385,30 @@ def supports(kind: str, target: Target) -> bool:
     return True
 
 
+def weight_scales_reason(kind: str, cfg: Config, weight_scales: str) -> str | None:
+    """Why configuration ``cfg`` of ``kind`` has no build with ``weight_scales`` (``linear_cutlass_spec``), or None."""
+    if weight_scales not in WEIGHT_SCALES:
+        return f"weight_scales must be one of {sorted(WEIGHT_SCALES)}, got {weight_scales!r}"
+    if weight_scales == "tensor" and cfg.template not in ("sm90.cu", "sm100.cu"):
+        return f"a per-tensor weight scale is for sm90.cu / sm100.cu builds, not {cfg.template} (block scales there)"
+    if weight_scales == "block" and (kind != "fp8" or cfg.template != "sm90.cu" or not (cfg.overlap and cfg.direct)
+                                     or cfg.tile != (128, 128, 128)):
+        return (f"128 x 128 block scales are for FP8 on sm90.cu with the overlapped promotion, the direct epilogue "
+                f"and 128 x 128 x 128 tiles (one weight block a tile and k-tile), not {config_tag(cfg)}")
+    return None
+
+
 def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: bool = False,
-                        config: Config | None = None, weight_scalar: bool = False) -> KernelSpec:
+                        config: Config | None = None, weight_scales: str = "channel") -> KernelSpec:
     """The spec for a ``kind`` (bf16 | fp8 | nvfp4 | mxfp4) linear with static N and K, bf16 output.
-    ``weight_scalar``: the weight's scale is one f32 (an FP8 weight quantized per tensor) instead of an [N] vector
-    (``sm90.cu`` / ``sm100.cu``: a build-time choice, like the residual; entry names end in ``_wt``).
+
+    ``weight_scales`` (a build-time choice, like the residual; ``WEIGHT_SCALES``): ``channel``, ``weight_scale`` f32[N]
+    and ``x_scale`` f32[M] in the epilogue; ``tensor`` (``sm90.cu`` / ``sm100.cu``, entry names ``..._wt``), the
+    weight's one f32 (an FP8 weight quantized per tensor); ``block`` (FP8 on ``sm90.cu``, the overlapped-promotion
+    mainloop with the direct epilogue and 128 x 128 x 128 tiles, ``..._wb``): DeepSeek-V3's 1x128 x 128x128 block
+    scaling in the layouts cuBLASLt takes, ``x_scale`` f32 ``[ceil(K/128)][M]`` (x's scale per row and 128 columns,
+    column by column) and ``weight_scale`` f32 ``[ceil(N/128)][KB4]`` (KB4: ceil(K/128) rounded up to a multiple of
+    4), each k-tile's partial promoted with its two scales (``sm90_fp8_mainloop.cuh``).
 
     The grid recorded here is the persistent upper bound (one CTA per SM, rounded down to whole
     clusters) and ``smem`` the most a block may opt into; the shim's ``_prepare`` returns the exact
@@ -398,9 +420,9 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
     ctype, _, align = OPERANDS[kind]
     if k % align or n % 8:
         raise ValueError(f"gemm_cutlass {kind}: needs K % {align} == 0 and N % 8 == 0, got N={n} K={k}")
-    if weight_scalar and cfg.template not in ("sm90.cu", "sm100.cu"):
-        raise ValueError(f"gemm_cutlass {kind}: a per-tensor weight scale is for sm90.cu / sm100.cu builds, not "
-                         f"{cfg.template} (its weight scales are block scales)")
+    reason = weight_scales_reason(kind, cfg, weight_scales)
+    if reason:
+        raise ValueError(f"gemm_cutlass {kind}: {reason}")
     values = {
         "A_TYPE": ctype, "B_TYPE": ctype, "OUT_TYPE": "cutlass::bfloat16_t", "N": n, "K": k,
         "TILE_M": cfg.tile[0], "TILE_N": cfg.tile[1], "TILE_K": cfg.tile[2],
@@ -408,7 +430,7 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
         "HAS_RESIDUAL": residual, "ABI": ABI,
     }
     if cfg.template in ("sm90.cu", "sm100.cu"):
-        values["WEIGHT_SCALAR"] = weight_scalar
+        values["WEIGHT_SCALES"] = WEIGHT_SCALES[weight_scales]
     if cfg.direct and (cfg.template != "sm90.cu" or not cfg.schedule.startswith("Cooperative") or cfg.tile[0] != 128):
         raise ValueError(f"gemm_cutlass: the direct epilogue is for sm90.cu's cooperative schedules with 128-row tiles "
                          f"(each consumer warpgroup stores its 64 rows; the scale prefetch follows one tile at a "
@@ -421,12 +443,12 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
     if cfg.template == "sm100_blockscaled.cu":
         values["SF_VECTOR"] = 16 if kind == "nvfp4" else 32
     cluster = cfg.cluster[0] * cfg.cluster[1]
-    tag = f"linear_cutlass_{kind}_n{n}_k{k}{'_res' if residual else ''}{'_wt' if weight_scalar else ''}"
+    tag = f"linear_cutlass_{kind}_n{n}_k{k}{'_res' if residual else ''}{WEIGHT_SCALES_SUFFIX[weight_scales]}"
     if config is not None and config != variant_config(kind, target):
         tag += f"_{config_tag(cfg)}"
     doc = (f"CUTLASS {kind} GEMM {cfg.template}, tile {'x'.join(map(str, cfg.tile))}, cluster "
-           f"{cfg.cluster[0]}x{cfg.cluster[1]}{', per-tensor weight scale' if weight_scalar else ''}; launch through "
-           f"the host shim (ABI {ABI}, build.py)")
+           f"{cfg.cluster[0]}x{cfg.cluster[1]}, {weight_scales} weight scales; launch through the host shim (ABI "
+           f"{ABI}, build.py)")
     return KernelSpec.make("gemm_cutlass", cfg.template, tag, target.arch or "", values, PARAMS, cfg.threads,
                            [GridDim(const=target.num_sms // cluster * cluster)], smem=target.smem_per_block,
                            doc=doc)

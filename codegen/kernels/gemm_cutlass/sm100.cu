@@ -3,8 +3,8 @@
 // out[M, N] = x[M, K] @ w[N, K]^T with the epilogue in common.cuh, on sm_100a tcgen05 (UMMA):
 // ${A_TYPE} x ${B_TYPE} -> f32 accumulators -> ${OUT_TYPE}; MMA tile ${TILE_M}x${TILE_N}x${TILE_K},
 // cluster ${CLUSTER_M}x${CLUSTER_N}, 2-SM MMA: ${TWO_SM}. x and w are K-major (row-major x, w as
-// stored by linear), out and residual row-major. Persistent, CLC tile scheduler. The weight's scale one f32 (per
-// tensor) instead of [N]: ${WEIGHT_SCALAR}.
+// stored by linear), out and residual row-major. Persistent, CLC tile scheduler. Weight scales ${WEIGHT_SCALES} (0:
+// one per output channel, [N]; 1: one per tensor, read as a scalar).
 using namespace cute;
 using ElementA = ${A_TYPE};
 using ElementB = ${B_TYPE};
@@ -13,7 +13,7 @@ constexpr bool kTwoSm = ${TWO_SM};
 using MmaTile = Shape<Int<${TILE_M}>, Int<${TILE_N}>, Int<${TILE_K}>>;
 using ClusterShape = Shape<Int<${CLUSTER_M}>, Int<${CLUSTER_N}>, _1>;
 using CtaTile = Shape<Int<${TILE_M} / (kTwoSm ? 2 : 1)>, Int<${TILE_N}>, Int<${TILE_K}>>;
-using Epi = ingot::Epilogue<CtaTile, ElementOut, ElementOut, ${HAS_RESIDUAL}, ${WEIGHT_SCALAR}>;
+using Epi = ingot::Epilogue<CtaTile, ElementOut, ElementOut, ${HAS_RESIDUAL}, ${WEIGHT_SCALES} == 1>;
 constexpr int kAlignOut = 128 / cutlass::sizeof_bits<ElementOut>::value;
 
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<

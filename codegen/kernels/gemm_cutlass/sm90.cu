@@ -6,15 +6,17 @@
 // ${TILE_M}x${TILE_N}x${TILE_K}, cluster ${CLUSTER_M}x${CLUSTER_N}, schedule ${SCHEDULE}. x and w are
 // K-major (row-major x, w as stored by linear), out and residual row-major. Persistent, with max swizzle
 // ${MAX_SWIZZLE} (0: per problem) and raster order ${RASTER}; FP8 promotion overlapped with the next k-tile's MMAs
-// (sm90_fp8_mainloop.cuh): ${OVERLAP_PROMOTION}. The weight's scale one f32 (per tensor) instead of [N]:
-// ${WEIGHT_SCALAR}.
+// (sm90_fp8_mainloop.cuh): ${OVERLAP_PROMOTION}. Weight scales ${WEIGHT_SCALES} (0: one per output channel, [N];
+// 1: one per tensor, read as a scalar; 2: 1x128 x 128x128 block scales applied in the mainloop, x's scales per row
+// and 128 columns of K).
 using namespace cute;
 using ElementA = ${A_TYPE};
 using ElementB = ${B_TYPE};
 using ElementOut = ${OUT_TYPE};
 using CtaTile = Shape<Int<${TILE_M}>, Int<${TILE_N}>, Int<${TILE_K}>>;
 using ClusterShape = Shape<Int<${CLUSTER_M}>, Int<${CLUSTER_N}>, _1>;
-constexpr bool kWeightScalar = ${WEIGHT_SCALAR};
+constexpr int kWeightScales = ${WEIGHT_SCALES};
+constexpr bool kWeightScalar = kWeightScales == 1, kBlockScales = kWeightScales == 2;
 using Epi = ingot::Epilogue<CtaTile, ElementOut, ElementOut, ${HAS_RESIDUAL}, kWeightScalar>;
 constexpr int kAlignOut = 128 / cutlass::sizeof_bits<ElementOut>::value;
 using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecialized${SCHEDULE};
@@ -62,8 +64,12 @@ static_assert(!kOverlapPromotion || ${TILE_K} == 128,
               "one promotion per 128-deep k-tile: CUTLASS's default interval (4 wgmmas of K = 32)");
 using CollectiveMainloop =
     cute::conditional_t<kOverlapPromotion,
-                        ingot::Sm90Fp8OverlapMainloop<CutlassMainloop, kDirectEpilogue, ElementOut, kWeightScalar>,
+                        ingot::Sm90Fp8OverlapMainloop<CutlassMainloop, kDirectEpilogue, ElementOut, kWeightScalar,
+                                                      kBlockScales>,
                         CutlassMainloop>;
+static_assert(!kBlockScales || (kDirectEpilogue && kOverlapPromotion),
+              "block scales are promoted by the overlapped mainloop, which takes the tile's coordinates from the direct "
+              "epilogue's ring");
 static_assert(!kDirectEpilogue || !kOverlapPromotion ||
                   cute::is_same_v<EpilogueSchedule, cutlass::epilogue::TmaWarpSpecializedCooperative>,
               "the prefetch reads every tile of the ring in order: both consumer warpgroups on one tile (cooperative)");
@@ -106,9 +112,12 @@ static typename GemmKernel::Arguments make_arguments(const void* x, const void* 
   mainloop.ptr_A = static_cast<const ElementA*>(x), mainloop.dA = sa;
   mainloop.ptr_B = static_cast<const ElementB*>(w), mainloop.dB = sb;
   if constexpr (kDirect) {
-    ingot::EpiVectorArgs vectors{static_cast<const float*>(x_scale), static_cast<const float*>(w_scale), bias};
+    // block scales: the mainloop applies both, the epilogue neither
+    ingot::EpiVectorArgs vectors{kBlockScales ? nullptr : static_cast<const float*>(x_scale),
+                                 kBlockScales ? nullptr : static_cast<const float*>(w_scale), bias};
     if constexpr (kOverlapPromotion) {
       mainloop.vectors = vectors;
+      mainloop.blocks = {static_cast<const float*>(x_scale), static_cast<const float*>(w_scale)};
     }
     using EpilogueArgs = typename cute::conditional_t<kDirect, CollectiveEpilogue, CollectiveEpilogue>::Arguments;
     EpilogueArgs epilogue{vectors, static_cast<const ElementOut*>(residual), sc, static_cast<ElementOut*>(out), sd};

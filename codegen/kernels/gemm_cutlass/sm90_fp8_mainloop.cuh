@@ -23,6 +23,15 @@
 // unread), prefetch the tile's row and column scales and bias for the epilogue while the k-tiles run (kColScalar: no
 // column scales, the epilogue reads the weight's scalar). The Arguments and Params then carry those vectors' pointers
 // and M and N.
+//
+// kBlockScales (DeepSeek-V3's recipe, as cuBLASLt's and torch._scaled_mm's 1x128 x 128x128 block scaling): x has one
+// f32 scale per row and 128 columns of K, w one per 128 x 128 block, and each k-tile's partial is promoted as
+// accum += partial * (x_scale[row, kb] * w_scale[n_blk, kb]) (a 128-deep k-tile is one K block, a 128-column tile
+// one weight block). Layouts as cuBLASLt's (the docstring of rule.linear_cutlass_spec): x_scale[kb * M + row], w_scale
+// [n_blk * KB4 + kb] with KB4 = ceil(K / 128) rounded up to a multiple of 4. Each consumer thread holds two rows of
+// its warpgroup's 64 (r and r + 8) and loads their scales and the block's for k-tile t when it issues t's wgmmas; it
+// uses them one k-tile later, when t's batch is done. The epilogue then has no row or column scales (the bias and
+// residual as before). Needs the tile ring (kPrefetch: the tile's coordinates).
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include "sm90_direct_epilogue.cuh"
@@ -30,7 +39,14 @@
 namespace ingot {
 using namespace cute;
 
-template <class Base, bool kPrefetch = false, class ElementBias = cutlass::bfloat16_t, bool kColScalar = false>
+// a block-scaled mainloop's scales (kBlockScales; the layouts above)
+struct BlockScaleArgs {
+  float const* x_scale = nullptr;  // [ceil(K / 128)][M]
+  float const* w_scale = nullptr;  // [ceil(N / 128)][KB4]
+};
+
+template <class Base, bool kPrefetch = false, class ElementBias = cutlass::bfloat16_t, bool kColScalar = false,
+          bool kBlockScales = false>
 struct Sm90Fp8OverlapMainloop : Base {
   using typename Base::MainloopPipeline;
   using typename Base::PipelineState;
@@ -44,13 +60,17 @@ struct Sm90Fp8OverlapMainloop : Base {
   static constexpr int kTileN = cute::size<1>(TileShape{});
   static constexpr int kRing = Base::DispatchPolicy::Stages + 1;
   static_assert(!kPrefetch || kRing <= kRingCapacity, "the tile ring holds kRingCapacity tiles");
+  static_assert(!kBlockScales || (kPrefetch && kTileN == 128 && cute::size<2>(TileShape{}) == 128),
+                "block scales: one 128 x 128 weight block a tile and k-tile, the tile's coordinates from the ring");
 
   struct PrefetchArguments : Base::Arguments {
     EpiVectorArgs vectors;
+    BlockScaleArgs blocks;
   };
   struct PrefetchParams : Base::Params {
     EpiVectorArgs vectors;
-    int m, n;
+    BlockScaleArgs blocks;
+    int m, n, kb4;
   };
   // without the prefetch: the base collective's own (the same Params blob as before it existed)
   using Arguments = cute::conditional_t<kPrefetch, PrefetchArguments, typename Base::Arguments>;
@@ -61,8 +81,9 @@ struct Sm90Fp8OverlapMainloop : Base {
                                                   void* workspace) {
     if constexpr (kPrefetch) {
       auto shape = append<4>(problem_shape, 1);
-      return {Base::to_underlying_arguments(problem_shape, args, workspace), args.vectors, int(get<0>(shape)),
-              int(get<1>(shape))};
+      int kb = (int(get<2>(shape)) + 127) / 128;
+      return {Base::to_underlying_arguments(problem_shape, args, workspace), args.vectors, args.blocks,
+              int(get<0>(shape)), int(get<1>(shape)), (kb + 3) / 4 * 4};
     } else {
       return Base::to_underlying_arguments(problem_shape, args, workspace);
     }
@@ -116,6 +137,22 @@ struct Sm90Fp8OverlapMainloop : Base {
     warpgroup_fence_operand(partial);
   }
 
+  // a k-tile's block scales for a thread's two rows: x_scale[kb][row] * w_scale[n_blk][kb]
+  struct KScales {
+    float lo, hi;
+  };
+  // accum += partial * the scale of each accumulator's row (rows: `row_hi` true where an accumulator is the thread's
+  // second row)
+  template <class Accum, class Partial, class RowHi>
+  CUTLASS_DEVICE static void promote(Accum& accum, Partial& partial, KScales s, RowHi const& row_hi) {
+    warpgroup_fence_operand(partial);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); ++i) {
+      accum(i) = fmaf(partial(i), row_hi(i) ? s.hi : s.lo, accum(i));
+    }
+    warpgroup_fence_operand(partial);
+  }
+
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
                           int k_tile_count, int thread_idx, TensorStorage& shared_tensors,
@@ -141,36 +178,72 @@ struct Sm90Fp8OverlapMainloop : Base {
     Tensor odd = make_fragment_like(accum);   // and of 1, 3, 5, ...
     PipelineState smem_pipe_release = smem_pipe_read;
     issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
+    // block scales: the thread's two rows' scale pointers (rows past M read row M - 1: their partials are zeros) and
+    // the block's, then each k-tile's product of the two, loaded as its wgmmas are issued
+    float const* xs_lo = nullptr;
+    float const* xs_hi = nullptr;
+    float const* ws = nullptr;
+    int kb = 0;
+    auto k_scales = [&]() -> KScales {
+      if constexpr (kBlockScales) {
+        float w = __ldg(ws + kb);
+        KScales s{__ldg(xs_lo + int64_t(kb) * mainloop_params.m) * w, __ldg(xs_hi + int64_t(kb) * mainloop_params.m) * w};
+        ++kb;
+        return s;
+      } else {
+        return KScales{1.0f, 1.0f};
+      }
+    };
+    // the accumulators' rows in the tile (as the epilogue's: the consumer thread's slice of the tiled MMA)
+    Tensor coord = tiled_mma.get_thread_slice(thread_idx).partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
+    auto row_hi = [&](int i) { return get<0>(coord(i)) != get<0>(coord(0)); };
     if constexpr (kPrefetch) {  // the first k-tile has arrived, hence the tile's coordinates
       int2 tile = direct_shared<kTileM, kTileN>().ring[ring_tiles_ % kRing];
       ++ring_tiles_;
-      prefetch_vectors<kTileM, kTileN, ElementBias, kColScalar>(mainloop_params.vectors, mainloop_params.m, mainloop_params.n,
-                                                    tile.x, tile.y, thread_idx);
+      prefetch_vectors<kTileM, kTileN, ElementBias, kColScalar>(mainloop_params.vectors, mainloop_params.m,
+                                                                mainloop_params.n, tile.x, tile.y, thread_idx);
+      if constexpr (kBlockScales) {
+        int m = mainloop_params.m, r = tile.x * kTileM + get<0>(coord(0));
+        xs_lo = mainloop_params.blocks.x_scale + cute::min(r, m - 1);
+        xs_hi = mainloop_params.blocks.x_scale + cute::min(r + 8, m - 1);
+        ws = mainloop_params.blocks.w_scale + int64_t(tile.y) * mainloop_params.kb4;
+      }
     }
+    KScales s_even = k_scales(), s_odd{};
+    auto promote_k = [&](auto& partial, KScales s) {
+      if constexpr (kBlockScales) {
+        promote(accum, partial, s, row_hi);
+      } else {
+        promote(accum, partial);
+      }
+    };
     int remaining = k_tile_count - 1;
     CUTLASS_PRAGMA_NO_UNROLL
     for (; remaining >= 2; remaining -= 2) {
       issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, odd);
+      s_odd = k_scales();
       warpgroup_wait<1>();
-      promote(accum, even);
+      promote_k(even, s_even);
       pipeline.consumer_release(smem_pipe_release);
       ++smem_pipe_release;
       issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
+      s_even = k_scales();
       warpgroup_wait<1>();
-      promote(accum, odd);
+      promote_k(odd, s_odd);
       pipeline.consumer_release(smem_pipe_release);
       ++smem_pipe_release;
     }
     if (remaining == 1) {
       issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, odd);
+      s_odd = k_scales();
       warpgroup_wait<1>();
-      promote(accum, even);
+      promote_k(even, s_even);
       pipeline.consumer_release(smem_pipe_release);
       warpgroup_wait<0>();
-      promote(accum, odd);
+      promote_k(odd, s_odd);
     } else {
       warpgroup_wait<0>();
-      promote(accum, even);
+      promote_k(even, s_even);
     }
     warpgroup_fence_operand(accum);
   }

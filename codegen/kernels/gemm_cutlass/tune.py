@@ -26,7 +26,7 @@ from ...autotune import Tunable, Workload, random_array
 from ...kernel import KernelSpec
 from ...target import Target
 from . import cutlass_params as cp
-from .rule import OPERANDS, Config, candidate_configs
+from .rule import OPERANDS, Config, candidate_configs, weight_scales_reason
 
 KNOBS = ("TILE_M", "TILE_N", "TILE_K", "CLUSTER_M", "CLUSTER_N", "SCHEDULE", "EPILOGUE_SCHEDULE", "OVERLAP_PROMOTION",
          "MAX_SWIZZLE", "RASTER", "EPI_N", "DIRECT_EPILOGUE")
@@ -62,11 +62,12 @@ def candidates(spec: KernelSpec, target: Target) -> list[KernelSpec]:
     kind, fast = kind_of(spec), FAST_ACCUM in str(spec.value("SCHEDULE"))
     n, k, rows = int(spec.value("N")), int(spec.value("K")), spec.value("ROWS")
     out = [spec]
+    scales = cp.weight_scales(spec)
     for cfg in candidate_configs(kind, target):
-        if (FAST_ACCUM in cfg.schedule) != fast:
+        if (FAST_ACCUM in cfg.schedule) != fast or weight_scales_reason(kind, cfg, scales):
             continue
         generic = cp.generic_linear_spec(kind, target, residual=bool(spec.value("HAS_RESIDUAL")), config=cfg,
-                                         weight_scalar=cp.weight_scalar(spec))
+                                         weight_scales=scales)
         out.append(cp.shaped(generic, n, k, rows if isinstance(rows, str) else int(rows), bool(spec.value("HAS_BIAS"))))
     return out
 
@@ -84,7 +85,12 @@ def workloads(spec: KernelSpec, bounds: Mapping[str, int]) -> list[Workload]:
     bufs: dict[str, tuple[str, tuple[int, ...]]] = {
         "x": (store, (m, k)), "weight": (store, (n, k)), "out": ("bfloat16", (m, n))}
     if store != "bfloat16":
-        bufs["weight_scale"] = ("float32", (1,) if cp.weight_scalar(spec) else (n,))
+        scales = cp.weight_scales(spec)
+        kb = -(-k // 128)
+        bufs["weight_scale"] = ("float32", {"channel": (n,), "tensor": (1,), "block": (-(-n // 128), -(-kb // 4) * 4)}[
+            scales])
+        if scales == "block":  # x's scales per row and 128 columns (rule.linear_cutlass_spec's layout)
+            bufs["x_scale"] = ("float32", (kb, m))
     if spec.value("HAS_BIAS"):
         bufs["bias"] = ("bfloat16", (n,))
     if spec.value("HAS_RESIDUAL"):
