@@ -443,8 +443,8 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
                          f"(each consumer warpgroup stores its 64 rows; the scale prefetch follows one tile at a "
                          f"time): {cfg}")
     if cfg.lookahead and not (cfg.overlap and cfg.direct):
-        raise ValueError(f"gemm_cutlass: the lookahead is the overlapped-promotion mainloop's with the direct epilogue: "
-                         f"{cfg}")
+        raise ValueError(f"gemm_cutlass: the lookahead is the overlapped-promotion mainloop's with the direct "
+                         f"epilogue: {cfg}")
     if cfg.template == "sm90.cu":
         values["SCHEDULE"] = cfg.schedule
         values["EPILOGUE_SCHEDULE"] = "Cooperative" if cfg.schedule.startswith("Cooperative") else ""

@@ -78,7 +78,7 @@ struct Sm90Fp8OverlapMainloop : Base {
   struct PrefetchParams : Base::Params {
     EpiVectorArgs vectors;
     BlockScaleArgs blocks;
-    int m, n, kb4;
+    int m, n, k;  // (K: the Params layout names it, cutlass_params.py; KB4 follows from it)
   };
   using Scheduler = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
   static_assert(!kLookahead || kPrefetch, "the lookahead is built on the prefetching mainloop's Params");
@@ -95,9 +95,8 @@ struct Sm90Fp8OverlapMainloop : Base {
                                                   void* workspace) {
     if constexpr (kPrefetch) {
       auto shape = append<4>(problem_shape, 1);
-      int kb = (int(get<2>(shape)) + 127) / 128;
       PrefetchParams p{Base::to_underlying_arguments(problem_shape, args, workspace), args.vectors, args.blocks,
-                       int(get<0>(shape)), int(get<1>(shape)), (kb + 3) / 4 * 4};
+                       int(get<0>(shape)), int(get<1>(shape)), int(get<2>(shape))};
       if constexpr (kLookahead) {
         return LookaheadParams{p, {}};
       } else {
@@ -248,7 +247,8 @@ struct Sm90Fp8OverlapMainloop : Base {
         int m = mainloop_params.m, r = tile.x * kTileM + get<0>(coord(0));
         xs_lo = mainloop_params.blocks.x_scale + cute::min(r, m - 1);
         xs_hi = mainloop_params.blocks.x_scale + cute::min(r + 8, m - 1);
-        ws = mainloop_params.blocks.w_scale + int64_t(tile.y) * mainloop_params.kb4;
+        int kb4 = ((mainloop_params.k + 127) / 128 + 3) / 4 * 4;  // w_scale's row stride (cuBLASLt's layout)
+        ws = mainloop_params.blocks.w_scale + int64_t(tile.y) * kb4;
       }
     }
     KScales s_even = k_scales(), s_odd{};
