@@ -59,8 +59,7 @@ class Config:
     ``overlap``: FP8 promotion overlapped with the next k-tile's MMAs, ``swizzle``: the persistent tile scheduler's
     max swizzle (1, 2, 4, 8; 0: chosen per problem by ``auto_swizzle``, the same cubin either way), ``raster``: its
     raster order (Heuristic, AlongM, AlongN), ``epi_n``: the epilogue subtile's columns (its rows: 128 cooperative,
-    64 ping-pong; 0: CUTLASS's choice, 32 columns for bf16 output), ``lookahead`` (with ``overlap`` and ``direct``):
-    the next tile's first k-tile issued before this tile's epilogue; the defaults are CUTLASS's but the swizzle's."""
+    64 ping-pong; 0: CUTLASS's choice, 32 columns for bf16 output); the defaults are CUTLASS's but the swizzle's."""
 
     template: str
     tile: tuple[int, int, int]
@@ -73,7 +72,6 @@ class Config:
     raster: str = "Heuristic"
     epi_n: int = 0
     direct: bool = False
-    lookahead: bool = False
 
 
 def variant_config(kind: str, target: Target) -> Config:
@@ -166,11 +164,6 @@ SM90_EXPLORE: dict[str, tuple[Config, ...]] = {
         # (2026-12-02) the direct epilogue on the other cluster shape (c2x1d is the default). bf16 builds with it
         # (no scales to prefetch, CUTLASS's mainloop) measured 3-15% slower than with the TMA epilogue: not explored
         Config("sm90.cu", (128, 128, 128), (1, 2), schedule="Cooperative", threads=384, overlap=True, direct=True),
-        # (2026-12-03) the default with the next tile's first k-tile issued before each epilogue (``la``): the
-        # tensor cores busy through the epilogue. Its mainloop Params hold a copy of the scheduler's, which
-        # cutlass_params' layout does not know yet: bench_gemm only (host shim), no generic spec
-        Config("sm90.cu", (128, 128, 128), (2, 1), schedule="Cooperative", threads=384, overlap=True, direct=True,
-               lookahead=True),
     ),
 }
 #: sm_90a configurations for steps of few rows (65-256: decode batches past the GEMV buckets, short prefill chunks)
@@ -251,7 +244,7 @@ def config_tag(cfg: Config) -> str:
     ``coopov128x128x128c2x1e64``, ``coopov128x128x128c2x1d``."""
     sched = cfg.schedule.replace("Cooperative", "coop").replace("Pingpong", "pp").replace("FP8FastAccum", "fa")
     knobs = (f"{'s' + str(cfg.swizzle) if cfg.swizzle else ''}{RASTER_TAGS[cfg.raster]}"
-             f"{'e' + str(cfg.epi_n) if cfg.epi_n else ''}{'d' if cfg.direct else ''}{'la' if cfg.lookahead else ''}")
+             f"{'e' + str(cfg.epi_n) if cfg.epi_n else ''}{'d' if cfg.direct else ''}")
     return (f"{sched}{'ov' if cfg.overlap else ''}{'2sm' if cfg.two_sm else ''}{'x'.join(map(str, cfg.tile))}"
             f"c{cfg.cluster[0]}x{cfg.cluster[1]}{knobs}")
 
@@ -442,14 +435,11 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
         raise ValueError(f"gemm_cutlass: the direct epilogue is for sm90.cu's cooperative schedules with 128-row tiles "
                          f"(each consumer warpgroup stores its 64 rows; the scale prefetch follows one tile at a "
                          f"time): {cfg}")
-    if cfg.lookahead and not (cfg.overlap and cfg.direct):
-        raise ValueError(f"gemm_cutlass: the lookahead is the overlapped-promotion mainloop's with the direct "
-                         f"epilogue: {cfg}")
     if cfg.template == "sm90.cu":
         values["SCHEDULE"] = cfg.schedule
         values["EPILOGUE_SCHEDULE"] = "Cooperative" if cfg.schedule.startswith("Cooperative") else ""
         values |= {"OVERLAP_PROMOTION": cfg.overlap, "MAX_SWIZZLE": cfg.swizzle, "RASTER": cfg.raster,
-                   "EPI_N": cfg.epi_n, "DIRECT_EPILOGUE": cfg.direct, "LOOKAHEAD": cfg.lookahead}
+                   "EPI_N": cfg.epi_n, "DIRECT_EPILOGUE": cfg.direct}
     if cfg.template == "sm100_blockscaled.cu":
         values["SF_VECTOR"] = 16 if kind == "nvfp4" else 32
     cluster = cfg.cluster[0] * cfg.cluster[1]

@@ -8,7 +8,7 @@
 // ${MAX_SWIZZLE} (0: per problem) and raster order ${RASTER}; FP8 promotion overlapped with the next k-tile's MMAs
 // (sm90_fp8_mainloop.cuh): ${OVERLAP_PROMOTION}. Weight scales ${WEIGHT_SCALES} (0: one per output channel, [N];
 // 1: one per tensor, read as a scalar; 2: 1x128 x 128x128 block scales applied in the mainloop, x's scales per row
-// and 128 columns of K). The next tile's first k-tile issued before this tile's epilogue: ${LOOKAHEAD}.
+// and 128 columns of K).
 using namespace cute;
 using ElementA = ${A_TYPE};
 using ElementB = ${B_TYPE};
@@ -65,7 +65,7 @@ static_assert(!kOverlapPromotion || ${TILE_K} == 128,
 using CollectiveMainloop =
     cute::conditional_t<kOverlapPromotion,
                         ingot::Sm90Fp8OverlapMainloop<CutlassMainloop, kDirectEpilogue, ElementOut, kWeightScalar,
-                                                      kBlockScales, ${LOOKAHEAD}>,
+                                                      kBlockScales>,
                         CutlassMainloop>;
 static_assert(!kBlockScales || (kDirectEpilogue && kOverlapPromotion),
               "block scales are promoted by the overlapped mainloop, which takes the tile's coordinates from the direct "
@@ -93,19 +93,7 @@ struct GemmKernel : GemmKernelBase {
     Arguments with = args;
     with.scheduler.max_swizzle_size = ingot_max_swizzle;
     with.scheduler.raster_order = GemmKernelBase::TileScheduler::RasterOrderOptions::${RASTER};
-    Params p = GemmKernelBase::to_underlying_arguments(with, workspace);
-    copy_scheduler(p);
-    return p;
-  }
-  // the mainloop's copy of the scheduler's Params (sm90_fp8_mainloop.cuh, kLookahead; a template, so that the
-  // discarded branch is not checked without it)
-  template <bool kLookahead = ${LOOKAHEAD}>
-  static void copy_scheduler(cute::conditional_t<kLookahead, Params, Params>& p) {
-    if constexpr (kLookahead) {
-      using Mainloop = cute::conditional_t<kLookahead, CollectiveMainloop, CollectiveMainloop>;  // dependent
-      static_assert(cute::is_same_v<typename GemmKernelBase::TileScheduler, typename Mainloop::Scheduler>);
-      p.mainloop.scheduler = p.scheduler;
-    }
+    return GemmKernelBase::to_underlying_arguments(with, workspace);
   }
 };
 

@@ -32,14 +32,6 @@
 // its warpgroup's 64 (r and r + 8) and loads their scales and the block's for k-tile t when it issues t's wgmmas; it
 // uses them one k-tile later, when t's batch is done. The epilogue then has no row or column scales (the bias and
 // residual as before). Needs the tile ring (kPrefetch: the tile's coordinates).
-//
-// kLookahead: the next tile's first k-tile is issued before this tile's epilogue, so the tensor cores work through
-// it (into the first partial set, free once this tile's last partial is promoted) while the consumers scale, stage
-// and store this tile: the cooperative kernel's epilogue otherwise leaves them idle (~10% of a K = 2048 tile's
-// time). Which CTA has a next tile comes from a copy of the kernel's persistent scheduler (its Params copied into
-// the mainloop's by the kernel's to_underlying_arguments, sm90.cu), advanced once a tile as the kernel's is; the
-// next mma starts at its second k-tile, and mma_tail releases the last stage without waiting for all wgmmas (those
-// of this tile were waited for before its last promotion).
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include "sm90_direct_epilogue.cuh"
@@ -54,7 +46,7 @@ struct BlockScaleArgs {
 };
 
 template <class Base, bool kPrefetch = false, class ElementBias = cutlass::bfloat16_t, bool kColScalar = false,
-          bool kBlockScales = false, bool kLookahead = false>
+          bool kBlockScales = false>
 struct Sm90Fp8OverlapMainloop : Base {
   using typename Base::MainloopPipeline;
   using typename Base::PipelineState;
@@ -80,28 +72,17 @@ struct Sm90Fp8OverlapMainloop : Base {
     BlockScaleArgs blocks;
     int m, n, k;  // (K: the Params layout names it, cutlass_params.py; KB4 follows from it)
   };
-  using Scheduler = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
-  static_assert(!kLookahead || kPrefetch, "the lookahead is built on the prefetching mainloop's Params");
-  struct LookaheadParams : PrefetchParams {
-    typename Scheduler::Params scheduler;  // the kernel's, copied by its to_underlying_arguments (sm90.cu)
-  };
   // without the prefetch: the base collective's own (the same Params blob as before it existed)
   using Arguments = cute::conditional_t<kPrefetch, PrefetchArguments, typename Base::Arguments>;
-  using Params = cute::conditional_t<kLookahead, LookaheadParams,
-                                     cute::conditional_t<kPrefetch, PrefetchParams, typename Base::Params>>;
+  using Params = cute::conditional_t<kPrefetch, PrefetchParams, typename Base::Params>;
 
   template <class ProblemShape>
   static constexpr Params to_underlying_arguments(ProblemShape const& problem_shape, Arguments const& args,
                                                   void* workspace) {
     if constexpr (kPrefetch) {
       auto shape = append<4>(problem_shape, 1);
-      PrefetchParams p{Base::to_underlying_arguments(problem_shape, args, workspace), args.vectors, args.blocks,
-                       int(get<0>(shape)), int(get<1>(shape)), int(get<2>(shape))};
-      if constexpr (kLookahead) {
-        return LookaheadParams{p, {}};
-      } else {
-        return p;
-      }
+      return {Base::to_underlying_arguments(problem_shape, args, workspace), args.vectors, args.blocks,
+              int(get<0>(shape)), int(get<1>(shape)), int(get<2>(shape))};
     } else {
       return Base::to_underlying_arguments(problem_shape, args, workspace);
     }
@@ -110,11 +91,6 @@ struct Sm90Fp8OverlapMainloop : Base {
   // producer: the tile's coordinates into the ring (every lane the same value, the leader among them), then the
   // base collective's TMA loads
   int ring_tiles_ = 0;
-  // consumers (kLookahead): the scheduler's copy, and whether the next tile's first k-tile is in flight in `carry_`
-  cute::conditional_t<kLookahead, Scheduler, cute::tuple<>> scheduler_;
-  bool scheduler_started_ = false, carried_ = false;
-  using Fragment = decltype(partition_fragment_C(TiledMma{}, take<0, 2>(TileShape{})));
-  cute::conditional_t<kLookahead, Fragment, cute::tuple<>> carry_;
   template <class LoadInputs, class BlockCoord, class KTileIterator>
   CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline, PipelineState smem_pipe_write,
                            LoadInputs const& load_inputs, BlockCoord const& blk_coord, KTileIterator k_tile_iter,
@@ -160,7 +136,9 @@ struct Sm90Fp8OverlapMainloop : Base {
     warpgroup_fence_operand(partial);
   }
 
-  // a k-tile's block scales for a thread's two rows: x_scale[kb][row] * w_scale[n_blk][kb]
+  // a k-tile's block scales for a thread's two rows: x_scale[kb][row] * w_scale[n_blk][kb], loaded and multiplied as
+  // the k-tile's wgmmas are issued (deferring the products to the promotion measured 8-20% slower on the H200,
+  // 2026-12-03, docs/PERF.md "FP8 GEMMs with per-tensor and block weight scales")
   struct KScales {
     float lo, hi;
   };
@@ -197,28 +175,10 @@ struct Sm90Fp8OverlapMainloop : Base {
     if (k_tile_count <= 0) {
       return;
     }
-    if constexpr (kLookahead) {
-      if (!scheduler_started_) {
-        scheduler_ = Scheduler(mainloop_params.scheduler);
-        scheduler_started_ = true;
-      }
-    }
-    Tensor local = make_fragment_like(accum);
-    auto& even = [&]() -> auto& {  // partials of k-tiles 0, 2, 4, ... (the lookahead's member: the next tile's 0)
-      if constexpr (kLookahead) {
-        return carry_;
-      } else {
-        return local;
-      }
-    }();
-    Tensor odd = make_fragment_like(accum);  // and of 1, 3, 5, ...
+    Tensor even = make_fragment_like(accum);  // partials of k-tiles 0, 2, 4, ...
+    Tensor odd = make_fragment_like(accum);   // and of 1, 3, 5, ...
     PipelineState smem_pipe_release = smem_pipe_read;
-    if (kLookahead && carried_) {  // issued before the last tile's epilogue
-      ++smem_pipe_read;
-      carried_ = false;
-    } else {
-      issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
-    }
+    issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
     // block scales: the thread's two rows' scale pointers (rows past M read row M - 1: their partials are zeros) and
     // the block's, then each k-tile's product of the two, loaded as its wgmmas are issued
     float const* xs_lo = nullptr;
@@ -227,8 +187,9 @@ struct Sm90Fp8OverlapMainloop : Base {
     int kb = 0;
     auto k_scales = [&]() -> KScales {
       if constexpr (kBlockScales) {
+        int64_t row = int64_t(kb) * mainloop_params.m;
         float w = __ldg(ws + kb);
-        KScales s{__ldg(xs_lo + int64_t(kb) * mainloop_params.m) * w, __ldg(xs_hi + int64_t(kb) * mainloop_params.m) * w};
+        KScales s{__ldg(xs_lo + row) * w, __ldg(xs_hi + row) * w};
         ++kb;
         return s;
       } else {
@@ -288,27 +249,6 @@ struct Sm90Fp8OverlapMainloop : Base {
       promote_k(even, s_even);
     }
     warpgroup_fence_operand(accum);
-    if constexpr (kLookahead) {  // the CTA's next tile: its first k-tile's wgmmas run through this tile's epilogue
-      scheduler_.advance_to_next_work();  // as the kernel's consumers' scheduler does after the epilogue
-      if (scheduler_.get_current_work().is_valid()) {
-        issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
-        carried_ = true;
-      }
-    }
-  }
-
-  // the last k-tile's stage: released after all of this tile's wgmmas (the base collective waits for every wgmma
-  // first, which with the lookahead would wait for the next tile's first k-tile too: this tile's were waited for
-  // before its last promotion)
-  CUTLASS_DEVICE void mma_tail(MainloopPipeline pipeline, PipelineState smem_pipe_release, int k_tile_count) {
-    if constexpr (kLookahead) {
-      if (k_tile_count > 0) {
-        smem_pipe_release.advance(k_tile_count - 1);
-        pipeline.consumer_release(smem_pipe_release);
-      }
-    } else {
-      Base::mma_tail(pipeline, smem_pipe_release, k_tile_count);
-    }
   }
 };
 }  // namespace ingot
