@@ -154,6 +154,17 @@ struct Sm90Fp8OverlapMainloop : Base {
     warpgroup_fence_operand(partial);
   }
 
+  // a k-tile's promotion: with its block scales (kBlockScales), else the plain one (a member template, not a generic
+  // lambda: NVRTC 13.0 rejects those in device code, tests/codegen/test_compile.py)
+  template <class Accum, class Partial, class RowHi>
+  CUTLASS_DEVICE static void promote_k(Accum& accum, Partial& partial, KScales s, RowHi const& row_hi) {
+    if constexpr (kBlockScales) {
+      promote(accum, partial, s, row_hi);
+    } else {
+      promote(accum, partial);
+    }
+  }
+
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
                           int k_tile_count, int thread_idx, TensorStorage& shared_tensors,
@@ -213,26 +224,19 @@ struct Sm90Fp8OverlapMainloop : Base {
       }
     }
     KScales s_even = k_scales(), s_odd{};
-    auto promote_k = [&](auto& partial, KScales s) {
-      if constexpr (kBlockScales) {
-        promote(accum, partial, s, row_hi);
-      } else {
-        promote(accum, partial);
-      }
-    };
     int remaining = k_tile_count - 1;
     CUTLASS_PRAGMA_NO_UNROLL
     for (; remaining >= 2; remaining -= 2) {
       issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, odd);
       s_odd = k_scales();
       warpgroup_wait<1>();
-      promote_k(even, s_even);
+      promote_k(accum, even, s_even, row_hi);
       pipeline.consumer_release(smem_pipe_release);
       ++smem_pipe_release;
       issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
       s_even = k_scales();
       warpgroup_wait<1>();
-      promote_k(odd, s_odd);
+      promote_k(accum, odd, s_odd, row_hi);
       pipeline.consumer_release(smem_pipe_release);
       ++smem_pipe_release;
     }
@@ -240,13 +244,13 @@ struct Sm90Fp8OverlapMainloop : Base {
       issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, odd);
       s_odd = k_scales();
       warpgroup_wait<1>();
-      promote_k(even, s_even);
+      promote_k(accum, even, s_even, row_hi);
       pipeline.consumer_release(smem_pipe_release);
       warpgroup_wait<0>();
-      promote_k(odd, s_odd);
+      promote_k(accum, odd, s_odd, row_hi);
     } else {
       warpgroup_wait<0>();
-      promote_k(even, s_even);
+      promote_k(accum, even, s_even, row_hi);
     }
     warpgroup_fence_operand(accum);
   }
