@@ -174,7 +174,7 @@ def _operands(torch: Any, mode: str, m: int, n: int, k: int, gen: Any) -> dict[s
         def exact_block() -> Any:
             return (x8.float() * xs_full) @ (w8.float() * ws_full).t()
 
-        return {"x": x8, "w": w8, "xs": xs_cm, "ws": ws_rm, "ws_scalar": ws_rm, "ref": ref_block,
+        return {"x": x8, "w": w8, "xs": xs_cm, "ws": ws_rm, "ref": ref_block,
                 "exact": exact_block, "ref_name": "torch._scaled_mm 1x128 x 128x128 blocks (cuBLASLt)"}
     if mode.startswith("fp8-row"):
         xs = x.abs().amax(dim=1).clamp(min=1e-12) / fmax

@@ -57,6 +57,17 @@ def _run(loaded, bufs, m, n, k):
     torch.cuda.synchronize()
 
 
+def run_poisoned(loaded, bufs, m, n, k, what=""):
+    """``_run`` into a bf16 output of one row more than M x N, poisoned with NaN: the kernel writes M x N exactly (the
+    extra row stays NaN, checked); returns the M x N output on the host."""
+    import torch
+
+    padded = torch.full((m + 1, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _run(loaded, bufs | {"out": padded}, m, n, k)
+    assert torch.isnan(padded[m]).all(), f"{what}: wrote past M x N for {m, n, k}"
+    return padded[:m].cpu()
+
+
 @pytest.mark.gpu
 @needs_cutlass
 @pytest.mark.parametrize("kind,residual", [("fp8", False), ("fp8", True), ("bf16", False)])
@@ -103,14 +114,7 @@ def test_direct_epilogue_equals_tma_epilogue(kind, residual):
             res = gen.standard_normal((m, n)).astype(ml_dtypes.bfloat16)
             inputs["residual"] = torch.from_numpy(res.view(np.uint16)).cuda().view(torch.bfloat16)
             ref = ref + res.astype(np.float32)
-        outs = []
-        for spec, launchable in zip(specs, loaded):
-            # one row more than M x N, poisoned: the kernel writes M x N exactly
-            padded = torch.full((m + 1, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            _run(launchable, inputs | {"out": padded}, m, n, k)
-            assert torch.isnan(padded[m]).all(), f"{spec.entry}: wrote past M x N for {m, n, k}"
-            outs.append(padded[:m].cpu())
-        tma, direct = outs
+        tma, direct = (run_poisoned(launchable, inputs, m, n, k, spec.entry) for spec, launchable in zip(specs, loaded))
         assert torch.isfinite(direct.float()).all(), f"M, N, K = {m, n, k}: unwritten outputs"
         assert torch.equal(direct.view(torch.int16), tma.view(torch.int16)), (
             f"M, N, K = {m, n, k}: {int((direct.view(torch.int16) != tma.view(torch.int16)).sum())} outputs differ "
