@@ -21,7 +21,8 @@
                                                            # also weight-only's pair (dequantize + bf16 GEMM)
 
 Formats: ``fp8-w8a16`` (FP8 weights, per-channel scales, bf16 activations), ``fp8-w8a8`` (plus per-token
-dynamic FP8 activations, quantized inside the kernel), ``nvfp4-w4a16`` (NVFP4 weights, bf16 activations).
+dynamic FP8 activations, quantized inside the kernel), ``nvfp4-w4a16`` (NVFP4 weights, bf16 activations),
+``fp8block-w8a16`` / ``fp8block-w8a8`` (FP8 weights with 128 x 128 block scales, ``fp8:block``).
 Timing as ``bench_gemv.py``: ``--launches`` back-to-back launches captured in one CUDA graph, median over
 ``--reps`` replays, weights rotating over copies totalling >= 400 MB (every launch reads HBM). Weight bytes
 count codes and scales. References measured in the same run and the same way: ``torch._scaled_mm`` (FP8 e4m3,
@@ -64,7 +65,8 @@ from ingot.codegen.kernels.gemm_cutlass.rule import Config  # noqa: E402
 
 SHAPES = [(3072, 2048, "qkv"), (2048, 2048, "o"), (16384, 2048, "gate_up"), (2048, 8192, "down"),
           (128256, 2048, "lm_head")]
-FORMATS = {"fp8-w8a16": ("fp8", "none"), "fp8-w8a8": ("fp8", "fp8"), "nvfp4-w4a16": ("nvfp4", "none")}
+FORMATS = {"fp8-w8a16": ("fp8", "none"), "fp8-w8a8": ("fp8", "fp8"), "nvfp4-w4a16": ("nvfp4", "none"),
+           "fp8block-w8a16": ("fp8_block", "none"), "fp8block-w8a8": ("fp8_block", "fp8")}
 #: ``--kernel``: the formats kernel.cu also runs, with its ``wb`` (rule.gemv_spec)
 KERNEL_WB = {"fp8-w8a16": 1, "nvfp4-w4a16": 0}
 
@@ -226,9 +228,10 @@ def make_weights(fmt: str, n: int, k: int, copies: int, gen):
 
     out = []
     for _ in range(copies):
-        if fmt == "fp8":
+        if fmt in ("fp8", "fp8_block"):
             w = (torch.randn(n, k, device="cuda", generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
-            s = torch.rand(n, device="cuda", generator=gen) * 1e-3 + 1e-4
+            shape = (n,) if fmt == "fp8" else (-(-n // 128), k // 128)
+            s = torch.rand(*shape, device="cuda", generator=gen) * 1e-3 + 1e-4
             out.append({"weight": w, "weight_scale": s, "weight_scale_2": None})
         else:
             w = torch.randint(0, 256, (n, k // 2), device="cuda", generator=gen, dtype=torch.uint8)
@@ -243,6 +246,10 @@ def dequant(fmt: str, wq: dict, k: int):
 
     if fmt == "fp8":
         return wq["weight"].float() * wq["weight_scale"][:, None]
+    if fmt == "fp8_block":
+        n = wq["weight"].shape[0]
+        blocks = wq["weight_scale"].repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+        return wq["weight"].float() * blocks
     lut = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], device="cuda")
     b = wq["weight"].long()
     codes = torch.stack([b & 15, b >> 4], dim=-1).reshape(b.shape[0], k)

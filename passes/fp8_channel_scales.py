@@ -9,8 +9,8 @@ The CUDA backend's FP8 kernels read an ``[N]`` f32 weight scale, one per output 
 W8A8 prefill's CUTLASS GEMM. An FP8 ``quantized_linear`` quantized per tensor (``fp8:tensor``, ``fp8:tensor:static``,
 ``fp8:tensor:wo``: the layout of ModelOpt's and vLLM's FP8 checkpoints) gets its scalar ``weight_scale`` broadcast to
 ``[N]`` and ``weight_granularity="channel"``: 4 bytes per output channel, and every kernel of the per-channel path
-runs it. Block-scaled FP8 weights (``fp8:block``) are left alone (no CUDA kernel reads them yet), as are scales that
-another node reads too (never made by ``quantize``).
+runs it. Block-scaled FP8 weights (``fp8:block``) are left alone (``quant.cu`` reads their 128 x 128 block scales
+as they are), as are scales that another node reads too (never made by ``quantize``).
 """
 
 from __future__ import annotations

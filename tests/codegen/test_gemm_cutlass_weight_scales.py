@@ -120,7 +120,10 @@ def test_block_scales_match_the_block_scaled_product():
     """x with a scale per row and 128 columns, w per 128 x 128 block, in cuBLASLt's layouts (x_scale [KB][M], w_scale
     [NB][KB4]), with bias: close to the block-scaled product in float64 on problems with partial tiles and K blocks
     (the last block of K short, KB not a multiple of 4); scales spanning 2^-10 .. 2^10 so that a scale applied to the
-    wrong row, block or k-tile shows; nothing written past M x N; the same bits from a second launch."""
+    wrong row, block or k-tile shows; nothing written past M x N; the same bits from a second launch. Both ways the
+    scales reach the consumers: copied by the producer into each stage (M % 4 == 0, the arrays 16-byte aligned; a
+    last tile of M shorter than 128 rows, and M < 128) and loaded from global memory by each thread (M % 4 != 0, or
+    x_scale placed 4 bytes off 16-byte alignment): the latter's bits equal the former's for the same problem."""
     import ml_dtypes
     import numpy as np
 
@@ -132,7 +135,8 @@ def test_block_scales_match_the_block_scaled_product():
     spec = cp.generic_linear_spec("fp8", h200, weight_scales="block")
     loaded = load_generic(spec)
     gen = rng()
-    for m, n, k in ((1, 128, 128), (77, 384, 640), (300, 1064, 1008), (1000, 2048, 2048), (4096, 4096, 512)):
+    for m, n, k in ((1, 128, 128), (77, 384, 640), (124, 640, 1152), (300, 1064, 1008), (1000, 2048, 2048),
+                    (4096, 4096, 512)):
         kb, nb = -(-k // 128), -(-n // 128)
         kb4 = -(-kb // 4) * 4
         x = np.clip(gen.standard_normal((m, k)) * 4, -448, 448).astype(ml_dtypes.float8_e4m3fn)
@@ -151,6 +155,13 @@ def test_block_scales_match_the_block_scaled_product():
                   "bias": torch.from_numpy(bias.view(np.uint16)).cuda().view(torch.bfloat16)}
         outs = [run_poisoned(loaded, inputs, m, n, k, spec.entry) for _ in range(2)]
         assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), f"M, N, K = {m, n, k}: not repeatable"
+        if m % 4 == 0:  # the same scales 4 bytes off alignment: loaded by the consumers, the same bits
+            off = torch.empty(xs.size + 1, dtype=torch.float32, device="cuda")[1:].view(kb, m)
+            off.copy_(inputs["x_scale"])
+            assert off.data_ptr() % 16 == 4
+            loaded_bits = run_poisoned(loaded, inputs | {"x_scale": off}, m, n, k, spec.entry)
+            assert torch.equal(loaded_bits.view(torch.int16), outs[0].view(torch.int16)), (
+                f"M, N, K = {m, n, k}: scales loaded by the consumers give other bits than the producer's copies")
         got = outs[0].float().numpy()
         assert np.isfinite(got).all(), f"M, N, K = {m, n, k}: unwritten outputs"
         # each output: bf16 rounding (2^-9) of sums of e4m3 products in f32 (relative to the row's magnitudes)

@@ -233,16 +233,19 @@ def test_variants_and_plan_for_quantized_linear(monkeypatch):
     assert "quantized_linear" in FAMILY.ops and FAMILY.plan(op, ins, h200) == quant_plan(op, ins, h200)
 
 
-@pytest.mark.parametrize("case", ["mxfp4", "fp8-block", "fp8-tensor-scale", "f32-x", "nvfp4-w4a4", "k-not-steps",
-                                  "sm100-layout", "cpu"])
+@pytest.mark.parametrize("case", ["mxfp4", "fp8-block-64", "fp8-block-k-part", "fp8-tensor-scale", "f32-x",
+                                  "nvfp4-w4a4", "k-not-steps", "sm100-layout", "cpu"])
 def test_not_taken(case):
     h200 = get_target("h200")
     if case == "mxfp4":
         op = QuantizedLinear(weight_format="mxfp4", in_features=256)
         ins = [TensorType(DType.bf16, ("T", 256)), TensorType(DType.u8, (64, 128)), TensorType(DType.f8e8m0, (64, 8))]
-    elif case == "fp8-block":
-        op = QuantizedLinear(weight_format="fp8", weight_granularity="block", in_features=256)
-        ins = [TensorType(DType.bf16, ("T", 256)), TensorType(DType.f8e4m3fn, (64, 256)), TensorType(DType.f32, (1, 2))]
+    elif case == "fp8-block-64":  # block scales other than 128 x 128 (fp8_block's)
+        op = QuantizedLinear(weight_format="fp8", weight_granularity="block", block=(64, 64), in_features=256)
+        ins = [TensorType(DType.bf16, ("T", 256)), TensorType(DType.f8e4m3fn, (64, 256)), TensorType(DType.f32, (1, 4))]
+    elif case == "fp8-block-k-part":  # K not whole 128-column blocks
+        op = QuantizedLinear(weight_format="fp8", weight_granularity="block", in_features=320)
+        ins = [TensorType(DType.bf16, ("T", 320)), TensorType(DType.f8e4m3fn, (64, 320)), TensorType(DType.f32, (1, 3))]
     elif case == "fp8-tensor-scale":
         op = QuantizedLinear(weight_format="fp8", weight_granularity="tensor", in_features=256)
         ins = [TensorType(DType.bf16, ("T", 256)), TensorType(DType.f8e4m3fn, (64, 256)), TensorType(DType.f32, ())]
@@ -314,3 +317,54 @@ def test_row_groups_compile_without_spills(target, n, k, mb, formats, c):
     assert any(o.startswith("BAR") for o in ops), sorted(ops)  # the row group's reduction through shared memory
     assert any(o.startswith("LDG") and ".128" in o for o in ops), sorted(ops)
     assert_no_local_memory(ops, "the quantized GEMV with row groups")
+
+
+def block_types(n: int, k: int, act: str = "none") -> tuple[QuantizedLinear, list[TensorType | None]]:
+    """A ``quantized_linear`` with FP8 weights in 128 x 128 blocks (scales [ceil(N/128)][K/128]), bias and residual."""
+    op = QuantizedLinear(weight_format="fp8", weight_granularity="block", act_format=act, in_features=k)
+    ins = [TensorType(DType.bf16, ("T", k)), TensorType(DType.f8e4m3fn, (n, k)),
+           TensorType(DType.f32, (-(-n // 128), k // 128)), None, None, TensorType(DType.bf16, (n,)),
+           TensorType(DType.bf16, ("T", n))]
+    op.infer(ins)
+    return op, ins
+
+
+@pytest.mark.parametrize("act", ["none", "fp8"])
+@pytest.mark.parametrize("n,k", [(n, k) for n, k in SHAPES if k % 128 == 0])
+def test_fp8_block_scales_take_whole_blocks(act, n, k):
+    """FP8 weights with 128 x 128 block scales (weight-only or W8A8 per token) run quant.cu's ``fp8_block`` variants
+    (``WFMT`` 2) at every M, kernel.cu's FP8 path and the dequantize + GEMM pair being per-channel only: every warp's
+    part of every K slice is whole 128-column blocks (an even number of 64-column steps, stages of an even number),
+    which the template's per-block sums need."""
+    h200 = get_target("h200")
+    op, ins = block_types(n, k, act)
+    found = variants(op, ins, h200)
+    (primary,) = quant_plan(op, ins, h200)
+    assert [mr for mr, _ in found] == list(BUCKETS)
+    for spec in [s for _, s in found] + [primary]:
+        assert spec.template == "quant.cu" and spec.value("WFMT") == 2, spec.entry
+        assert spec.entry.startswith(f"gemv_fp8_block_{'a16' if act == 'none' else 'a8'}_")
+        c = spec_config(spec)
+        part = c.slice_k // c.kwarps
+        assert c.slice_k % 128 == 0 and part % 128 == 0 and c.stage_steps % 2 == 0, (spec.entry, c)
+        assert spec.value("HAS_BIAS") and spec.value("HAS_RESIDUAL")
+    assert primary.value("ANY_M")
+    # with row groups and split-K forced on top: still whole blocks a warp
+    for mb in KW_BUCKETS:
+        c = quant_config(n, k, mb, "fp8_block", act, 132, warps=8, kwarps=4, splitk=2 if k >= 2048 else 1)
+        assert (c.slice_k // c.kwarps) % 128 == 0 and c.stage_steps % 2 == 0, c
+
+
+@needs_compiler
+@pytest.mark.parametrize("act", ["none", "fp8"])
+@pytest.mark.parametrize("n,k,mb,any_m,target", [(3072, 2048, 8, False, "h200"), (1000, 4224, 64, True, "h200"),
+                                                 (2048, 8192, 32, False, "b200")])
+def test_fp8_block_compiles_without_spills(act, n, k, mb, any_m, target):
+    """The per-block partial sums (a second accumulator set) stay in registers; tensor cores and 16-byte loads."""
+    tgt = get_target(target)
+    op, ins = block_types(n, k, act)
+    spec = quant_gemv_spec(n, k, mb, tgt, "fp8_block", act, bias=True, residual=True, any_m=any_m)
+    ops = sass_opcodes(spec, tgt.arch)
+    assert any(o.startswith("HMMA") for o in ops), sorted(ops)
+    assert any(o.startswith("LDG") and ".128" in o for o in ops), sorted(ops)
+    assert_no_local_memory(ops, "the block-scaled FP8 GEMV")

@@ -34,6 +34,11 @@ def quantized_weight(r: np.random.Generator, fmt: str, n: int, k: int) -> dict[s
     w = (r.standard_normal((n, k)) * 0.05).astype(np.float32)
     w[1::7] *= 1e-3  # tiny rows: subnormal e4m3 (block) scales
     w[0, :32] = 0.0  # an all-zero block: nvfp4 scale 0
+    if fmt == "fp8_block":  # 128 x 128 blocks, a third of the block rows' scales halved: those saturate at 448
+        s = F.fp8_scale(w, "block")
+        s[::3] *= np.float32(0.5)
+        q, s = F.quantize_fp8(w, "block", scale=s)
+        return {"weight": q, "weight_scale": s, "weight_scale_2": None}
     if fmt == "fp8":
         s = F.fp8_scale(w, "channel")
         s = np.where(np.arange(n) % 3 == 0, s * np.float32(0.5), s).astype(np.float32)  # these rows saturate at 448
@@ -172,3 +177,53 @@ def test_rule_row_groups_match_reference(gpu, n, k, formats, monkeypatch):
     spec = quant_gemv_spec(n, k, 8, tgt, fmt, act, gran, bias=True, residual=True)
     assert spec.value("KW") > 1  # (the H200: no split-K; the B200's 148 SMs add split-K 2 to some)
     _run_row_groups(gpu, spec, n, k, formats, (1, 3, 8))
+
+
+#: FP8 weights with 128 x 128 block scales (quant.cu's ``fp8_block``), weight-only and W8A8 per token
+BLOCK_FORMATS = [("fp8_block", "none", "token"), ("fp8_block", "fp8", "token")]
+
+
+def _block_op(act: str, k: int) -> QuantizedLinear:
+    return QuantizedLinear(weight_format="fp8", weight_granularity="block", act_format=act, in_features=k)
+
+
+@pytest.mark.parametrize("fmt,act,gran", BLOCK_FORMATS)
+@pytest.mark.parametrize("n,k,mb,ms", [c for c in CASES if c[1] % 128 == 0])
+def test_fp8_block_gemv_matches_reference(gpu, fmt, act, gran, n, k, mb, ms):
+    """Each 128-column block's products times its block's scale (rows of 16 split over two block rows where N is not
+    a multiple of 128, split-K slices of whole blocks), bias and residual, against the reference's dequantized
+    weight; then the any-M launch at a prefill-sized M."""
+    r = rng()
+    tgt = get_target("h200" if gpu.arch == "sm_90a" else "b200")
+    spec = quant_gemv_spec(n, k, mb, tgt, fmt, act, gran, bias=True, residual=True)
+    assert spec.value("WFMT") == 2
+    wq = quantized_weight(r, fmt, n, k)
+    bias = (r.standard_normal(n) * 0.1).astype(BF16)
+    for m in ms:
+        run_case(gpu, spec, _block_op(act, k), wq, activations(r, m, k), bias,
+                 r.standard_normal((m, n)).astype(BF16), None, n)
+    if (n, k) == (1000, 4224):
+        any_m = quant_gemv_spec(n, k, ANY_M_CHUNK, tgt, fmt, act, gran, bias=True, residual=True, any_m=True)
+        for m in (1, 130):
+            run_case(gpu, any_m, _block_op(act, k), wq, activations(r, m, k), bias,
+                     r.standard_normal((m, n)).astype(BF16), None, n)
+
+
+@pytest.mark.parametrize("act", ["none", "fp8"])
+@pytest.mark.parametrize("n,k,mb,c,ms", [(1000, 4224, 8, (8, 1, 4, 3, 8), (1, 8)),
+                                         (3072, 2048, 32, (8, 2, 2, 1, 2), (17, 32))])
+def test_fp8_block_row_groups_match_reference(gpu, act, n, k, mb, c, ms):
+    """Row groups (each warp's part of the slice whole blocks, summed in shared memory) with split-K on top."""
+    from ingot.codegen.kernels.gemv.quant_rule import quant_config
+
+    w, t, u, sk, kw = c
+    cfg = quant_config(n, k, mb, "fp8_block", act, 132, warps=w, tiles=t, stage_steps=u, splitk=sk, kwarps=kw)
+    assert (cfg.splitk, cfg.kwarps) == (sk, kw), cfg
+    tgt = get_target("h200" if gpu.arch == "sm_90a" else "b200")
+    spec = quant_gemv_spec(n, k, mb, tgt, "fp8_block", act, "token", bias=True, residual=True, config=cfg)
+    r = rng()
+    wq = quantized_weight(r, "fp8_block", n, k)
+    bias = (r.standard_normal(n) * 0.1).astype(BF16)
+    for m in ms:
+        run_case(gpu, spec, _block_op(act, k), wq, activations(r, m, k), bias,
+                 r.standard_normal((m, n)).astype(BF16), None, n)

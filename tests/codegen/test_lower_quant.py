@@ -52,6 +52,8 @@ CASES = {
     "fp8-kv": {"default": "fp8", "kv_cache": "fp8"},
     "nvfp4": {"default": "nvfp4"},
     "fp8-static": {"default": "fp8:static", "kv_cache": "fp8:tensor"},
+    # 128 x 128 block scales (DeepSeek-V3's weights): quant.cu's fp8_block variants, the scales [ceil(N/128)][K/128]
+    "fp8-block": {"default": "fp8:block"},
 }
 ARCH = {"h200": "sm_90a", "b200": "sm_100a"}
 needs_cutlass = pytest.mark.skipif(not cutlass_available(),
@@ -195,9 +197,16 @@ def test_quantized_llama_lowers_for_h200(ckpt, tmp_path, case):
     manifest = _kernel_table(path, "h200")
     cuda = manifest["cuda"]
     fmt, kv_fp8, static = case.split("-")[0], "kv_cache" in CASES[case], case.endswith("-static")
-    _check_quantized_linears(cuda, fmt, "a8" if fmt == "fp8" else "a16", static)
+    _check_quantized_linears(cuda, "fp8_block" if case == "fp8-block" else fmt, "a8" if fmt == "fp8" else "a16", static)
     _check_attention(cuda, kv_fp8)
     _check_weights(path, manifest, fmt, kv_fp8, static)
+    if case == "fp8-block":  # WFMT 2, each scale the weight's [ceil(N / 128)][K / 128] blocks
+        for ln in (ln for ln in cuda["launches"] if ln["op"] == "quantized_linear"):
+            spec = cuda["kernels"][ln["kernel"]]["spec"]
+            n, k = spec["values"]["N"], spec["values"]["K"]
+            assert spec["values"]["WFMT"] == 2 and spec["values"]["KS"] % 128 == 0
+            scale = manifest["weights"][ln["args"]["weight_scale"]["buffer"]]
+            assert scale["shape"] == [-(-n // 128), k // 128], (ln["kernel"], scale)
     lm_head = [ln for ln in cuda["launches"] if ln["op"] == "linear"]
     assert len(lm_head) == 1 and cuda["kernels"][lm_head[0]["kernel"]]["spec"]["family"] == "gemm"
     # the memory plan the runtime reads is the one the loaded graph gives

@@ -41,8 +41,8 @@ TOL_FP8_ACTIVATIONS = 2.0**-3
 TOL_FP4_ACTIVATIONS = 2.0**-2
 #: (per-tensor FP8 weights: their scales broadcast to per-channel ones for the CUDA kernels, fp8-channel-scales)
 GPU_CASES = {**CASES, "fp8-wo": {"default": "fp8:wo"}, "fp8-tensor": {"default": "fp8:tensor"},
-             "fp8-tensor-wo": {"default": "fp8:tensor:wo"}}
-WEIGHT_ONLY = ("fp8-wo", "fp8-tensor-wo", "nvfp4")
+             "fp8-tensor-wo": {"default": "fp8:tensor:wo"}, "fp8-block-wo": {"default": "fp8:block:wo"}}
+WEIGHT_ONLY = ("fp8-wo", "fp8-tensor-wo", "fp8-block-wo", "nvfp4")
 NUM_BLOCKS = 48
 VOCAB = 260
 

@@ -44,9 +44,11 @@ using CollectiveEpilogue = cute::conditional_t<
     kDirectEpilogue,
     ingot::DirectCollectiveEpilogue<CtaTile, ElementOut, ${HAS_RESIDUAL}, kOverlapPromotion, kWeightScalar>,
     TmaCollectiveEpilogue>;
-// the direct epilogue's static shared memory comes out of the mainloop's stages too (sm90_direct_epilogue.cuh)
+// the direct epilogue's static shared memory comes out of the mainloop's stages too (sm90_direct_epilogue.cuh), and
+// the block scales' slots (sm90_fp8_mainloop.cuh)
 constexpr int kEpilogueSmem = int(sizeof(typename CollectiveEpilogue::SharedStorage)) +
-                              (kDirectEpilogue ? ingot::kDirectEpilogueSmem<${TILE_M}, ${TILE_N}> : 0);
+                              (kDirectEpilogue ? ingot::kDirectEpilogueSmem<${TILE_M}, ${TILE_N}> : 0) +
+                              (kBlockScales ? ingot::kBlockScaleSmem : 0);
 
 using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,

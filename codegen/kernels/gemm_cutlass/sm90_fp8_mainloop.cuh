@@ -29,9 +29,18 @@
 // accum += partial * (x_scale[row, kb] * w_scale[n_blk, kb]) (a 128-deep k-tile is one K block, a 128-column tile
 // one weight block). Layouts as cuBLASLt's (the docstring of rule.linear_cutlass_spec): x_scale[kb * M + row], w_scale
 // [n_blk * KB4 + kb] with KB4 = ceil(K / 128) rounded up to a multiple of 4. Each consumer thread holds two rows of
-// its warpgroup's 64 (r and r + 8) and loads their scales and the block's for k-tile t when it issues t's wgmmas; it
+// its warpgroup's 64 (r and r + 8) and reads their scales and the block's for k-tile t when it issues t's wgmmas; it
 // uses them one k-tile later, when t's batch is done. The epilogue then has no row or column scales (the bias and
 // residual as before). Needs the tile ring (kPrefetch: the tile's coordinates).
+//
+// Where the scales come from (block_scales_by_copy): when M % 4 == 0 and both scale arrays are 16-byte aligned, the
+// producer brings each k-tile's scales into a slot of its stage (BlockScaleShared) with two bulk copies on the stage's
+// full barrier (its expected bytes raised before either copy or the stage's TMA loads are issued, so the phase cannot
+// complete early): the tile's 128 x scales of K block kb (512 contiguous bytes of x_scale's row kb; a last, partial
+// tile of M copies the row's last 128, so every copy is whole and inside the array) and the 16 bytes of w_scale that
+// hold the block's kb. The consumers then read them from shared memory after the stage's wait, where loads from
+// global memory left 9-14% of the rowwise rate between a k-tile's issue and the previous one's wait (docs/PERF.md).
+// Otherwise each consumer thread loads them from global memory itself (the same values and products).
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include "sm90_direct_epilogue.cuh"
@@ -44,6 +53,20 @@ struct BlockScaleArgs {
   float const* x_scale = nullptr;  // [ceil(K / 128)][M]
   float const* w_scale = nullptr;  // [ceil(N / 128)][KB4]
 };
+
+// the producer's copies of the block scales, one slot per pipeline stage (static shared memory, a multiple of 1024
+// bytes like DirectShared: the dynamic TMA buffers after it stay aligned; sm90.cu carves it out of the stages)
+constexpr int kBlockScaleStages = 8;
+struct alignas(1024) BlockScaleShared {
+  float x[kBlockScaleStages][128];  // x_scale[kb][m_src .. m_src + 128)
+  float w[kBlockScaleStages][4];    // w_scale[n_blk][kb & ~3 .. + 4)
+};
+constexpr int kBlockScaleSmem = int(sizeof(BlockScaleShared));
+template <int kUnused = 0>  // a template: only the block-scaled builds instantiate (and allocate) it
+CUTLASS_DEVICE BlockScaleShared& block_scale_shared() {
+  __shared__ BlockScaleShared shared;
+  return shared;
+}
 
 template <class Base, bool kPrefetch = false, class ElementBias = cutlass::bfloat16_t, bool kColScalar = false,
           bool kBlockScales = false>
@@ -62,6 +85,8 @@ struct Sm90Fp8OverlapMainloop : Base {
   static_assert(!kPrefetch || kRing <= kRingCapacity, "the tile ring holds kRingCapacity tiles");
   static_assert(!kBlockScales || (kPrefetch && kTileN == 128 && cute::size<2>(TileShape{}) == 128),
                 "block scales: one 128 x 128 weight block a tile and k-tile, the tile's coordinates from the ring");
+  static_assert(!kBlockScales || (kTileM == 128 && Base::DispatchPolicy::Stages <= kBlockScaleStages),
+                "block scales by copy: a 512-byte slot of x scales and one of w scales per stage");
 
   struct PrefetchArguments : Base::Arguments {
     EpiVectorArgs vectors;
@@ -88,8 +113,25 @@ struct Sm90Fp8OverlapMainloop : Base {
     }
   }
 
+  // block scales: whether the producer copies them (the header's comment), the same answer in every thread
+  CUTLASS_DEVICE static bool block_scales_by_copy(Params const& params) {
+    if constexpr (kBlockScales) {
+      auto x = reinterpret_cast<uintptr_t>(params.blocks.x_scale);
+      auto w = reinterpret_cast<uintptr_t>(params.blocks.w_scale);
+      return params.m % 4 == 0 && ((x | w) % 16) == 0;
+    } else {
+      return false;
+    }
+  }
+  // the first row of M whose x scale a tile's copy brings (its tile's first, or for a last, partial tile of M the
+  // last 128 rows': copies whole and inside the array)
+  CUTLASS_DEVICE static int block_scale_row0(int m, int m_blk) {
+    int m0 = m_blk * kTileM;
+    return m0 + kTileM <= m ? m0 : cute::max(m - kTileM, 0);
+  }
+
   // producer: the tile's coordinates into the ring (every lane the same value, the leader among them), then the
-  // base collective's TMA loads
+  // base collective's TMA loads (with block scales to copy: the same loads and the scales' copies, load_with_scales)
   int ring_tiles_ = 0;
   template <class LoadInputs, class BlockCoord, class KTileIterator>
   CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline, PipelineState smem_pipe_write,
@@ -101,14 +143,77 @@ struct Sm90Fp8OverlapMainloop : Base {
                                                                             int(get<1>(blk_coord)));
       ++ring_tiles_;
     }
+    if constexpr (kBlockScales) {
+      if (block_scales_by_copy(params)) {
+        load_with_scales(params, pipeline, smem_pipe_write, load_inputs, blk_coord, k_tile_iter, k_tile_count,
+                         block_rank_in_cluster, shared_tensors);
+        return;
+      }
+    }
     Base::load(params, pipeline, smem_pipe_write, load_inputs, blk_coord, k_tile_iter, k_tile_count, thread_idx,
                block_rank_in_cluster, shared_tensors);
   }
 
-  // k-tile `read`'s wgmmas into `partial` (zeroed by the first), committed as one batch
+  // Base::load (CUTLASS 4.2's MainloopSm90TmaGmmaWarpSpecializedFP8: A and B by TMA, multicast across the cluster)
+  // with each k-tile's block scales copied into its stage's slot on the same full barrier
+  template <class LoadInputs, class BlockCoord, class KTileIterator>
+  CUTLASS_DEVICE void load_with_scales(Params const& params, MainloopPipeline& pipeline, PipelineState smem_pipe_write,
+                                       LoadInputs const& load_inputs, BlockCoord const& blk_coord,
+                                       KTileIterator k_tile_iter, int k_tile_count, uint32_t block_rank_in_cluster,
+                                       TensorStorage& shared_tensors) {
+    if (!cute::elect_one_sync()) {
+      return;
+    }
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M,BLK_K,PIPE)
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N,BLK_K,PIPE)
+    using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
+    constexpr uint32_t cluster_shape_x = get<0>(ClusterShape());
+    uint2 cluster_local_block_id = {block_rank_in_cluster % cluster_shape_x, block_rank_in_cluster / cluster_shape_x};
+    auto block_tma_a = params.tma_load_a.get_slice(cluster_local_block_id.y);
+    auto block_tma_b = params.tma_load_b.get_slice(cluster_local_block_id.x);
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
+    Tensor tAgA = block_tma_a.partition_S(get<0>(load_inputs)(_, _, m_coord, _, l_coord));  // (TMA,TMA_M,TMA_K,k)
+    Tensor tAsA = block_tma_a.partition_D(sA);                                              // (TMA,TMA_M,TMA_K,PIPE)
+    Tensor tBgB = block_tma_b.partition_S(get<1>(load_inputs)(_, _, n_coord, _, l_coord));  // (TMA,TMA_N,TMA_K,k)
+    Tensor tBsB = block_tma_b.partition_D(sB);                                              // (TMA,TMA_N,TMA_K,PIPE)
+    uint16_t mcast_mask_a = 0, mcast_mask_b = 0;
+    auto block_layout = Layout<ClusterShape>{};  // (m,n) -> block_id
+    if constexpr (cute::is_same_v<typename Base::GmemTiledCopyA, SM90_TMA_LOAD_MULTICAST>) {
+      for (int ni = 0; ni < size<1>(block_layout); ++ni) {
+        mcast_mask_a |= (uint16_t(1) << block_layout(cluster_local_block_id.x, ni, Int<0>{}));
+      }
+    }
+    if constexpr (cute::is_same_v<typename Base::GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>) {
+      for (int mi = 0; mi < size<0>(block_layout); ++mi) {
+        mcast_mask_b |= (uint16_t(1) << block_layout(mi, cluster_local_block_id.y, Int<0>{}));
+      }
+    }
+    int m = params.m;
+    uint32_t x_bytes = uint32_t(m < kTileM ? m : kTileM) * 4;
+    float const* xs = params.blocks.x_scale + block_scale_row0(m, int(m_coord));
+    int kb4 = ((params.k + 127) / 128 + 3) / 4 * 4;  // w_scale's row stride (cuBLASLt's layout)
+    float const* ws = params.blocks.w_scale + int64_t(n_coord) * kb4;
+    BlockScaleShared& slots = block_scale_shared();
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int kb = 0; k_tile_count > 0; --k_tile_count, ++kb) {
+      pipeline.producer_acquire(smem_pipe_write);
+      auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
+      int stage = smem_pipe_write.index();
+      // the scales' bytes before any of the stage's copies is issued (the producer's arrive came with A's and B's)
+      cutlass::arch::ClusterTransactionBarrier::expect_transaction(barrier, x_bytes + 16);
+      SM90_BULK_COPY_G2S::copy(xs + int64_t(kb) * m, barrier, slots.x[stage], int32_t(x_bytes));
+      SM90_BULK_COPY_G2S::copy(ws + (kb & ~3), barrier, slots.w[stage], 16);
+      copy(params.tma_load_a.with(*barrier, mcast_mask_a), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
+      copy(params.tma_load_b.with(*barrier, mcast_mask_b), tBgB(_, _, _, *k_tile_iter), tBsB(_, _, _, stage));
+      ++k_tile_iter;
+      ++smem_pipe_write;
+    }
+  }
+
+  // k-tile `read`'s wgmmas into `partial` (zeroed by the first), committed as one batch; returns its stage
   template <class FragA, class FragB, class Partial>
-  CUTLASS_DEVICE static void issue(TiledMma& tiled_mma, MainloopPipeline& pipeline, PipelineState& read,
-                                   FragA const& tCrA, FragB const& tCrB, Partial& partial) {
+  CUTLASS_DEVICE static int issue(TiledMma& tiled_mma, MainloopPipeline& pipeline, PipelineState& read,
+                                  FragA const& tCrA, FragB const& tCrB, Partial& partial) {
     auto barrier_token = pipeline.consumer_try_wait(read);
     pipeline.consumer_wait(read, barrier_token);
     int stage = read.index();
@@ -123,6 +228,7 @@ struct Sm90Fp8OverlapMainloop : Base {
     warpgroup_commit_batch();
     warpgroup_fence_operand(partial);
     ++read;
+    return stage;
   }
 
   // accum += partial (its batch complete: the caller waited)
@@ -189,18 +295,28 @@ struct Sm90Fp8OverlapMainloop : Base {
     Tensor even = make_fragment_like(accum);  // partials of k-tiles 0, 2, 4, ...
     Tensor odd = make_fragment_like(accum);   // and of 1, 3, 5, ...
     PipelineState smem_pipe_release = smem_pipe_read;
-    issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
-    // block scales: the thread's two rows' scale pointers (rows past M read row M - 1: their partials are zeros) and
-    // the block's, then each k-tile's product of the two, loaded as its wgmmas are issued
+    int stage = issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
+    // block scales: each k-tile's product of its two, read once its stage has arrived, from the stage's slot (the
+    // producer's copies: the thread's two rows' slots and the tile's w slot) or from global memory (rows past M read
+    // row M - 1: their partials are zeros)
+    bool const by_copy = block_scales_by_copy(mainloop_params);
     float const* xs_lo = nullptr;
     float const* xs_hi = nullptr;
     float const* ws = nullptr;
+    int slot_lo = 0, slot_hi = 0;
     int kb = 0;
-    auto k_scales = [&]() -> KScales {
+    auto k_scales = [&](int k_stage) -> KScales {
       if constexpr (kBlockScales) {
-        int64_t row = int64_t(kb) * mainloop_params.m;
-        float w = __ldg(ws + kb);
-        KScales s{__ldg(xs_lo + row) * w, __ldg(xs_hi + row) * w};
+        KScales s;
+        if (by_copy) {
+          BlockScaleShared const& slots = block_scale_shared();
+          float w = slots.w[k_stage][kb & 3];
+          s = KScales{slots.x[k_stage][slot_lo] * w, slots.x[k_stage][slot_hi] * w};
+        } else {
+          int64_t row = int64_t(kb) * mainloop_params.m;
+          float w = __ldg(ws + kb);
+          s = KScales{__ldg(xs_lo + row) * w, __ldg(xs_hi + row) * w};
+        }
         ++kb;
         return s;
       } else {
@@ -217,32 +333,36 @@ struct Sm90Fp8OverlapMainloop : Base {
                                                                 mainloop_params.n, tile.x, tile.y, thread_idx);
       if constexpr (kBlockScales) {
         int m = mainloop_params.m, r = tile.x * kTileM + get<0>(coord(0));
+        // rows past M: their slot clamped into the tile's (their results are not stored)
+        int row0 = block_scale_row0(m, tile.x);
+        slot_lo = cute::min(r - row0, kTileM - 1);
+        slot_hi = cute::min(r + 8 - row0, kTileM - 1);
         xs_lo = mainloop_params.blocks.x_scale + cute::min(r, m - 1);
         xs_hi = mainloop_params.blocks.x_scale + cute::min(r + 8, m - 1);
         int kb4 = ((mainloop_params.k + 127) / 128 + 3) / 4 * 4;  // w_scale's row stride (cuBLASLt's layout)
         ws = mainloop_params.blocks.w_scale + int64_t(tile.y) * kb4;
       }
     }
-    KScales s_even = k_scales(), s_odd{};
+    KScales s_even = k_scales(stage), s_odd{};
     int remaining = k_tile_count - 1;
     CUTLASS_PRAGMA_NO_UNROLL
     for (; remaining >= 2; remaining -= 2) {
-      issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, odd);
-      s_odd = k_scales();
+      stage = issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, odd);
+      s_odd = k_scales(stage);
       warpgroup_wait<1>();
       promote_k(accum, even, s_even, row_hi);
       pipeline.consumer_release(smem_pipe_release);
       ++smem_pipe_release;
-      issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
-      s_even = k_scales();
+      stage = issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
+      s_even = k_scales(stage);
       warpgroup_wait<1>();
       promote_k(accum, odd, s_odd, row_hi);
       pipeline.consumer_release(smem_pipe_release);
       ++smem_pipe_release;
     }
     if (remaining == 1) {
-      issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, odd);
-      s_odd = k_scales();
+      stage = issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, odd);
+      s_odd = k_scales(stage);
       warpgroup_wait<1>();
       promote_k(accum, even, s_even, row_hi);
       pipeline.consumer_release(smem_pipe_release);

@@ -7,6 +7,9 @@
 // out[M, N] = quant(x)[M, K] @ dequant(w)[N, K]^T (+ bias[N]) (+ residual[M, N]), bf16 x and out, f32 accumulate.
 //
 //   WFMT 0: fp8 e4m3 weights w[N, K], f32 scale per output channel (weight_scale[N]);
+//   WFMT 2: fp8 e4m3 weights w[N, K], f32 scale per 128 x 128 block (weight_scale[ceil(N / 128)][K / 128], K a
+//           multiple of 128): each block's products summed apart (every warp's part of K is whole blocks), then added
+//           to the accumulators times the block's scale, the rest as WFMT 0 with no scale in the epilogue;
 //   WFMT 1: nvfp4 weights u8[N, K/2] (E2M1 pairs, element 2j in the low nibble), one e4m3 scale per 16 along K
 //           (weight_scale u8[N, K/16], linear layout), f32 global scale weight_scale_2[1];
 //   AFMT 0: bf16 activations (weight-only): the weights are dequantized to bf16 in registers (exactly: e4m3 and
@@ -99,11 +102,13 @@ namespace {
 constexpr int N = ${N}, K = ${K}, MB = ${MB}, NT = MB / 8, WARPS = ${WARPS}, MT = ${MT}, KW = ${KW};
 constexpr int BN = 16 * MT * (WARPS / KW);          // rows of a CTA: WARPS / KW row groups of 16 MT rows
 constexpr int WFMT = ${WFMT}, AFMT = ${AFMT}, PROLOGUE = ${PROLOGUE};
+constexpr bool WF8 = WFMT != 1, WBLK = WFMT == 2;   // e4m3 codes; their scales per 128 x 128 block
 constexpr int KS = ${KS}, SPLITK = ${SPLITK}, U = ${U};
 constexpr bool ANY_M = ${ANY_M};
-constexpr int SW = WFMT == 0 ? 64 : 128;            // K columns per step (16 B of weights per lane)
+constexpr int SW = WF8 ? 64 : 128;                  // K columns per step (16 B of weights per lane)
 constexpr int STEPS = KS / SW / KW, NS = STEPS / U;  // STEPS: a warp's part of the K slice
-constexpr int WROW = WFMT == 0 ? K : K / 2;         // weight row stride (bytes)
+constexpr int WROW = WF8 ? K : K / 2;               // weight row stride (bytes)
+constexpr int KBLK = (K + 127) / 128;               // block scales a row of blocks
 constexpr int XB = AFMT == 0 ? 2 : 1;               // bytes per x element in shared memory
 constexpr int LDX = KS * XB + 64;                   // x row stride in shared memory (bytes)
 constexpr int GX = (N + BN - 1) / BN;
@@ -115,7 +120,9 @@ static_assert(!ANY_M || KW == 1, "the any-M launch has no row groups");
 static_assert(KW == 1 || (KW - 1) * (WARPS / KW) * MT * NT * 4 * 32 * 4 <= MB * LDX, "KW partials fit x's region");
 static_assert(ANY_M || (SPLITK * KS >= K && (SPLITK - 1) * KS < K), "SPLITK slices cover K");
 static_assert(!ANY_M || SPLITK == 1, "the any-M launch walks its K slices in one CTA");
-static_assert(WFMT == 0 || AFMT == 0, "nvfp4 weights take bf16 activations");
+static_assert(WF8 || AFMT == 0, "nvfp4 weights take bf16 activations");
+static_assert(!WBLK || (K % 128 == 0 && KS % 128 == 0 && STEPS % 2 == 0),
+              "block scales: every warp's part of K is whole 128-column blocks (two steps each)");
 static_assert(PROLOGUE == 0 || (PROLOGUE == 1 && AFMT != 0 && !ANY_M), "the rms_norm prologue: FP8 activations, decode");
 using SK = GemvSplitK<MT, NT, MB, BN, GX, SPLITK>;
 }  // namespace
@@ -215,14 +222,19 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
     const unsigned char* p[MT][2];
     const unsigned char* ps[MT][2];  // nvfp4: the row's scale bytes for this lane (2 per step)
     const unsigned char* sfb = reinterpret_cast<const unsigned char*>(weight_scale);
+    const float* sbr[MT][2];  // fp8 block scales: the row's row of blocks
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = row0 + 16 * mt + 8 * h, rr = r < N ? gemv_rope_row(r) : N - 1;
-        p[mt][h] = w + (i64)rr * WROW + (WFMT == 0 ? kb + kc : (kb + kc) / 2) + 16 * q;
+        p[mt][h] = w + (i64)rr * WROW + (WF8 ? kb + kc : (kb + kc) / 2) + 16 * q;
         ps[mt][h] = sfb + (i64)rr * (K / 16) + (kb + kc) / 16 + 2 * q;
+        sbr[mt][h] = reinterpret_cast<const float*>(weight_scale) + (i64)(rr / 128) * KBLK;
       }
+    // WBLK: the current 128-column block's products (acc gets them times the block's scale after its second step)
+    float part[MT][NT][4];
+    float bsc[MT][2];
 
     u32x4 buf[2][U][MT][2];
     unsigned short sbuf[2][U][MT][2];
@@ -246,7 +258,7 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
         u32x4 v = {0, 0, 0, 0};
         if (t < rows && kb + 8 * c < K) v = qg_ld_x(x + (i64)t * K + kb + 8 * c);
         int slot;
-        if (WFMT == 0) {
+        if (WF8) {
           slot = (j & 1) * 4 + (j >> 1);  // lane q's chunks 2q, 2q+1 -> slots q, 4 + q
         } else {
           slot = (j & 3) * 4 + (j >> 2);  // lane q's chunks 4q + w -> slot 4w + q; columns (c0,c4,c1,c5,..)
@@ -297,6 +309,18 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int step = s * U + u;
+        // WBLK: a block's first step zeroes its partial and loads its scales (used after its second step)
+        float (&dst)[MT][NT][4] = WBLK ? part : acc;
+        if (WBLK && (step & 1) == 0) {
+          const int kblk = min((kb + kc + SW * step) / 128, KBLK - 1);  // past K (zero weights): any block's
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            bsc[mt][0] = __ldg(sbr[mt][0] + kblk);
+            bsc[mt][1] = __ldg(sbr[mt][1] + kblk);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) part[mt][j][0] = part[mt][j][1] = part[mt][j][2] = part[mt][j][3] = 0.0f;
+          }
+        }
         if (AFMT != 0) {  // fp8 x fp8: 2 x k32 per step; lane q holds columns 16q..16q+15 of rows g, g+8
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
@@ -304,11 +328,11 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
               const u32x4 a = buf[s & 1][u][mt][0], b = buf[s & 1][u][mt][1];
-              qg_mma_e4m3(acc[mt][j], a.x, b.x, a.y, b.y, xv.x, xv.y);
-              qg_mma_e4m3(acc[mt][j], a.z, b.z, a.w, b.w, xv.z, xv.w);
+              qg_mma_e4m3(dst[mt][j], a.x, b.x, a.y, b.y, xv.x, xv.y);
+              qg_mma_e4m3(dst[mt][j], a.z, b.z, a.w, b.w, xv.z, xv.w);
             }
           }
-        } else if (WFMT == 0) {  // fp8 -> bf16: 4 x k16 per step, one 4-column word of rows g, g+8 each
+        } else if (WF8) {  // fp8 -> bf16: 4 x k16 per step, one 4-column word of rows g, g+8 each
           unsigned wa[MT][4][2], wb[MT][4][2];
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
@@ -327,10 +351,10 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
             const u32x4 x1 = *reinterpret_cast<const u32x4*>(xr + 64 + 16 * q);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-              qg_mma_bf16(acc[mt][j], wa[mt][0][0], wb[mt][0][0], wa[mt][0][1], wb[mt][0][1], x0.x, x0.y);
-              qg_mma_bf16(acc[mt][j], wa[mt][1][0], wb[mt][1][0], wa[mt][1][1], wb[mt][1][1], x0.z, x0.w);
-              qg_mma_bf16(acc[mt][j], wa[mt][2][0], wb[mt][2][0], wa[mt][2][1], wb[mt][2][1], x1.x, x1.y);
-              qg_mma_bf16(acc[mt][j], wa[mt][3][0], wb[mt][3][0], wa[mt][3][1], wb[mt][3][1], x1.z, x1.w);
+              qg_mma_bf16(dst[mt][j], wa[mt][0][0], wb[mt][0][0], wa[mt][0][1], wb[mt][0][1], x0.x, x0.y);
+              qg_mma_bf16(dst[mt][j], wa[mt][1][0], wb[mt][1][0], wa[mt][1][1], wb[mt][1][1], x0.z, x0.w);
+              qg_mma_bf16(dst[mt][j], wa[mt][2][0], wb[mt][2][0], wa[mt][2][1], wb[mt][2][1], x1.x, x1.y);
+              qg_mma_bf16(dst[mt][j], wa[mt][3][0], wb[mt][3][0], wa[mt][3][1], wb[mt][3][1], x1.z, x1.w);
             }
           }
         } else {  // nvfp4 -> bf16: per 8-column word 2 x k16; words 0,1 share scale byte 0, words 2,3 byte 1
@@ -357,6 +381,17 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
               }
             }
           }
+        }
+        if (WBLK && (step & 1) == 1) {  // the block's second step: acc += its products times its scale (rows g, g+8)
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              acc[mt][j][0] = fmaf(part[mt][j][0], bsc[mt][0], acc[mt][j][0]);
+              acc[mt][j][1] = fmaf(part[mt][j][1], bsc[mt][0], acc[mt][j][1]);
+              acc[mt][j][2] = fmaf(part[mt][j][2], bsc[mt][1], acc[mt][j][2]);
+              acc[mt][j][3] = fmaf(part[mt][j][3], bsc[mt][1], acc[mt][j][3]);
+            }
         }
       }
     }
@@ -385,7 +420,7 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
     if (nlo >= N) continue;
     const int lo = gemv_rope_row(nlo), hi = gemv_rope_row(nlo + 8);
     const float* ws = reinterpret_cast<const float*>(weight_scale);
-    const float sl = WFMT == 0 ? ws[lo] : gscale, sh = WFMT == 0 ? ws[hi] : gscale;
+    const float sl = WFMT == 0 ? ws[lo] : WBLK ? 1.0f : gscale, sh = WFMT == 0 ? ws[hi] : WBLK ? 1.0f : gscale;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -407,7 +442,7 @@ extern "C" __global__ void QG_LAUNCH_BOUNDS ${KERNEL}(
     for (int r2 = 0; r2 < 2; ++r2) {
       const int n = row0 + 16 * mt + 8 * r2;
       if (n >= N) continue;
-      const float rs = WFMT == 0 ? reinterpret_cast<const float*>(weight_scale)[n] : gscale;
+      const float rs = WFMT == 0 ? reinterpret_cast<const float*>(weight_scale)[n] : WBLK ? 1.0f : gscale;
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll

@@ -8,11 +8,16 @@ What the template computes, exactly as ``ir/ops/quantized.py``'s reference (up t
 ``fp8`` (channel scales)    ``none``                  e4m3 -> bf16 in registers (exact), bf16 ``mma.sync``
 ``fp8`` (channel scales)    ``fp8`` token / tensor    x quantized per token in the CTA (amax over all of K),
                                                       e4m3 x e4m3 ``mma.sync`` m16n8k32, scales in the epilogue
+``fp8`` (128 x 128 blocks)  ``none`` / ``fp8``        as the two above (``fp8_block``, ``WFMT`` 2; K a multiple of
+                                                      128), each 128-column block's products summed apart and
+                                                      added times the block's scale
 ``nvfp4`` (linear scales)   ``none``                  e2m1 x e4m3 scale -> bf16 in registers (exact)
 ==========================  ========================  ====================================================
 
-Other combinations (per-tensor/block FP8 scales, MXFP4, NVFP4 activations, the sm100 scale swizzle) are
-not taken (``quant_applies`` returns None).
+Other combinations (per-tensor FP8 scales: the ``fp8-channel-scales`` pass makes them per channel first; blocks
+other than 128 x 128, MXFP4, NVFP4 activations, the sm100 scale swizzle) are not taken (``quant_applies`` returns
+None). Block-scaled FP8 runs here at every M (the decode buckets and the any-M launch: no dequantize + GEMM pair for
+its prefill yet).
 
 **FP8 weight-only decode buckets on ``kernel.cu``** (``INGOT_GEMV_FP8``, ``fp8_template``): the bf16 GEMV's template
 with e4m3 weights (``rule.gemv_spec(..., wb=1)``: the codes converted in registers, exactly, to bf16, or to f16
@@ -91,11 +96,15 @@ from .rule import (
 
 #: the op's inputs by name (``kernel.cu``'s FP8-weight variants take the same)
 PARAMS = QUANT_PARAMS
-WEIGHT_FORMATS = {"fp8": 0, "nvfp4": 1}
+#: the template's weight formats (``WFMT``): ``fp8_block`` is FP8 with 128 x 128 block scales (weight_granularity
+#: ``block``), ``fp8`` per output channel
+WEIGHT_FORMATS = {"fp8": 0, "nvfp4": 1, "fp8_block": 2}
 #: (act_format, act_granularity) -> AFMT
 ACT_MODES = {("none", "token"): 0, ("none", "tensor"): 0, ("fp8", "token"): 1, ("fp8", "tensor"): 2}
 #: K columns per step (16 bytes of weights per lane)
-STEP_COLS = {"fp8": 64, "nvfp4": 128}
+STEP_COLS = {"fp8": 64, "nvfp4": 128, "fp8_block": 64}
+#: ``fp8_block``'s scale block (rows x columns)
+FP8_BLOCK = (128, 128)
 MIN_SLICE_BYTES = 256
 #: the any-M launch's token chunk
 ANY_M_CHUNK = 64
@@ -139,7 +148,7 @@ class QuantGemvConfig:
 
 
 def weight_bytes_per_row(fmt: str, k: int) -> int:
-    return k if fmt == "fp8" else k // 2 + k // 16
+    return k if fmt in ("fp8", "fp8_block") else k // 2 + k // 16
 
 
 def smem_bytes(mb: int, slice_k: int, act: str) -> int:
@@ -153,10 +162,13 @@ def kw_fits(mb: int, act: str, cfg: QuantGemvConfig) -> bool:
     return row_group_bytes(mb, cfg.warps, cfg.tiles, cfg.kwarps) <= smem_bytes(mb, cfg.slice_k, act)
 
 
-def _part_steps(per: int, kwarps: int, u_max: int) -> tuple[int, int]:
+def _part_steps(per: int, kwarps: int, u_max: int, pairs: bool = False) -> tuple[int, int]:
     """(slice steps, steps a stage) for a slice of at least ``per`` steps split over ``kwarps`` warps: the stage
-    depth shrinks to a short part; the slice rounds up to whole stages for each warp."""
+    depth shrinks to a short part; the slice rounds up to whole stages for each warp. ``pairs``: stages of an even
+    number of steps (``fp8_block``: a warp's part is whole 128-column blocks of two steps)."""
     u = max(1, min(u_max, -(-per // kwarps)))
+    if pairs:
+        u = max(2, u - u % 2)
     unit = u * kwarps
     return -(-per // unit) * unit, u
 
@@ -211,11 +223,11 @@ def quant_config(n: int, k: int, mb: int, wfmt: str, act: str, num_sms: int, *, 
                and splitk * 2 * kwarps <= steps):
             splitk *= 2
 
-    slices = splitk
-    per, u = _part_steps(-(-steps // slices), kwarps, u_max)
+    slices, pairs = splitk, wfmt == "fp8_block"
+    per, u = _part_steps(-(-steps // slices), kwarps, u_max, pairs)
     while smem_bytes(mb, per * sw, act) > SMEM_BUDGET and per > u * kwarps:  # more (any-M: in-CTA) slices until x fits
         slices *= 2
-        per, u = _part_steps(-(-steps // slices), kwarps, u_max)
+        per, u = _part_steps(-(-steps // slices), kwarps, u_max, pairs)
     if smem_bytes(mb, per * sw, act) > SMEM_BUDGET:
         raise ValueError(f"quantized gemv: an x slice of {per * sw} columns for {mb} tokens exceeds shared memory")
     splitk = 1 if any_m else -(-steps // per)
@@ -361,10 +373,16 @@ def quant_applies(op: Op, inputs: Sequence[TensorType | None], target: Target) -
     if x.dtype is not DType.bf16 or any(t is not None and t.dtype is not DType.bf16 for t in (bias, res)):
         return None
     if fmt == "fp8":
-        if gran != "channel" or w.dtype is not DType.f8e4m3fn or s.dtype is not DType.f32:
+        if gran not in ("channel", "block") or w.dtype is not DType.f8e4m3fn or s.dtype is not DType.f32:
             return None
         if (act, agran) not in ACT_MODES or (act == "fp8" and agran == "tensor" and xs is None):
             return None
+        if gran == "block":  # 128 x 128 blocks over whole 128-column blocks of K, scales [ceil(N / 128)][K / 128]
+            block = tuple(int(b) for b in getattr(op, "block", ()) or FP8_BLOCK)
+            blocks = (-(-n // FP8_BLOCK[0]), k // FP8_BLOCK[1])
+            if block != FP8_BLOCK or k % FP8_BLOCK[1] or tuple(static_dim(s, i) for i in range(s.rank)) != blocks:
+                return None
+            fmt = "fp8_block"
     elif fmt == "nvfp4":
         if act != "none" or getattr(op, "scale_layout", "linear") != "linear" or s2 is None:
             return None
