@@ -63,9 +63,12 @@ variants are the W8A8 GEMV's buckets 8 and 16 only; ``INGOT_W8A8_GEMM_ROWS`` mov
 2. the **FP8 GEMM** is the shape-generic CUTLASS one (``gemm_cutlass/sm90.cu`` on h100/h200, ``sm100.cu`` on b200;
    ``cutlass_params.generic_linear_spec("fp8", ...)`` with ``rule.shape_config``'s configuration, autotuned like the
    bf16 ones), its epilogue ``weight_scale[n] * (acc * x_scale[m]) + bias (+ residual)``: the reference's product up
-   to f32 summation order. There is no template alternative (no plain FP8 GEMM): ``w8a8_decline_reason`` keeps the
-   GEMV where CUTLASS cannot be built, with ``INGOT_NO_CUTLASS=1``, for per-tensor or block weight scales (not yet
-   in the GEMM's epilogue) and for K not a multiple of 16 or N of 8. Run on the H200; the b200 build is compiled only.
+   to f32 summation order. FP8 weights in 128 x 128 blocks (``fp8:block``) take the GEMM's ``block-rows`` build
+   (sm_90a, the default configuration): each k-tile's partial promoted times its weight block's scale in the mainloop,
+   x's per-row scale in the epilogue. There is no template alternative (no plain FP8 GEMM): ``w8a8_decline_reason``
+   keeps the GEMV where CUTLASS cannot be built, with ``INGOT_NO_CUTLASS=1``, for per-tensor weight scales (the
+   ``fp8-channel-scales`` pass makes them per channel first), blocks other than 128 x 128 or on b200, and for K not a
+   multiple of 16 (128 with blocks) or N of 8. Run on the H200; the b200 build is compiled only.
 ``INGOT_NO_GEMV=1`` (``gemv`` False): no variants, the pair runs at every row count.
 
 **On by default** (``INGOT_QUANT_PREFILL_GEMM=0`` turns it off at compile time; off, the kernel table is what it was
@@ -90,7 +93,7 @@ from .kernels.attention.prefill_rule import DECODE_MAX_ROWS
 from .kernels.dequant import rule as dequant
 from .kernels.gemm.rule import linear_spec
 from .kernels.gemm_cutlass import cutlass_params
-from .kernels.gemm_cutlass.rule import shape_config, supports
+from .kernels.gemm_cutlass.rule import shape_config, supports, variant_config, weight_scales_reason
 from .kernels.gemv.quant_rule import quant_variants
 from .kernels.gemv.rule import BUCKETS
 from .kernels.quant_act.rule import FP8_MAX_K, fp8_quantizer_spec
@@ -181,8 +184,8 @@ def w8a8_decline_reason(node: Node, target: Target) -> str | None:
     op = node.op
     if op.name != "quantized_linear" or getattr(op, "weight_format", "") != "fp8" or op.act_format != "fp8":
         return "not a W8A8 FP8 quantized_linear"
-    if op.weight_granularity != "channel" or op.scale_layout != "linear":
-        return f"the FP8 GEMM's epilogue takes per-channel weight scales, not {op.weight_granularity!r}"
+    if op.weight_granularity not in ("channel", "block") or op.scale_layout != "linear":
+        return f"the FP8 GEMM takes per-channel or 128 x 128 block weight scales, not {op.weight_granularity!r}"
     if not supports("fp8", target):
         return f"target {target.name} has no FP8 CUTLASS GEMM"
     w = node.inputs[1]
@@ -190,6 +193,13 @@ def w8a8_decline_reason(node: Node, target: Target) -> str | None:
     n, k = int(w.type.shape[0]), int(op.in_features)
     if k % 16 or n % 8 or k > FP8_MAX_K:
         return f"the FP8 GEMM needs K % 16 == 0 (K <= {FP8_MAX_K}) and N % 8 == 0, got N={n} K={k}"
+    if op.weight_granularity == "block":
+        block = tuple(int(b) for b in op.block) if op.block else (128, 128)
+        if block != (128, 128) or k % 128:
+            return f"the block-scaled FP8 GEMM takes 128 x 128 blocks over whole blocks of K, got {block}, K={k}"
+        why = weight_scales_reason("fp8", variant_config("fp8", target), "block-rows")
+        if why:
+            return why
     if os.environ.get("INGOT_NO_CUTLASS", "") not in ("", "0"):
         return "INGOT_NO_CUTLASS=1 leaves CUTLASS out (the FP8 GEMM is a CUTLASS kernel)"
     if not cutlass_params.cutlass_available():
@@ -284,8 +294,12 @@ def _plan_w8a8(out: QuantPrefill, taken: list[Launch], i: int, node: Node, args:
                  "weight_scale": args["weight_scale"], "bias": args["bias"], "residual": args["residual"],
                  "out": args["out"], "M": args["M"]}
     quantizer = fp8_quantizer_spec(k, target, static)
-    gemm = cutlass_params.generic_linear_spec("fp8", target, residual="buffer" in args["residual"],
-                                              config=shape_config("fp8", n, k, target))
+    if node.op.weight_granularity == "block":  # the default configuration's block-rows build (w8a8_decline_reason)
+        gemm = cutlass_params.generic_linear_spec("fp8", target, residual="buffer" in args["residual"],
+                                                  weight_scales="block-rows")
+    else:
+        gemm = cutlass_params.generic_linear_spec("fp8", target, residual="buffer" in args["residual"],
+                                                  config=shape_config("fp8", n, k, target))
     for s, a in ((quantizer, q_args), (gemm, gemm_args)):
         if {p.name for p in s.params} != set(a):  # the binding and the kernel must agree, as in plan_launches
             raise ValueError(f"quant-prefill-gemm: {s.entry} takes {sorted(p.name for p in s.params)}, "

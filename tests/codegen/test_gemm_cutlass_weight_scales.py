@@ -34,16 +34,21 @@ def test_weight_scale_builds_are_named_and_rendered():
     wb = cp.generic_linear_spec("fp8", h200, weight_scales="block")
     assert wb.name == "linear_cutlass_fp8_wb" and wb.value("WEIGHT_SCALES") == 2 and cp.weight_scales(wb) == "block"
     assert "kWeightScales = 2" in wb.source() and "struct BlockScaleArgs" in wb.source()
+    # fp8:block's W8A8 GEMM: the weight's blocks in the mainloop, x's per-row scale in the epilogue
+    wbr = cp.generic_linear_spec("fp8", h200, weight_scales="block-rows")
+    assert wbr.name == "linear_cutlass_fp8_wbr" and wbr.value("WEIGHT_SCALES") == 3
+    assert cp.weight_scales(wbr) == "block-rows" and "kWeightScales = 3" in wbr.source()
     for target, cfg in ((h200, FP8_OV), (h200, SM90_CANDIDATES["bf16"][0]), (b200, None)):
-        with pytest.raises(ValueError, match="block scales are for FP8 on sm90.cu"):
-            cp.generic_linear_spec("fp8" if cfg is not SM90_CANDIDATES["bf16"][0] else "bf16", target, config=cfg,
-                                   weight_scales="block")
+        for scales in ("block", "block-rows"):
+            with pytest.raises(ValueError, match="block scales are for FP8 on sm90.cu"):
+                cp.generic_linear_spec("fp8" if cfg is not SM90_CANDIDATES["bf16"][0] else "bf16", target, config=cfg,
+                                       weight_scales=scales)
     with pytest.raises(ValueError, match="weight_scales must be one of"):
         cp.generic_linear_spec("fp8", h200, weight_scales="row")
     # shaped for the autotuner: its candidates keep the scales (block: only the configurations that have the build),
     # its workload's scales are laid out as the kernel reads them
-    for scales, shape in (("tensor", (1,)), ("block", (24, 16))):
-        shaped = cp.shaped(cp.generic_linear_spec("fp8", h200, weight_scales=scales), 3072, 2048, "T", False)
+    for scales, shape, k in (("tensor", (1,), 2048), ("block", (24, 16), 2048), ("block-rows", (24, 10), 1280)):
+        shaped = cp.shaped(cp.generic_linear_spec("fp8", h200, weight_scales=scales), 3072, k, "T", False)
         cands = tune.candidates(shaped, h200)
         assert len(cands) > 1 and all(cp.weight_scales(c) == scales for c in cands)
         (work,) = tune.workloads(shaped, {"T": 256})
@@ -166,5 +171,49 @@ def test_block_scales_match_the_block_scaled_product():
         assert np.isfinite(got).all(), f"M, N, K = {m, n, k}: unwritten outputs"
         # each output: bf16 rounding (2^-9) of sums of e4m3 products in f32 (relative to the row's magnitudes)
         scale = np.abs(xf) @ np.abs(wf).T + np.abs(bias.astype(np.float64))[None, :]
+        err = np.abs(got - ref) / scale
+        assert err.max() < 2.0**-7, (m, n, k, float(err.max()), np.unravel_index(err.argmax(), err.shape))
+
+
+@pytest.mark.gpu
+@needs_cutlass
+def test_block_rows_match_the_block_scaled_product():
+    """fp8:block's W8A8 GEMM (``block-rows``): x with one scale per row, w per 128 x 128 block in ingot's layout
+    ([NB][KB], KB not padded: with KB % 4 != 0 the scales are loaded by the consumers, else copied by the producer),
+    with bias and residual: close to the product in float64 on problems with partial tiles (K whole blocks, as
+    fp8:block's linears have); nothing written past M x N; the same bits from a second launch."""
+    import ml_dtypes
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU (H100/H200)")
+    torch.empty(1, device="cuda")  # the primary context
+    h200 = get_target("h200")
+    spec = cp.generic_linear_spec("fp8", h200, residual=True, weight_scales="block-rows")
+    loaded = load_generic(spec)
+    gen = rng()
+    for m, n, k in ((1, 128, 128), (77, 384, 640), (300, 1064, 1024), (1000, 2048, 2048), (4096, 4096, 512)):
+        kb, nb = k // 128, -(-n // 128)
+        x = np.clip(gen.standard_normal((m, k)) * 4, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+        w = np.clip(gen.standard_normal((n, k)) * 4, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+        xs = (np.exp2(gen.integers(-10, 11, m)) * gen.uniform(0.5, 1, m)).astype(np.float32)
+        ws = (np.exp2(gen.integers(-10, 11, (nb, kb))) * gen.uniform(0.5, 1, (nb, kb))).astype(np.float32)
+        bias = gen.standard_normal(n).astype(ml_dtypes.bfloat16)
+        res = gen.standard_normal((m, n)).astype(ml_dtypes.bfloat16)
+        xf = x.astype(np.float64) * xs.astype(np.float64)[:, None]
+        wf = w.astype(np.float64) * np.repeat(np.repeat(ws, 128, axis=0), 128, axis=1)[:n, :k]
+        ref = xf @ wf.T + bias.astype(np.float64)[None, :] + res.astype(np.float64)
+        inputs = {"x": torch.from_numpy(x.view(np.uint8)).cuda().view(torch.float8_e4m3fn),
+                  "weight": torch.from_numpy(w.view(np.uint8)).cuda().view(torch.float8_e4m3fn),
+                  "x_scale": torch.from_numpy(xs).cuda(), "weight_scale": torch.from_numpy(ws).cuda(),
+                  "bias": torch.from_numpy(bias.view(np.uint16)).cuda().view(torch.bfloat16),
+                  "residual": torch.from_numpy(res.view(np.uint16)).cuda().view(torch.bfloat16)}
+        outs = [run_poisoned(loaded, inputs, m, n, k, spec.entry) for _ in range(2)]
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), f"M, N, K = {m, n, k}: not repeatable"
+        got = outs[0].float().numpy()
+        assert np.isfinite(got).all(), f"M, N, K = {m, n, k}: unwritten outputs"
+        scale = (np.abs(xf) @ np.abs(wf).T + np.abs(bias.astype(np.float64))[None, :]
+                 + np.abs(res.astype(np.float64)))
         err = np.abs(got - ref) / scale
         assert err.max() < 2.0**-7, (m, n, k, float(err.max()), np.unravel_index(err.argmax(), err.shape))

@@ -309,6 +309,20 @@ def test_switch_off_and_fp8_activations_keep_the_gemv(ckpt, tmp_path, monkeypatc
         assert not any("dequant" in b for b in m["cuda"]["memory_plan"]["buffers"])
 
 
+@pytest.mark.parametrize("target,spec", [("h200", "fp8:block:wo"), ("b200", "fp8:block")])
+def test_block_scaled_fp8_keeps_the_gemv_where_no_pair_takes_it(ckpt, tmp_path, monkeypatch, fake_cutlass, target,
+                                                                spec):
+    """Weight-only FP8 in 128 x 128 blocks has no dequantize + GEMM pair (the dequantize kernel writes exact bf16 codes
+    and leaves one scale per channel to the GEMM's epilogue), W8A8 in blocks no block-scaled FP8 GEMM on b200: the
+    fp8_block GEMV (its any-M launch and buckets) takes every step there."""
+    _, m = _compile(ckpt, target, spec, tmp_path / "block.ingot", monkeypatch)
+    launches = m["cuda"]["launches"]
+    qls = [ln for ln in launches if ln["op"] == "quantized_linear"]
+    assert len(qls) == 8 and all(ln["kernel"].startswith("gemv_fp8_block_") and "_any_" in ln["kernel"] for ln in qls)
+    assert not any(ln["kernel"].startswith(("dequant_", "quant_act_")) for ln in launches)
+    assert not any(e.startswith("linear_cutlass_fp8") for e in fake_cutlass)
+
+
 def test_without_gemv_variants_the_pair_runs_every_step(ckpt, tmp_path, monkeypatch):
     monkeypatch.setenv("INGOT_NO_CUTLASS", "1")
     monkeypatch.setenv("INGOT_NO_GEMV", "1")
@@ -487,16 +501,17 @@ W8A8_CASES = {**test_lower_quant.CASES, "fp8-tensor": {"default": "fp8:tensor"},
 
 @pytest.mark.parametrize("target,case", [("h200", "fp8"), ("h200", "fp8-static"), ("b200", "fp8"),
                                          ("h200", "fp8-tensor"), ("h200", "fp8-tensor-static"),
-                                         ("b200", "fp8-tensor")])
+                                         ("b200", "fp8-tensor"), ("h200", "fp8-block")])
 def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatch, fake_cutlass, target, case):
     """A W8A8 FP8 linear (per token, or the static calibrated scale) becomes the activation quantizer (skipped up to
     16 rows, ``W8A8_GEMM_ROWS``, into the GEMM) and the shape-generic FP8 CUTLASS GEMM reading its codes and row scales
     with the weight's own per-channel scale (weights quantized per tensor: their scale broadcast to [N] by
     ``fp8-channel-scales``, the same kernels); the GEMM's variants are the W8A8 GEMV's buckets 8 and 16 with the
     node's arguments, the quantized activations temporaries of their node (e4m3 [T, K], f32 [T]) in the scratch
-    region."""
+    region. FP8 weights in 128 x 128 blocks: the GEMM's block-rows build (the block scales [ceil(N/128)][K/128] in
+    its mainloop, x's per-row scale in its epilogue), the GEMV's fp8_block variants."""
     monkeypatch.delenv(quant_prefill.W8A8_ENV, raising=False)
-    static, per_tensor = case.endswith("-static"), case.startswith("fp8-tensor")
+    static, per_tensor, block = case.endswith("-static"), case.startswith("fp8-tensor"), case == "fp8-block"
     path, manifest = _compile(ckpt, target, W8A8_CASES[case], tmp_path / "on.ingot", monkeypatch)
     cuda, tgt = manifest["cuda"], get_target(target)
     launches = cuda["launches"]
@@ -531,11 +546,14 @@ def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatc
         assert ("buffer" in q["args"]["input_scale"]) == static
         # 2. the FP8 GEMM: the generic CUTLASS spec of the shape's configuration, no plain alternative
         gspec = cuda["kernels"][gemm["kernel"]]["spec"]
-        want = cp.generic_linear_spec("fp8", tgt, residual=residual, config=shape_config("fp8", n, k, tgt))
+        if block:
+            want = cp.generic_linear_spec("fp8", tgt, residual=residual, weight_scales="block-rows")
+        else:
+            want = cp.generic_linear_spec("fp8", tgt, residual=residual, config=shape_config("fp8", n, k, tgt))
         assert gemm["kernel"] == want.entry and gspec["values"]["ABI"] == cp.ABI, gemm["kernel"]
-        assert gspec["values"]["WEIGHT_SCALES"] == 0  # per channel
+        assert gspec["values"]["WEIGHT_SCALES"] == (3 if block else 0)  # 128 x 128 blocks with row scales; channel
         scale = cuda["memory_plan"]["buffers"][own["weight_scale"]["buffer"]]
-        assert scale["dtype"] == "f32" and scale["shape"] == [n], scale
+        assert scale["dtype"] == "f32" and scale["shape"] == ([-(-n // 128), k // 128] if block else [n]), scale
         assert gspec["template"] == ("sm90.cu" if target == "h200" else "sm100.cu")
         assert [p for p, _ in gspec["params"]] == [p for p, _ in cp.FP8_LINEAR_PARAMS]
         assert gemm["args"] == {"x": xq, "weight": own["weight"], "x_scale": xs, "weight_scale": own["weight_scale"],
@@ -549,6 +567,7 @@ def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatc
         for v, mb in zip(gemm["variants"], (8, 16)):
             vspec = cuda["variant_kernels"][v["kernel"]]["spec"]
             assert vspec["template"] == "quant.cu" and vspec["values"]["AFMT"] == (2 if static else 1)
+            assert vspec["values"]["WFMT"] == (2 if block else 0)
             assert (vspec["values"]["MB"], vspec["values"]["N"], vspec["values"]["K"]) == (mb, n, k)
             rope = out.endswith(".qkv") and mb == 8  # its rope launch skipped into this variant
             assert bool(vspec["values"]["ROPE"]) == rope, (out, mb)
@@ -558,7 +577,7 @@ def test_w8a8_linears_lower_to_quantizer_and_fp8_gemm(ckpt, tmp_path, monkeypatc
     # the temporaries: planned per node in the scratch region, the plan the table rebuilds
     graph, _ = load_graph(path)
     qnodes = [nd for nd in graph.nodes if nd.op.name == "quantized_linear"]
-    assert len(qnodes) == 8 and all(nd.op.weight_granularity == "channel" for nd in qnodes)
+    assert len(qnodes) == 8 and all(nd.op.weight_granularity == ("block" if block else "channel") for nd in qnodes)
     if per_tensor:  # every row's scale the tensor's one
         assert all(len(set(graph.weights[nd.inputs[2].name].load().tolist())) == 1 for nd in qnodes)
     plan = cuda["memory_plan"]

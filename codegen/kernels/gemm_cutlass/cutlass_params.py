@@ -78,6 +78,7 @@ from .rule import (
     short_m_configs,
     sm90_blocks,
     variant_config,
+    weight_scales_reason,
 )
 
 LAYOUT_VERSION = 1
@@ -198,9 +199,12 @@ def short_variants(node: Node, spec: KernelSpec, largest: int, target: Target) -
     n, k = linear_nk(node)
     own = kernel_spec(spec).entry
     out = []
+    scales = weight_scales(spec)
     for rows, cfg in short_m_configs(kind, n, k, target):
+        if weight_scales_reason(kind, cfg, scales):  # (block scales: the default configuration's builds only)
+            continue
         short = generic_linear_spec(kind, target, residual=bool(spec.value("HAS_RESIDUAL")), config=cfg,
-                                    weight_scales=weight_scales(spec))
+                                    weight_scales=scales)
         if rows > largest and short.entry != own:
             out.append((rows, short))
     return out

@@ -184,8 +184,10 @@ SM90_SHORT_M: dict[str, tuple[Config, ...]] = {
     ),
 }
 #: ``linear_cutlass_spec``'s weight scale granularities -> the templates' ``WEIGHT_SCALES`` and the entry name's suffix
-WEIGHT_SCALES = {"channel": 0, "tensor": 1, "block": 2}
-WEIGHT_SCALES_SUFFIX = {"channel": "", "tensor": "_wt", "block": "_wb"}
+WEIGHT_SCALES = {"channel": 0, "tensor": 1, "block": 2, "block-rows": 3}
+WEIGHT_SCALES_SUFFIX = {"channel": "", "tensor": "_wt", "block": "_wb", "block-rows": "_wbr"}
+#: the weight scale granularities in 128 x 128 blocks (applied in the mainloop)
+BLOCK_SCALES = ("block", "block-rows")
 #: the tile scheduler's raster orders (RasterOrderOptions) -> their config_tag suffix (Heuristic: none)
 RASTER_TAGS = {"Heuristic": "", "AlongM": "rm", "AlongN": "rn"}
 
@@ -391,8 +393,8 @@ def weight_scales_reason(kind: str, cfg: Config, weight_scales: str) -> str | No
         return f"weight_scales must be one of {sorted(WEIGHT_SCALES)}, got {weight_scales!r}"
     if weight_scales == "tensor" and cfg.template not in ("sm90.cu", "sm100.cu"):
         return f"a per-tensor weight scale is for sm90.cu / sm100.cu builds, not {cfg.template} (block scales there)"
-    if weight_scales == "block" and (kind != "fp8" or cfg.template != "sm90.cu" or not (cfg.overlap and cfg.direct)
-                                     or cfg.tile != (128, 128, 128)):
+    if weight_scales in BLOCK_SCALES and (kind != "fp8" or cfg.template != "sm90.cu" or not (cfg.overlap and cfg.direct)
+                                          or cfg.tile != (128, 128, 128)):
         return (f"128 x 128 block scales are for FP8 on sm90.cu with the overlapped promotion, the direct epilogue "
                 f"and 128 x 128 x 128 tiles (one weight block a tile and k-tile), not {config_tag(cfg)}")
     return None
@@ -408,7 +410,9 @@ def linear_cutlass_spec(kind: str, n: int, k: int, target: Target, residual: boo
     mainloop with the direct epilogue and 128 x 128 x 128 tiles, ``..._wb``): DeepSeek-V3's 1x128 x 128x128 block
     scaling in the layouts cuBLASLt takes, ``x_scale`` f32 ``[ceil(K/128)][M]`` (x's scale per row and 128 columns,
     column by column) and ``weight_scale`` f32 ``[ceil(N/128)][KB4]`` (KB4: ceil(K/128) rounded up to a multiple of
-    4), each k-tile's partial promoted with its two scales (``sm90_fp8_mainloop.cuh``).
+    4), each k-tile's partial promoted with its two scales (``sm90_fp8_mainloop.cuh``); ``block-rows`` (the same builds,
+    ``..._wbr``): ``fp8:block`` with per-token activations, ``weight_scale`` f32 ``[ceil(N/128)][ceil(K/128)]`` (ingot's
+    layout, not padded) applied to each k-tile's partial, ``x_scale`` f32[M] in the epilogue as ``channel``'s.
 
     The grid recorded here is the persistent upper bound (one CTA per SM, rounded down to whole
     clusters) and ``smem`` the most a block may opt into; the shim's ``_prepare`` returns the exact

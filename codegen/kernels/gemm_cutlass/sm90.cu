@@ -8,7 +8,7 @@
 // ${MAX_SWIZZLE} (0: per problem) and raster order ${RASTER}; FP8 promotion overlapped with the next k-tile's MMAs
 // (sm90_fp8_mainloop.cuh): ${OVERLAP_PROMOTION}. Weight scales ${WEIGHT_SCALES} (0: one per output channel, [N];
 // 1: one per tensor, read as a scalar; 2: 1x128 x 128x128 block scales applied in the mainloop, x's scales per row
-// and 128 columns of K).
+// and 128 columns of K; 3: 128x128 weight blocks applied in the mainloop, x's scale per row in the epilogue).
 using namespace cute;
 using ElementA = ${A_TYPE};
 using ElementB = ${B_TYPE};
@@ -16,7 +16,8 @@ using ElementOut = ${OUT_TYPE};
 using CtaTile = Shape<Int<${TILE_M}>, Int<${TILE_N}>, Int<${TILE_K}>>;
 using ClusterShape = Shape<Int<${CLUSTER_M}>, Int<${CLUSTER_N}>, _1>;
 constexpr int kWeightScales = ${WEIGHT_SCALES};
-constexpr bool kWeightScalar = kWeightScales == 1, kBlockScales = kWeightScales == 2;
+constexpr bool kWeightScalar = kWeightScales == 1, kBlockScales = kWeightScales >= 2;
+constexpr bool kXBlocks = kWeightScales == 2;
 using Epi = ingot::Epilogue<CtaTile, ElementOut, ElementOut, ${HAS_RESIDUAL}, kWeightScalar>;
 constexpr int kAlignOut = 128 / cutlass::sizeof_bits<ElementOut>::value;
 using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecialized${SCHEDULE};
@@ -67,7 +68,7 @@ static_assert(!kOverlapPromotion || ${TILE_K} == 128,
 using CollectiveMainloop =
     cute::conditional_t<kOverlapPromotion,
                         ingot::Sm90Fp8OverlapMainloop<CutlassMainloop, kDirectEpilogue, ElementOut, kWeightScalar,
-                                                      kBlockScales>,
+                                                      kBlockScales, kXBlocks>,
                         CutlassMainloop>;
 static_assert(!kBlockScales || (kDirectEpilogue && kOverlapPromotion),
               "block scales are promoted by the overlapped mainloop, which takes the tile's coordinates from the direct "
@@ -114,12 +115,13 @@ static typename GemmKernel::Arguments make_arguments(const void* x, const void* 
   mainloop.ptr_A = static_cast<const ElementA*>(x), mainloop.dA = sa;
   mainloop.ptr_B = static_cast<const ElementB*>(w), mainloop.dB = sb;
   if constexpr (kDirect) {
-    // block scales: the mainloop applies both, the epilogue neither
-    ingot::EpiVectorArgs vectors{kBlockScales ? nullptr : static_cast<const float*>(x_scale),
+    // block scales: the mainloop applies the weight's, and x's where they are per 128 columns (else the epilogue's row
+    // scale)
+    ingot::EpiVectorArgs vectors{kXBlocks ? nullptr : static_cast<const float*>(x_scale),
                                  kBlockScales ? nullptr : static_cast<const float*>(w_scale), bias};
     if constexpr (kOverlapPromotion) {
       mainloop.vectors = vectors;
-      mainloop.blocks = {static_cast<const float*>(x_scale), static_cast<const float*>(w_scale)};
+      mainloop.blocks = {kXBlocks ? static_cast<const float*>(x_scale) : nullptr, static_cast<const float*>(w_scale)};
     }
     using EpilogueArgs = typename cute::conditional_t<kDirect, CollectiveEpilogue, CollectiveEpilogue>::Arguments;
     EpilogueArgs epilogue{vectors, static_cast<const ElementOut*>(residual), sc, static_cast<ElementOut*>(out), sd};

@@ -33,7 +33,12 @@
 // uses them one k-tile later, when t's batch is done. The epilogue then has no row or column scales (the bias and
 // residual as before). Needs the tile ring (kPrefetch: the tile's coordinates).
 //
-// Where the scales come from (block_scales_by_copy): when M % 4 == 0 and both scale arrays are 16-byte aligned, the
+// !kXBlocks (ingot's fp8:block with per-token activations): x's scale is one per row, applied by the epilogue as the
+// per-channel builds' row scale, and each k-tile's partial is promoted with the weight block's scale alone (one value a
+// tile and k-tile); w_scale is then ingot's layout, [ceil(N / 128)][KB] (no padding of KB).
+//
+// Where the scales come from (block_scales_by_copy): when M % 4 == 0 and both scale arrays are 16-byte aligned (without
+// x blocks: w_scale 16-byte aligned and KB a multiple of 4, so that every 16-byte chunk of its rows is aligned), the
 // producer brings each k-tile's scales into a slot of its stage (BlockScaleShared) with two bulk copies on the stage's
 // full barrier (its expected bytes raised before either copy or the stage's TMA loads are issued, so the phase cannot
 // complete early): the tile's 128 x scales of K block kb (512 contiguous bytes of x_scale's row kb; a last, partial
@@ -50,8 +55,8 @@ using namespace cute;
 
 // a block-scaled mainloop's scales (kBlockScales; the layouts above)
 struct BlockScaleArgs {
-  float const* x_scale = nullptr;  // [ceil(K / 128)][M]
-  float const* w_scale = nullptr;  // [ceil(N / 128)][KB4]
+  float const* x_scale = nullptr;  // [ceil(K / 128)][M] (none without x blocks: the epilogue's row scale)
+  float const* w_scale = nullptr;  // [ceil(N / 128)][KB4] ([ceil(N / 128)][KB] without x blocks)
 };
 
 // the producer's copies of the block scales, one slot per pipeline stage (static shared memory, a multiple of 1024
@@ -69,7 +74,7 @@ CUTLASS_DEVICE BlockScaleShared& block_scale_shared() {
 }
 
 template <class Base, bool kPrefetch = false, class ElementBias = cutlass::bfloat16_t, bool kColScalar = false,
-          bool kBlockScales = false>
+          bool kBlockScales = false, bool kXBlocks = true>
 struct Sm90Fp8OverlapMainloop : Base {
   using typename Base::MainloopPipeline;
   using typename Base::PipelineState;
@@ -113,12 +118,22 @@ struct Sm90Fp8OverlapMainloop : Base {
     }
   }
 
+  // block scales: w_scale's row stride, cuBLASLt's KB4 = ceil(K / 128) rounded up to a multiple of 4 with x blocks,
+  // else KB
+  CUTLASS_DEVICE static int w_scale_stride(Params const& params) {
+    int kb = (params.k + 127) / 128;
+    return kXBlocks ? (kb + 3) / 4 * 4 : kb;
+  }
   // block scales: whether the producer copies them (the header's comment), the same answer in every thread
   CUTLASS_DEVICE static bool block_scales_by_copy(Params const& params) {
     if constexpr (kBlockScales) {
       auto x = reinterpret_cast<uintptr_t>(params.blocks.x_scale);
       auto w = reinterpret_cast<uintptr_t>(params.blocks.w_scale);
-      return params.m % 4 == 0 && ((x | w) % 16) == 0;
+      if constexpr (kXBlocks) {
+        return params.m % 4 == 0 && ((x | w) % 16) == 0;
+      } else {
+        return w_scale_stride(params) % 4 == 0 && w % 16 == 0;
+      }
     } else {
       return false;
     }
@@ -189,10 +204,9 @@ struct Sm90Fp8OverlapMainloop : Base {
       }
     }
     int m = params.m;
-    uint32_t x_bytes = uint32_t(m < kTileM ? m : kTileM) * 4;
-    float const* xs = params.blocks.x_scale + block_scale_row0(m, int(m_coord));
-    int kb4 = ((params.k + 127) / 128 + 3) / 4 * 4;  // w_scale's row stride (cuBLASLt's layout)
-    float const* ws = params.blocks.w_scale + int64_t(n_coord) * kb4;
+    uint32_t x_bytes = kXBlocks ? uint32_t(m < kTileM ? m : kTileM) * 4 : 0;
+    float const* xs = kXBlocks ? params.blocks.x_scale + block_scale_row0(m, int(m_coord)) : nullptr;
+    float const* ws = params.blocks.w_scale + int64_t(n_coord) * w_scale_stride(params);
     BlockScaleShared& slots = block_scale_shared();
     CUTLASS_PRAGMA_NO_UNROLL
     for (int kb = 0; k_tile_count > 0; --k_tile_count, ++kb) {
@@ -201,7 +215,9 @@ struct Sm90Fp8OverlapMainloop : Base {
       int stage = smem_pipe_write.index();
       // the scales' bytes before any of the stage's copies is issued (the producer's arrive came with A's and B's)
       cutlass::arch::ClusterTransactionBarrier::expect_transaction(barrier, x_bytes + 16);
-      SM90_BULK_COPY_G2S::copy(xs + int64_t(kb) * m, barrier, slots.x[stage], int32_t(x_bytes));
+      if constexpr (kXBlocks) {
+        SM90_BULK_COPY_G2S::copy(xs + int64_t(kb) * m, barrier, slots.x[stage], int32_t(x_bytes));
+      }
       SM90_BULK_COPY_G2S::copy(ws + (kb & ~3), barrier, slots.w[stage], 16);
       copy(params.tma_load_a.with(*barrier, mcast_mask_a), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
       copy(params.tma_load_b.with(*barrier, mcast_mask_b), tBgB(_, _, _, *k_tile_iter), tBsB(_, _, _, stage));
@@ -311,11 +327,11 @@ struct Sm90Fp8OverlapMainloop : Base {
         if (by_copy) {
           BlockScaleShared const& slots = block_scale_shared();
           float w = slots.w[k_stage][kb & 3];
-          s = KScales{slots.x[k_stage][slot_lo] * w, slots.x[k_stage][slot_hi] * w};
+          s = kXBlocks ? KScales{slots.x[k_stage][slot_lo] * w, slots.x[k_stage][slot_hi] * w} : KScales{w, w};
         } else {
           int64_t row = int64_t(kb) * mainloop_params.m;
           float w = __ldg(ws + kb);
-          s = KScales{__ldg(xs_lo + row) * w, __ldg(xs_hi + row) * w};
+          s = kXBlocks ? KScales{__ldg(xs_lo + row) * w, __ldg(xs_hi + row) * w} : KScales{w, w};
         }
         ++kb;
         return s;
@@ -339,8 +355,7 @@ struct Sm90Fp8OverlapMainloop : Base {
         slot_hi = cute::min(r + 8 - row0, kTileM - 1);
         xs_lo = mainloop_params.blocks.x_scale + cute::min(r, m - 1);
         xs_hi = mainloop_params.blocks.x_scale + cute::min(r + 8, m - 1);
-        int kb4 = ((mainloop_params.k + 127) / 128 + 3) / 4 * 4;  // w_scale's row stride (cuBLASLt's layout)
-        ws = mainloop_params.blocks.w_scale + int64_t(tile.y) * kb4;
+        ws = mainloop_params.blocks.w_scale + int64_t(tile.y) * w_scale_stride(mainloop_params);
       }
     }
     KScales s_even = k_scales(stage), s_odd{};

@@ -87,8 +87,8 @@ def workloads(spec: KernelSpec, bounds: Mapping[str, int]) -> list[Workload]:
     if store != "bfloat16":
         scales = cp.weight_scales(spec)
         kb = -(-k // 128)
-        bufs["weight_scale"] = ("float32", {"channel": (n,), "tensor": (1,), "block": (-(-n // 128), -(-kb // 4) * 4)}[
-            scales])
+        bufs["weight_scale"] = ("float32", {"channel": (n,), "tensor": (1,), "block": (-(-n // 128), -(-kb // 4) * 4),
+                                            "block-rows": (-(-n // 128), kb)}[scales])
         if scales == "block":  # x's scales per row and 128 columns (rule.linear_cutlass_spec's layout)
             bufs["x_scale"] = ("float32", (kb, m))
     if spec.value("HAS_BIAS"):
