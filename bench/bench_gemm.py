@@ -351,7 +351,7 @@ def _close(torch: Any, got: Any, exact: Any) -> tuple[bool, float]:
 
 def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], iters: int, reps: int,
         seed: int, top: int = 1, sustain: float = 0.0, sustain_all: float = 0.0,
-        swizzles: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+        swizzles: tuple[int, ...] = (), time_failing: bool = False) -> list[dict[str, Any]]:
     import torch
 
     from ingot.codegen.kernels.gemm_cutlass.launch import CutlassGemm
@@ -406,7 +406,7 @@ def run(kernel_dir: Path, shapes: list[tuple[int, int, int]], modes: list[str], 
                 torch.cuda.synchronize()
                 ok, err = _close(torch, out, exact)
                 cand: dict[str, Any] = {"ok": ok, "err": err}
-                if ok:
+                if ok or time_failing:
                     t = _graph_time(launch, iters, reps)
                     cand["tflops"] = flops / t / 1e12
                     launches[tag] = launch
@@ -500,6 +500,9 @@ def main() -> None:
     ap.add_argument("--swizzles", default="",
                     help="time each sm90 build at each of these scheduler max swizzles (e.g. 1,8; candidates "
                          "TAG@sN) instead of at the runtime's choice (rule.auto_swizzle, or the build's own)")
+    ap.add_argument("--time-failing", action="store_true",
+                    help="time candidates that fail the check too (probes that change the arithmetic on purpose, to "
+                         "see what a part of it costs); their rows keep ok: false")
     ap.add_argument("--out", type=Path, default=None, help="write all figures as JSON here")
     a = ap.parse_args()
     if a.build is not None:
@@ -529,7 +532,7 @@ def main() -> None:
           "all candidates |")
     print("|---|---|---|---|---|---|---|")
     rows = run(kernel_dir, shapes, a.modes.split(","), a.iters, a.reps, seed, a.top, a.sustain, a.sustain_all,
-               tuple(int(v) for v in a.swizzles.split(",") if v))
+               tuple(int(v) for v in a.swizzles.split(",") if v), a.time_failing)
     if a.out is not None:
         a.out.write_text(json.dumps({"commit": _git_commit(), "gpu": torch.cuda.get_device_name(0),
                                      "torch": torch.__version__, "seed": seed, "rows": rows}, indent=1))
