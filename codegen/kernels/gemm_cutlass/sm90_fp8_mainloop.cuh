@@ -226,13 +226,58 @@ struct Sm90Fp8OverlapMainloop : Base {
     }
   }
 
-  // k-tile `read`'s wgmmas into `partial` (zeroed by the first), committed as one batch; returns its stage
-  template <class FragA, class FragB, class Partial>
+  // a k-tile's block scales for a thread's two rows: x_scale[kb][row] * w_scale[n_blk][kb] (w_scale's alone without x
+  // blocks), 1 without block scales
+  struct KScales {
+    float lo, hi;
+  };
+  // where a consumer thread's k-tile scales come from: its two rows' slots and the tile's w slot in each stage (the
+  // producer's copies), or global memory (rows past M read row M - 1: their partials are zeros)
+  struct ScaleSource {
+    int slot_lo = 0, slot_hi = 0;
+    float const* xs_lo = nullptr;
+    float const* xs_hi = nullptr;
+    float const* ws = nullptr;
+    int64_t m = 0;
+  };
+  // a k-tile's scales as stored, before their product (KScales)
+  struct RawScales {
+    float x_lo = 1.0f, x_hi = 1.0f, w = 1.0f;
+  };
+  // k-tile kb's scales (in stage k_stage)
+  template <bool kByCopy>
+  CUTLASS_DEVICE static RawScales raw_scales(ScaleSource const& src, int k_stage, int kb) {
+    if constexpr (kByCopy) {
+      BlockScaleShared const& slots = block_scale_shared();
+      float w = slots.w[k_stage][kb & 3];
+      return kXBlocks ? RawScales{slots.x[k_stage][src.slot_lo], slots.x[k_stage][src.slot_hi], w}
+                      : RawScales{1.0f, 1.0f, w};
+    } else {
+      float w = __ldg(src.ws + kb);
+      return kXBlocks ? RawScales{__ldg(src.xs_lo + kb * src.m), __ldg(src.xs_hi + kb * src.m), w}
+                      : RawScales{1.0f, 1.0f, w};
+    }
+  }
+  CUTLASS_DEVICE static KScales product(RawScales r) {
+    return kXBlocks ? KScales{r.x_lo * r.w, r.x_hi * r.w} : KScales{r.w, r.w};
+  }
+
+  // k-tile `read`'s wgmmas into `partial` (zeroed by the first), committed as one batch; returns its stage. With block
+  // scales, k-tile kb's scales as stored (`raw`) are read once the stage has arrived and before its wgmmas are issued,
+  // so that their latency has passed by the promotion a k-tile later, which forms their product (read after the
+  // wgmmas, ptxas put the product before the batch's last wgmma: each k-tile's last wgmma waited for the read)
+  template <bool kByCopy = false, class FragA, class FragB, class Partial>
   CUTLASS_DEVICE static int issue(TiledMma& tiled_mma, MainloopPipeline& pipeline, PipelineState& read,
-                                  FragA const& tCrA, FragB const& tCrB, Partial& partial) {
+                                  FragA const& tCrA, FragB const& tCrB, Partial& partial,
+                                  ScaleSource const* src = nullptr, int kb = 0, RawScales* raw = nullptr) {
     auto barrier_token = pipeline.consumer_try_wait(read);
     pipeline.consumer_wait(read, barrier_token);
     int stage = read.index();
+    if constexpr (kBlockScales) {
+      if (raw != nullptr) {
+        *raw = raw_scales<kByCopy>(*src, stage, kb);
+      }
+    }
     warpgroup_fence_operand(partial);
     warpgroup_arrive();
     tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -258,12 +303,6 @@ struct Sm90Fp8OverlapMainloop : Base {
     warpgroup_fence_operand(partial);
   }
 
-  // a k-tile's block scales for a thread's two rows: x_scale[kb][row] * w_scale[n_blk][kb], loaded and multiplied as
-  // the k-tile's wgmmas are issued (deferring the products to the promotion measured 8-20% slower on the H200,
-  // 2026-12-03, docs/PERF.md "FP8 GEMMs with per-tensor and block weight scales")
-  struct KScales {
-    float lo, hi;
-  };
   // accum += partial * the scale of each accumulator's row (rows: `row_hi` true where an accumulator is the thread's
   // second row)
   template <class Accum, class Partial, class RowHi>
@@ -284,6 +323,46 @@ struct Sm90Fp8OverlapMainloop : Base {
       promote(accum, partial, s, row_hi);
     } else {
       promote(accum, partial);
+    }
+  }
+
+  // the tile's k-tiles after the first (issued by mma): each k-tile's wgmmas issued into one partial set while the
+  // other's batch finishes and is promoted (with its block scales, read from kByCopy's source)
+  template <bool kByCopy, class FragA, class FragB, class Accum, class Partial, class RowHi>
+  CUTLASS_DEVICE static void k_tiles(TiledMma& tiled_mma, MainloopPipeline& pipeline, PipelineState& read,
+                                     PipelineState& release, FragA const& tCrA, FragB const& tCrB, Accum& accum,
+                                     Partial& even, Partial& odd, int stage, int k_tile_count, ScaleSource const& src,
+                                     RowHi const& row_hi) {
+    int kb = 0;
+    RawScales r_even, r_odd;
+    if constexpr (kBlockScales) {  // the first k-tile's (its stage has arrived: mma issued it)
+      r_even = raw_scales<kByCopy>(src, stage, kb);
+    }
+    ++kb;
+    int remaining = k_tile_count - 1;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; remaining >= 2; remaining -= 2) {
+      issue<kByCopy>(tiled_mma, pipeline, read, tCrA, tCrB, odd, &src, kb++, &r_odd);
+      warpgroup_wait<1>();
+      promote_k(accum, even, product(r_even), row_hi);
+      pipeline.consumer_release(release);
+      ++release;
+      issue<kByCopy>(tiled_mma, pipeline, read, tCrA, tCrB, even, &src, kb++, &r_even);
+      warpgroup_wait<1>();
+      promote_k(accum, odd, product(r_odd), row_hi);
+      pipeline.consumer_release(release);
+      ++release;
+    }
+    if (remaining == 1) {
+      issue<kByCopy>(tiled_mma, pipeline, read, tCrA, tCrB, odd, &src, kb++, &r_odd);
+      warpgroup_wait<1>();
+      promote_k(accum, even, product(r_even), row_hi);
+      pipeline.consumer_release(release);
+      warpgroup_wait<0>();
+      promote_k(accum, odd, product(r_odd), row_hi);
+    } else {
+      warpgroup_wait<0>();
+      promote_k(accum, even, product(r_even), row_hi);
     }
   }
 
@@ -312,33 +391,9 @@ struct Sm90Fp8OverlapMainloop : Base {
     Tensor odd = make_fragment_like(accum);   // and of 1, 3, 5, ...
     PipelineState smem_pipe_release = smem_pipe_read;
     int stage = issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
-    // block scales: each k-tile's product of its two, read once its stage has arrived, from the stage's slot (the
-    // producer's copies: the thread's two rows' slots and the tile's w slot) or from global memory (rows past M read
-    // row M - 1: their partials are zeros)
+    // block scales: each k-tile's product of its two, read once its stage has arrived (k_tiles)
     bool const by_copy = block_scales_by_copy(mainloop_params);
-    float const* xs_lo = nullptr;
-    float const* xs_hi = nullptr;
-    float const* ws = nullptr;
-    int slot_lo = 0, slot_hi = 0;
-    int kb = 0;
-    auto k_scales = [&](int k_stage) -> KScales {
-      if constexpr (kBlockScales) {
-        KScales s;
-        if (by_copy) {
-          BlockScaleShared const& slots = block_scale_shared();
-          float w = slots.w[k_stage][kb & 3];
-          s = kXBlocks ? KScales{slots.x[k_stage][slot_lo] * w, slots.x[k_stage][slot_hi] * w} : KScales{w, w};
-        } else {
-          int64_t row = int64_t(kb) * mainloop_params.m;
-          float w = __ldg(ws + kb);
-          s = kXBlocks ? KScales{__ldg(xs_lo + row) * w, __ldg(xs_hi + row) * w} : KScales{w, w};
-        }
-        ++kb;
-        return s;
-      } else {
-        return KScales{1.0f, 1.0f};
-      }
-    };
+    ScaleSource src;
     // the accumulators' rows in the tile (as the epilogue's: the consumer thread's slice of the tiled MMA)
     Tensor coord = tiled_mma.get_thread_slice(thread_idx).partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
     auto row_hi = [&](int i) { return get<0>(coord(i)) != get<0>(coord(0)); };
@@ -351,41 +406,25 @@ struct Sm90Fp8OverlapMainloop : Base {
         int m = mainloop_params.m, r = tile.x * kTileM + get<0>(coord(0));
         // rows past M: their slot clamped into the tile's (their results are not stored)
         int row0 = block_scale_row0(m, tile.x);
-        slot_lo = cute::min(r - row0, kTileM - 1);
-        slot_hi = cute::min(r + 8 - row0, kTileM - 1);
-        xs_lo = mainloop_params.blocks.x_scale + cute::min(r, m - 1);
-        xs_hi = mainloop_params.blocks.x_scale + cute::min(r + 8, m - 1);
-        ws = mainloop_params.blocks.w_scale + int64_t(tile.y) * w_scale_stride(mainloop_params);
+        src.slot_lo = cute::min(r - row0, kTileM - 1);
+        src.slot_hi = cute::min(r + 8 - row0, kTileM - 1);
+        src.xs_lo = mainloop_params.blocks.x_scale + cute::min(r, m - 1);
+        src.xs_hi = mainloop_params.blocks.x_scale + cute::min(r + 8, m - 1);
+        src.ws = mainloop_params.blocks.w_scale + int64_t(tile.y) * w_scale_stride(mainloop_params);
+        src.m = m;
       }
     }
-    KScales s_even = k_scales(stage), s_odd{};
-    int remaining = k_tile_count - 1;
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (; remaining >= 2; remaining -= 2) {
-      stage = issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, odd);
-      s_odd = k_scales(stage);
-      warpgroup_wait<1>();
-      promote_k(accum, even, s_even, row_hi);
-      pipeline.consumer_release(smem_pipe_release);
-      ++smem_pipe_release;
-      stage = issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, even);
-      s_even = k_scales(stage);
-      warpgroup_wait<1>();
-      promote_k(accum, odd, s_odd, row_hi);
-      pipeline.consumer_release(smem_pipe_release);
-      ++smem_pipe_release;
-    }
-    if (remaining == 1) {
-      stage = issue(tiled_mma, pipeline, smem_pipe_read, tCrA, tCrB, odd);
-      s_odd = k_scales(stage);
-      warpgroup_wait<1>();
-      promote_k(accum, even, s_even, row_hi);
-      pipeline.consumer_release(smem_pipe_release);
-      warpgroup_wait<0>();
-      promote_k(accum, odd, s_odd, row_hi);
+    if constexpr (kBlockScales) {  // the scales' source chosen once a tile, not in every k-tile
+      if (by_copy) {
+        k_tiles<true>(tiled_mma, pipeline, smem_pipe_read, smem_pipe_release, tCrA, tCrB, accum, even, odd, stage,
+                      k_tile_count, src, row_hi);
+      } else {
+        k_tiles<false>(tiled_mma, pipeline, smem_pipe_read, smem_pipe_release, tCrA, tCrB, accum, even, odd, stage,
+                       k_tile_count, src, row_hi);
+      }
     } else {
-      warpgroup_wait<0>();
-      promote_k(accum, even, s_even, row_hi);
+      k_tiles<false>(tiled_mma, pipeline, smem_pipe_read, smem_pipe_release, tCrA, tCrB, accum, even, odd, stage,
+                     k_tile_count, src, row_hi);
     }
     warpgroup_fence_operand(accum);
   }
