@@ -29,9 +29,11 @@
 // accum += partial * (x_scale[row, kb] * w_scale[n_blk, kb]) (a 128-deep k-tile is one K block, a 128-column tile
 // one weight block). Layouts as cuBLASLt's (the docstring of rule.linear_cutlass_spec): x_scale[kb * M + row], w_scale
 // [n_blk * KB4 + kb] with KB4 = ceil(K / 128) rounded up to a multiple of 4. Each consumer thread holds two rows of
-// its warpgroup's 64 (r and r + 8) and reads their scales and the block's for k-tile t when it issues t's wgmmas; it
-// uses them one k-tile later, when t's batch is done. The epilogue then has no row or column scales (the bias and
-// residual as before). Needs the tile ring (kPrefetch: the tile's coordinates).
+// its warpgroup's 64 (r and r + 8) and reads their scales and the block's for k-tile t once t's stage has arrived,
+// before it issues t's wgmmas (k_tiles, issue); it multiplies and uses them one k-tile later, when t's batch is done.
+// The epilogue then has no row or column scales (the bias and residual as before). Needs the tile ring (kPrefetch: the
+// tile's coordinates). Measured on the H200 (docs/PERF.md, thirty-second session): 0.93-0.95x cuBLASLt's block-scaled
+// kernels; the FFMA promotion is most of what separates it from the rowwise build (a plain add instead: 0.99-1.04x).
 //
 // !kXBlocks (ingot's fp8:block with per-token activations): x's scale is one per row, applied by the epilogue as the
 // per-channel builds' row scale, and each k-tile's partial is promoted with the weight block's scale alone (one value a
@@ -43,9 +45,10 @@
 // full barrier (its expected bytes raised before either copy or the stage's TMA loads are issued, so the phase cannot
 // complete early): the tile's 128 x scales of K block kb (512 contiguous bytes of x_scale's row kb; a last, partial
 // tile of M copies the row's last 128, so every copy is whole and inside the array) and the 16 bytes of w_scale that
-// hold the block's kb. The consumers then read them from shared memory after the stage's wait, where loads from
-// global memory left 9-14% of the rowwise rate between a k-tile's issue and the previous one's wait (docs/PERF.md).
-// Otherwise each consumer thread loads them from global memory itself (the same values and products).
+// hold the block's kb. The consumers then read them from shared memory after the stage's wait (3-5% faster than
+// loads from global memory, docs/PERF.md). Otherwise each consumer thread loads them from global memory itself (the
+// same values and products); which of the two is chosen once a tile (k_tiles<kByCopy>: a branch in every k-tile cost
+// 1.5%).
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include "sm90_direct_epilogue.cuh"
